@@ -1,0 +1,54 @@
+// Why: every failure the library reports is a zero::Error, so a caller can
+// catch one type; each message names the parameter (and rank, where there is
+// one) and says how to fix it. Device code never throws: kernels report
+// through flags that host code turns into these exceptions.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace zero {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A value the user passed is outside what the algorithm accepts.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// The ranks disagree (layout, options) or a collective failed.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A CUDA, NCCL or MPI call failed.
+class BackendError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+template <class... Parts>
+std::string concat(Parts&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<Parts>(parts));
+  return out.str();
+}
+
+}  // namespace detail
+
+// Throws InvalidArgument built from the streamed parts when `condition` fails.
+template <class... Parts>
+inline void require(bool condition, Parts&&... parts) {
+  if (!condition) throw InvalidArgument(detail::concat(std::forward<Parts>(parts)...));
+}
+
+}  // namespace zero

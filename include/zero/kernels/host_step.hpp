@@ -1,0 +1,110 @@
+// Why: the CPU side of ZeRO-Offload and the Host backend run the fused step
+// here. It must reach the memory-bandwidth limit of its own access pattern on
+// any x86-64 machine, whatever flags the user compiled with: the body is
+// written once against SIMD packs and compiled per instruction set
+// (zero/simd/dispatch.hpp), then split across OpenMP threads.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "zero/kernels/fused_step.hpp"
+#include "zero/simd/dispatch.hpp"
+#include "zero/simd/pack.hpp"
+
+namespace zero::kernels {
+namespace detail {
+
+template <optim::Policy Opt, class Grad, class Param>
+struct HostStepBody {
+  using Args = FusedStepArgs<Opt, Grad, Param>;
+
+  template <class Isa>
+  static void run(const Args& a, int /*thread*/, std::size_t begin, std::size_t end) {
+    std::size_t i = begin;
+#if ZERO_HOST_SIMD_X86
+    if constexpr (Isa::width > 1) {
+      using P = simd::Pack<Isa>;
+      constexpr int W = Isa::width;
+      constexpr int S = Opt::state_slots;
+      for (; i + W <= end; i += W) {
+        P w = simd::load<Isa>(a.master + i);
+        const P g = simd::load<Isa>(a.grad + i) * a.grad_scale;
+        P st[S > 0 ? S : 1];
+        for (int k = 0; k < S; ++k) st[k] = simd::load<Isa>(a.state[k] + i);
+        Opt::update(a.scalars, w, g, st);
+        simd::store(a.master + i, w);
+        for (int k = 0; k < S; ++k) simd::store(a.state[k] + i, st[k]);
+        if constexpr (!std::is_same_v<Param, float>) {
+          if (!a.rounding.enabled) {
+            simd::store(a.param + i, w);
+          } else {
+            for (int l = 0; l < W; ++l)
+              a.param[i + l] = stochastic_round<Param>(w.v[l], a.rounding, a.global_offset + i + l);
+          }
+        }
+      }
+    }
+#endif
+    for (; i < end; ++i) fused_step_element(a, i);  // tail, or all of it without SIMD
+  }
+};
+
+template <class Grad>
+struct HostGradStatsBody {
+  template <class Isa>
+  static void run(const Grad* g, GradStats* partial, int thread, std::size_t begin, std::size_t end) {
+    GradStats s;
+    std::size_t i = begin;
+#if ZERO_HOST_SIMD_X86
+    if constexpr (Isa::width > 1) {
+      using P = simd::Pack<Isa>;
+      using U = typename Isa::U;
+      constexpr int W = Isa::width;
+      // Lanes accumulate in fp32 over short blocks only, then into a double,
+      // so the norm of a shard of 10^9 elements keeps its precision.
+      constexpr std::size_t block = 1024;
+      U exp_all_ones{};
+      while (i + W <= end) {
+        P acc{};
+        const std::size_t block_end = i + block < end ? i + block : end;
+        for (; i + W <= block_end; i += W) {
+          const P x = simd::load<Isa>(g + i);
+          acc.v += x.v * x.v;
+          exp_all_ones |= (U)(((U)x.v & 0x7f800000u) == 0x7f800000u);
+        }
+        double sum = 0.0;
+        for (int l = 0; l < W; ++l) sum += static_cast<double>(acc.v[l]);
+        s.sum_squares += sum;
+      }
+      for (int l = 0; l < W; ++l) s.non_finite = s.non_finite || exp_all_ones[l] != 0;
+    }
+#endif
+    for (; i < end; ++i) {
+      const float x = to_float(g[i]);
+      s.sum_squares += static_cast<double>(x) * static_cast<double>(x);
+      s.non_finite = s.non_finite || !(x - x == 0.0f);  // inf - inf and NaN - NaN are NaN
+    }
+    partial[thread] = s;
+  }
+};
+
+}  // namespace detail
+
+// One fused optimizer step over a host shard (see FusedStepArgs).
+template <optim::Policy Opt, StorageType Grad, StorageType Param>
+void host_fused_step(const FusedStepArgs<Opt, Grad, Param>& args) {
+  simd::parallel_dispatch<detail::HostStepBody<Opt, Grad, Param>>(args.n, args);
+}
+
+// Sum of squares (in double) and whether any element is inf or NaN.
+template <StorageType Grad>
+GradStats host_grad_stats(const Grad* grad, std::size_t n) {
+  std::vector<GradStats> partial(static_cast<std::size_t>(simd::host_threads()));
+  simd::parallel_dispatch<detail::HostGradStatsBody<Grad>>(n, grad, partial.data());
+  GradStats total;
+  for (const GradStats& p : partial) total += p;
+  return total;
+}
+
+}  // namespace zero::kernels

@@ -1,0 +1,120 @@
+// Why: Adam and AdamW exactly as torch.optim (1.13) computes them, so that a
+// model trained with zero matches one trained with PyTorch: bias corrections
+// in double on the host, eps added after dividing sqrt(v) by sqrt(1-beta2^t),
+// AdamW's decay applied to the weight before the moment update, Adam's L2
+// term added to the gradient. Every product is rounded on its own, as ATen's
+// portable CPU kernels do, which makes the result independent of whether the
+// compiler would have fused it (see zero/math.hpp). Golden test:
+// tests/optim/test_optim_golden.cpp.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "zero/config.hpp"
+#include "zero/error.hpp"
+#include "zero/math.hpp"
+
+namespace zero::optim {
+
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+
+  void validate() const {
+    require(std::isfinite(lr) && lr >= 0.0f, "Adam hyper-parameter 'lr' is ", lr,
+            "; it must be a finite number >= 0");
+    require(beta1 >= 0.0f && beta1 < 1.0f, "Adam hyper-parameter 'beta1' is ", beta1, "; it must be in [0, 1)");
+    require(beta2 >= 0.0f && beta2 < 1.0f, "Adam hyper-parameter 'beta2' is ", beta2, "; it must be in [0, 1)");
+    require(std::isfinite(eps) && eps > 0.0f, "Adam hyper-parameter 'eps' is ", eps,
+            "; it must be a finite number > 0 (1e-8 is usual)");
+    require(std::isfinite(weight_decay) && weight_decay >= 0.0f, "Adam hyper-parameter 'weight_decay' is ",
+            weight_decay, "; it must be a finite number >= 0");
+  }
+};
+
+struct AdamScalars {
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float step_size;              // lr / (1 - beta1^t)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float eps;
+  float weight_decay;  // Adam: L2 coefficient added to the gradient
+  float decay;         // AdamW: 1 - lr * weight_decay, applied to the weight
+};
+
+namespace detail {
+
+inline AdamScalars adam_scalars(const AdamHyper& h, std::int64_t step) {
+  require(step >= 1, "optimizer step number is ", step, "; steps count from 1");
+  // As torch: Python doubles, rounded to float where they meet the tensors.
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(step));
+  AdamScalars s{};
+  s.beta1 = h.beta1;
+  s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+  s.beta2 = h.beta2;
+  s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+  s.step_size = static_cast<float>(static_cast<double>(h.lr) / bias_correction1);
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = h.eps;
+  s.weight_decay = h.weight_decay;
+  s.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+  return s;
+}
+
+// The moment updates and the step shared by Adam and AdamW.
+template <class V>
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void adam_moments_and_step(const AdamScalars& s, V& w, const V& g, V* state) {
+  using namespace zero::math;
+  V& m = state[0];
+  V& v = state[1];
+  m = mul(m, s.beta1) + mul(s.one_minus_beta1, g);          // exp_avg.mul_(b1).add_(g, alpha=1-b1)
+  v = mul(v, s.beta2) + mul(mul(s.one_minus_beta2, g), g);  // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)
+  const V denom = div(sqrt(v), s.bias_correction2_sqrt) + s.eps;
+  w = w + div(mul(-s.step_size, m), denom);                 // param.addcdiv_(m, denom, value=-step_size)
+}
+
+}  // namespace detail
+
+// Adam (Kingma & Ba), with optional L2 weight decay added to the gradient.
+struct Adam {
+  static constexpr const char* name = "adam";
+  static constexpr int state_slots = 2;  // exp_avg, exp_avg_sq
+  using Hyper = AdamHyper;
+  using Scalars = AdamScalars;
+
+  static Scalars prepare(const Hyper& h, std::int64_t step) { return detail::adam_scalars(h, step); }
+
+  template <class V>
+  ZERO_HOST_DEVICE static void update(const Scalars& s, V& w, const V& grad, V* state) {
+    using namespace zero::math;
+    V g = grad;
+    if (s.weight_decay != 0.0f) g = g + mul(s.weight_decay, w);  // grad.add(param, alpha=wd)
+    detail::adam_moments_and_step(s, w, g, state);
+  }
+};
+
+// AdamW (Loshchilov & Hutter): weight decay decoupled from the gradient.
+struct AdamW {
+  static constexpr const char* name = "adamw";
+  static constexpr int state_slots = 2;
+  struct Hyper : AdamHyper {
+    Hyper() { weight_decay = 1e-2f; }  // torch.optim.AdamW's default
+  };
+  using Scalars = AdamScalars;
+
+  static Scalars prepare(const AdamHyper& h, std::int64_t step) { return detail::adam_scalars(h, step); }
+
+  template <class V>
+  ZERO_HOST_DEVICE static void update(const Scalars& s, V& w, const V& grad, V* state) {
+    using namespace zero::math;
+    if (s.weight_decay != 0.0f) w = mul(w, s.decay);  // param.mul_(1 - lr*wd)
+    detail::adam_moments_and_step(s, w, grad, state);
+  }
+};
+
+}  // namespace zero::optim

@@ -1,0 +1,72 @@
+// Why: SGD exactly as torch.optim.SGD (1.13): L2 decay added to the gradient,
+// the momentum buffer initialised to the first gradient (no dampening on step
+// 1), dampening on later steps, Nesterov look-ahead on request.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "zero/config.hpp"
+#include "zero/error.hpp"
+#include "zero/math.hpp"
+
+namespace zero::optim {
+
+struct Sgd {
+  static constexpr const char* name = "sgd";
+  // The momentum buffer. It is kept (and counted in memory reports) even when
+  // momentum is 0, so that the state layout does not depend on a runtime value.
+  static constexpr int state_slots = 1;
+
+  struct Hyper {
+    float lr = 1e-2f;
+    float momentum = 0.0f;
+    float dampening = 0.0f;
+    float weight_decay = 0.0f;
+    bool nesterov = false;
+
+    void validate() const {
+      require(std::isfinite(lr) && lr >= 0.0f, "SGD hyper-parameter 'lr' is ", lr, "; it must be a finite number >= 0");
+      require(std::isfinite(momentum) && momentum >= 0.0f, "SGD hyper-parameter 'momentum' is ", momentum,
+              "; it must be a finite number >= 0");
+      require(std::isfinite(dampening) && dampening >= 0.0f && dampening <= 1.0f,
+              "SGD hyper-parameter 'dampening' is ", dampening, "; it must be in [0, 1]");
+      require(std::isfinite(weight_decay) && weight_decay >= 0.0f, "SGD hyper-parameter 'weight_decay' is ",
+              weight_decay, "; it must be a finite number >= 0");
+      require(!nesterov || (momentum > 0.0f && dampening == 0.0f),
+              "SGD hyper-parameter 'nesterov' needs momentum > 0 and dampening == 0 (as torch.optim.SGD); set "
+              "momentum or turn nesterov off");
+    }
+  };
+
+  struct Scalars {
+    float lr;
+    float momentum;
+    float one_minus_dampening;
+    float weight_decay;
+    bool nesterov;
+    bool first_step;  // the buffer starts as a copy of the first gradient
+  };
+
+  static Scalars prepare(const Hyper& h, std::int64_t step) {
+    require(step >= 1, "optimizer step number is ", step, "; steps count from 1");
+    return Scalars{h.lr, h.momentum, static_cast<float>(1.0 - static_cast<double>(h.dampening)), h.weight_decay,
+                   h.nesterov, step == 1};
+  }
+
+  template <class V>
+  ZERO_HOST_DEVICE static void update(const Scalars& s, V& w, const V& grad, V* state) {
+    using namespace zero::math;
+    V d = grad;
+    if (s.weight_decay != 0.0f) d = d + mul(s.weight_decay, w);  // d_p.add(param, alpha=wd)
+    if (s.momentum != 0.0f) {
+      V& buf = state[0];
+      // buf = clone(d_p) on the first step, else buf.mul_(momentum).add_(d_p, alpha=1-dampening)
+      buf = s.first_step ? d : mul(buf, s.momentum) + mul(s.one_minus_dampening, d);
+      d = s.nesterov ? d + mul(s.momentum, buf) : buf;  // d_p.add(buf, alpha=momentum)
+    }
+    w = w + mul(-s.lr, d);  // param.add_(d_p, alpha=-lr)
+  }
+};
+
+}  // namespace zero::optim

@@ -1,0 +1,230 @@
+// Why: the host optimizer step is memory-bound only if its arithmetic keeps
+// up, and with a user's plain -O2 build (math-errno on, no -march) g++ will
+// neither vectorise sqrt nor use AVX. So the host kernels run on explicit
+// packs of float lanes (GCC vector extensions) and are compiled several
+// times, once per instruction set, behind target attributes (see
+// zero/simd/dispatch.hpp). Arithmetic on a pack is generic vector code; the
+// few operations with no generic form (sqrt, fma, fp16 conversion through
+// F16C) come from the instruction-set descriptor Isa.
+#pragma once
+
+#include "zero/config.hpp"
+
+#if ZERO_HOST_SIMD_X86
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "zero/math.hpp"
+#include "zero/precision/convert.hpp"
+#include "zero/precision/types.hpp"
+
+// Packs are always inlined into one function per instruction set, so the ABI
+// of passing 256/512-bit vectors between functions never comes into play.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace zero::simd {
+
+// Instruction-set descriptors. Their functions take references, never vector
+// values: if a call is not inlined (e.g. at -O0) no vector crosses a function
+// boundary between code compiled for different targets, so the ABI matches.
+struct Avx512 {
+  static constexpr int width = 16;
+  static constexpr const char* name = "avx512";
+  using F = float __attribute__((vector_size(64)));
+  using U = std::uint32_t __attribute__((vector_size(64)));
+  using H = std::uint16_t __attribute__((vector_size(32)));
+  __attribute__((target("avx512f"))) static inline void sqrt(F& x) {
+    // The builtin with x as pass-through: the intrinsic's undefined source trips -Wmaybe-uninitialized.
+    x = (F)__builtin_ia32_sqrtps512_mask((__v16sf)x, (__v16sf)x, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
+  }
+  __attribute__((target("avx512f"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
+    r = (F)__builtin_ia32_vfmaddps512_mask((__v16sf)a, (__v16sf)b, (__v16sf)c, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
+  }
+};
+
+struct Avx2 {
+  static constexpr int width = 8;
+  static constexpr const char* name = "avx2";
+  using F = float __attribute__((vector_size(32)));
+  using U = std::uint32_t __attribute__((vector_size(32)));
+  using H = std::uint16_t __attribute__((vector_size(16)));
+  __attribute__((target("avx"))) static inline void sqrt(F& x) { x = (F)_mm256_sqrt_ps((__m256)x); }
+  __attribute__((target("avx2,fma"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
+    r = (F)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+  }
+};
+
+template <class Isa>
+struct Pack {
+  typename Isa::F v;
+};
+
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> broadcast(float x) {
+  Pack<Isa> p;
+  p.v = typename Isa::F{} + x;
+  return p;
+}
+
+// Arithmetic. operator* is not contractible (same rule as math::mul).
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator+(const Pack<Isa>& a, const Pack<Isa>& b) { return {a.v + b.v}; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator-(const Pack<Isa>& a, const Pack<Isa>& b) { return {a.v - b.v}; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator/(const Pack<Isa>& a, const Pack<Isa>& b) { return {a.v / b.v}; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator-(const Pack<Isa>& a) { return {-a.v}; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator*(const Pack<Isa>& a, const Pack<Isa>& b) {
+#if defined(__has_builtin) && __has_builtin(__builtin_assoc_barrier)
+  return {__builtin_assoc_barrier(a.v * b.v)};
+#else
+  return {a.v * b.v};
+#endif
+}
+// Mixed pack/scalar forms broadcast the scalar (hyper-parameters are scalars).
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator+(const Pack<Isa>& a, float b) { return a + broadcast<Isa>(b); }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator+(float a, const Pack<Isa>& b) { return broadcast<Isa>(a) + b; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator-(const Pack<Isa>& a, float b) { return a - broadcast<Isa>(b); }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator-(float a, const Pack<Isa>& b) { return broadcast<Isa>(a) - b; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator*(const Pack<Isa>& a, float b) { return a * broadcast<Isa>(b); }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator*(float a, const Pack<Isa>& b) { return broadcast<Isa>(a) * b; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator/(const Pack<Isa>& a, float b) { return a / broadcast<Isa>(b); }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> operator/(float a, const Pack<Isa>& b) { return broadcast<Isa>(a) / b; }
+
+// The math functions of zero/math.hpp for packs, so that one update rule
+// (written against zero::math, called unqualified) compiles for floats and,
+// through argument-dependent lookup, for packs.
+
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> mul(const Pack<Isa>& a, const Pack<Isa>& b) { return a * b; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> mul(const Pack<Isa>& a, float b) { return a * b; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> mul(float a, const Pack<Isa>& b) { return a * b; }
+
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> div(const Pack<Isa>& a, const Pack<Isa>& b) { return a / b; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> div(const Pack<Isa>& a, float b) { return a / b; }
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> div(float a, const Pack<Isa>& b) { return a / b; }
+
+namespace detail {
+template <class T, class Isa>
+ZERO_FORCE_INLINE Pack<Isa> as_pack(const T& x) {
+  if constexpr (std::is_same_v<T, Pack<Isa>>) {
+    return x;
+  } else {
+    return broadcast<Isa>(static_cast<float>(x));
+  }
+}
+template <class... T>
+struct first_pack;
+template <class Isa, class... T>
+struct first_pack<Pack<Isa>, T...> {
+  using type = Isa;
+};
+template <class Head, class... T>
+struct first_pack<Head, T...> : first_pack<T...> {};
+}  // namespace detail
+
+// fma over any mix of packs and scalars (at least one pack).
+template <class A, class B, class C, class Isa = typename detail::first_pack<A, B, C>::type>
+ZERO_FORCE_INLINE Pack<Isa> fma(const A& a, const B& b, const C& c) {
+  Pack<Isa> r;
+  Isa::fma(r.v, detail::as_pack<A, Isa>(a).v, detail::as_pack<B, Isa>(b).v, detail::as_pack<C, Isa>(c).v);
+  return r;
+}
+
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> sqrt(const Pack<Isa>& x) {
+  Pack<Isa> r = x;
+  Isa::sqrt(r.v);
+  return r;
+}
+
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> abs(const Pack<Isa>& x) {
+  using U = typename Isa::U;
+  return {(typename Isa::F)((U)x.v & 0x7fffffffu)};
+}
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> min(const Pack<Isa>& a, const Pack<Isa>& b) {
+  return {a.v < b.v ? a.v : b.v};
+}
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> max(const Pack<Isa>& a, const Pack<Isa>& b) {
+  return {a.v > b.v ? a.v : b.v};
+}
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> sign(const Pack<Isa>& x) {
+  using F = typename Isa::F;
+  const F zero{};
+  return {x.v > zero ? zero + 1.0f : (x.v < zero ? zero - 1.0f : zero)};
+}
+
+// Loads and stores of W consecutive elements of any storage type as a pack of
+// fp32 lanes, with the library's exact conversions (zero/precision/convert.hpp).
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> load(const float* p) {
+  Pack<Isa> r;
+  std::memcpy(&r.v, p, sizeof r.v);
+  return r;
+}
+template <class Isa>
+ZERO_FORCE_INLINE void load_u16_widened(typename Isa::U& out, const void* p) {
+  typename Isa::H h;
+  std::memcpy(&h, p, sizeof h);
+  out = __builtin_convertvector(h, typename Isa::U);
+}
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> load(const bf16* p) {
+  typename Isa::U u;
+  load_u16_widened<Isa>(u, p);
+  return {zero::detail::bf16_bits_to_float_generic<typename Isa::U, typename Isa::F>(u)};
+}
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> load(const fp16* p) {
+  typename Isa::U u;
+  load_u16_widened<Isa>(u, p);
+  return {zero::detail::half_bits_to_float_generic<typename Isa::U, typename Isa::F>(u)};
+}
+
+template <class Isa>
+ZERO_FORCE_INLINE void store(float* p, const Pack<Isa>& x) {
+  std::memcpy(p, &x.v, sizeof x.v);
+}
+template <class Isa>
+ZERO_FORCE_INLINE void store_u16_narrowed(void* p, const typename Isa::U& u) {
+  const typename Isa::H h = __builtin_convertvector(u, typename Isa::H);
+  std::memcpy(p, &h, sizeof h);
+}
+template <class Isa>
+ZERO_FORCE_INLINE void store(bf16* p, const Pack<Isa>& x) {
+  store_u16_narrowed<Isa>(p, zero::detail::float_to_bf16_bits_generic<typename Isa::U>(x.v));
+}
+template <class Isa>
+ZERO_FORCE_INLINE void store(fp16* p, const Pack<Isa>& x) {
+  store_u16_narrowed<Isa>(p, zero::detail::float_to_half_bits_generic<typename Isa::U>(x.v));
+}
+
+}  // namespace zero::simd
+
+#pragma GCC diagnostic pop
+
+#endif  // ZERO_HOST_SIMD_X86
