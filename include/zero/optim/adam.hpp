@@ -17,21 +17,23 @@
 
 namespace zero::optim {
 
+// Doubles, like the Python floats torch.optim receives: 1 - beta2 must be
+// computed from 0.999, not from its float rounding, to match PyTorch.
 struct AdamHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
 
   void validate() const {
-    require(std::isfinite(lr) && lr >= 0.0f, "Adam hyper-parameter 'lr' is ", lr,
+    require(std::isfinite(lr) && lr >= 0.0, "Adam hyper-parameter 'lr' is ", lr,
             "; it must be a finite number >= 0");
-    require(beta1 >= 0.0f && beta1 < 1.0f, "Adam hyper-parameter 'beta1' is ", beta1, "; it must be in [0, 1)");
-    require(beta2 >= 0.0f && beta2 < 1.0f, "Adam hyper-parameter 'beta2' is ", beta2, "; it must be in [0, 1)");
-    require(std::isfinite(eps) && eps > 0.0f, "Adam hyper-parameter 'eps' is ", eps,
+    require(beta1 >= 0.0 && beta1 < 1.0, "Adam hyper-parameter 'beta1' is ", beta1, "; it must be in [0, 1)");
+    require(beta2 >= 0.0 && beta2 < 1.0, "Adam hyper-parameter 'beta2' is ", beta2, "; it must be in [0, 1)");
+    require(std::isfinite(eps) && eps > 0.0, "Adam hyper-parameter 'eps' is ", eps,
             "; it must be a finite number > 0 (1e-8 is usual)");
-    require(std::isfinite(weight_decay) && weight_decay >= 0.0f, "Adam hyper-parameter 'weight_decay' is ",
+    require(std::isfinite(weight_decay) && weight_decay >= 0.0, "Adam hyper-parameter 'weight_decay' is ",
             weight_decay, "; it must be a finite number >= 0");
   }
 };
@@ -51,18 +53,18 @@ namespace detail {
 inline AdamScalars adam_scalars(const AdamHyper& h, std::int64_t step) {
   require(step >= 1, "optimizer step number is ", step, "; steps count from 1");
   // As torch: Python doubles, rounded to float where they meet the tensors.
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(h.beta1), static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(h.beta2), static_cast<double>(step));
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
   AdamScalars s{};
-  s.beta1 = h.beta1;
-  s.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
-  s.beta2 = h.beta2;
-  s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
-  s.step_size = static_cast<float>(static_cast<double>(h.lr) / bias_correction1);
+  s.beta1 = static_cast<float>(h.beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  s.beta2 = static_cast<float>(h.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  s.step_size = static_cast<float>(h.lr / bias_correction1);
   s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  s.eps = h.eps;
-  s.weight_decay = h.weight_decay;
-  s.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * static_cast<double>(h.weight_decay));
+  s.eps = static_cast<float>(h.eps);
+  s.weight_decay = static_cast<float>(h.weight_decay);
+  s.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
   return s;
 }
 
@@ -103,7 +105,7 @@ struct AdamW {
   static constexpr const char* name = "adamw";
   static constexpr int state_slots = 2;
   struct Hyper : AdamHyper {
-    Hyper() { weight_decay = 1e-2f; }  // torch.optim.AdamW's default
+    Hyper() { weight_decay = 1e-2; }  // torch.optim.AdamW's default
   };
   using Scalars = AdamScalars;
 

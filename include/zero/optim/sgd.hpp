@@ -18,22 +18,22 @@ struct Sgd {
   // momentum is 0, so that the state layout does not depend on a runtime value.
   static constexpr int state_slots = 1;
 
-  struct Hyper {
-    float lr = 1e-2f;
-    float momentum = 0.0f;
-    float dampening = 0.0f;
-    float weight_decay = 0.0f;
+  struct Hyper {  // doubles, like the Python floats torch.optim receives
+    double lr = 1e-2;
+    double momentum = 0.0;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
     bool nesterov = false;
 
     void validate() const {
-      require(std::isfinite(lr) && lr >= 0.0f, "SGD hyper-parameter 'lr' is ", lr, "; it must be a finite number >= 0");
-      require(std::isfinite(momentum) && momentum >= 0.0f, "SGD hyper-parameter 'momentum' is ", momentum,
+      require(std::isfinite(lr) && lr >= 0.0, "SGD hyper-parameter 'lr' is ", lr, "; it must be a finite number >= 0");
+      require(std::isfinite(momentum) && momentum >= 0.0, "SGD hyper-parameter 'momentum' is ", momentum,
               "; it must be a finite number >= 0");
-      require(std::isfinite(dampening) && dampening >= 0.0f && dampening <= 1.0f,
+      require(std::isfinite(dampening) && dampening >= 0.0 && dampening <= 1.0,
               "SGD hyper-parameter 'dampening' is ", dampening, "; it must be in [0, 1]");
-      require(std::isfinite(weight_decay) && weight_decay >= 0.0f, "SGD hyper-parameter 'weight_decay' is ",
+      require(std::isfinite(weight_decay) && weight_decay >= 0.0, "SGD hyper-parameter 'weight_decay' is ",
               weight_decay, "; it must be a finite number >= 0");
-      require(!nesterov || (momentum > 0.0f && dampening == 0.0f),
+      require(!nesterov || (momentum > 0.0 && dampening == 0.0),
               "SGD hyper-parameter 'nesterov' needs momentum > 0 and dampening == 0 (as torch.optim.SGD); set "
               "momentum or turn nesterov off");
     }
@@ -50,8 +50,8 @@ struct Sgd {
 
   static Scalars prepare(const Hyper& h, std::int64_t step) {
     require(step >= 1, "optimizer step number is ", step, "; steps count from 1");
-    return Scalars{h.lr, h.momentum, static_cast<float>(1.0 - static_cast<double>(h.dampening)), h.weight_decay,
-                   h.nesterov, step == 1};
+    return Scalars{static_cast<float>(h.lr), static_cast<float>(h.momentum), static_cast<float>(1.0 - h.dampening),
+                   static_cast<float>(h.weight_decay), h.nesterov, step == 1};
   }
 
   template <class V>

@@ -42,6 +42,12 @@ struct Avx512 {
     // The builtin with x as pass-through: the intrinsic's undefined source trips -Wmaybe-uninitialized.
     x = (F)__builtin_ia32_sqrtps512_mask((__v16sf)x, (__v16sf)x, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
   }
+  // A product no compiler may fuse with a later add: the rounding-mode
+  // builtin is opaque to contraction (an assoc barrier on 512-bit vectors
+  // would make g++ 12 split the vector into lanes).
+  __attribute__((target("avx512f"))) static inline void mul(F& r, const F& a, const F& b) {
+    r = (F)__builtin_ia32_mulps512_mask((__v16sf)a, (__v16sf)b, (__v16sf)a, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
+  }
   __attribute__((target("avx512f"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)__builtin_ia32_vfmaddps512_mask((__v16sf)a, (__v16sf)b, (__v16sf)c, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
   }
@@ -54,6 +60,13 @@ struct Avx2 {
   using U = std::uint32_t __attribute__((vector_size(32)));
   using H = std::uint16_t __attribute__((vector_size(16)));
   __attribute__((target("avx"))) static inline void sqrt(F& x) { x = (F)_mm256_sqrt_ps((__m256)x); }
+  static inline void mul(F& r, const F& a, const F& b) {
+#if defined(__has_builtin) && __has_builtin(__builtin_assoc_barrier)
+    r = __builtin_assoc_barrier(a * b);  // never fused with a later add
+#else
+    r = a * b;
+#endif
+  }
   __attribute__((target("avx2,fma"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
   }
@@ -82,11 +95,9 @@ template <class Isa>
 ZERO_FORCE_INLINE Pack<Isa> operator-(const Pack<Isa>& a) { return {-a.v}; }
 template <class Isa>
 ZERO_FORCE_INLINE Pack<Isa> operator*(const Pack<Isa>& a, const Pack<Isa>& b) {
-#if defined(__has_builtin) && __has_builtin(__builtin_assoc_barrier)
-  return {__builtin_assoc_barrier(a.v * b.v)};
-#else
-  return {a.v * b.v};
-#endif
+  Pack<Isa> r;
+  Isa::mul(r.v, a.v, b.v);
+  return r;
 }
 // Mixed pack/scalar forms broadcast the scalar (hyper-parameters are scalars).
 template <class Isa>

@@ -1,0 +1,125 @@
+// Host fused-step benchmark: parameters/s, bytes/s and the ratio to the
+// bandwidth limit of the same access pattern (ProbePolicy through the same
+// kernel, same threads, timed interleaved with the real step in this run).
+//
+//   bench_step_host [--n N] [--reps R] [--json] [--isa portable|avx2|avx512]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "probe_policy.hpp"
+#include "zero/kernels/host_step.hpp"
+#include "zero/optim/adam.hpp"
+#include "zero/optim/sgd.hpp"
+
+namespace {
+
+struct Options {
+  std::size_t n = std::size_t{64} << 20;
+  int reps = 7;
+  bool json = false;
+};
+
+// Owns the arrays of one configuration, first-touched by the threads that
+// will use them (so pages land where the kernel runs).
+template <class Grad, class Param, int Slots>
+struct Buffers {
+  std::vector<float> master;
+  std::vector<Grad> grad;
+  std::vector<std::vector<float>> state;
+  std::vector<Param> param;
+  explicit Buffers(std::size_t n)
+      : master(n, 0.5f), grad(n, zero::from_float<Grad>(0.01f)), state(Slots, std::vector<float>(n, 0.0f)),
+        param(std::is_same_v<Param, float> ? 0 : n) {}
+};
+
+template <class Opt, class Grad, class Param, int Slots>
+double time_step(Buffers<Grad, Param, Slots>& b, const typename Opt::Hyper& hyper, int step) {
+  zero::kernels::FusedStepArgs<Opt, Grad, Param> args;
+  args.master = b.master.data();
+  args.grad = b.grad.data();
+  for (int k = 0; k < Slots; ++k) args.state[k] = b.state[k].data();
+  args.param = b.param.empty() ? nullptr : b.param.data();
+  args.n = b.master.size();
+  args.scalars = Opt::prepare(hyper, step);
+  const auto t0 = std::chrono::steady_clock::now();
+  zero::kernels::host_fused_step(args);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class Opt, class Grad, class Param>
+void run(const char* label, const typename Opt::Hyper& hyper, const Options& o) {
+  constexpr int slots = Opt::state_slots;
+  using Probe = zero::bench::ProbePolicy<slots>;
+  Buffers<Grad, Param, slots> b(o.n);
+  // Warm up both (page faults, frequency), then alternate so drift hits both.
+  time_step<Opt>(b, hyper, 1);
+  time_step<Probe>(b, typename Probe::Hyper{}, 1);
+  std::vector<double> real, probe;
+  for (int r = 0; r < o.reps; ++r) {
+    real.push_back(time_step<Opt>(b, hyper, r + 2));
+    probe.push_back(time_step<Probe>(b, typename Probe::Hyper{}, r + 2));
+  }
+  const double t = median(real), tp = median(probe);
+  const double bytes_per_param = 4.0 * (1 + slots) * 2 + sizeof(Grad) + (std::is_same_v<Param, float> ? 0 : sizeof(Param));
+  const double params_per_s = static_cast<double>(o.n) / t;
+  const double gbs = params_per_s * bytes_per_param / 1e9;
+  const double ratio = tp / t;
+  const char* isa = zero::simd::isa_name(zero::simd::active_isa());
+  const int threads = zero::simd::host_threads();
+  if (o.json) {
+    std::printf(
+        "{\"bench\":\"step_host\",\"config\":\"%s\",\"n\":%zu,\"isa\":\"%s\",\"threads\":%d,\"seconds\":%.6f,"
+        "\"probe_seconds\":%.6f,\"params_per_s\":%.4e,\"bytes_per_param\":%.0f,\"gb_per_s\":%.3f,\"ratio_to_probe\":%.4f}\n",
+        label, o.n, isa, threads, t, tp, params_per_s, bytes_per_param, gbs, ratio);
+  } else {
+    std::printf("%-18s n=%zu isa=%s threads=%d  %.2f ms/step  %.3e params/s  %.2f GB/s (%.0f B/param)  probe %.2f ms  "
+                "ratio to probe %.3f\n",
+                label, o.n, isa, threads, t * 1e3, params_per_s, gbs, bytes_per_param, tp * 1e3, ratio);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--n")
+      o.n = std::strtoull(value(), nullptr, 10);
+    else if (a == "--reps")
+      o.reps = std::atoi(value());
+    else if (a == "--json")
+      o.json = true;
+    else if (a == "--isa")
+      zero::simd::force_isa(zero::simd::detail::parse_isa(value(), "--isa"));
+    else {
+      std::fprintf(stderr, "usage: %s [--n PARAMS] [--reps R] [--json] [--isa portable|avx2|avx512]\n", argv[0]);
+      return 2;
+    }
+  }
+  zero::optim::AdamW::Hyper adamw;
+  zero::optim::Sgd::Hyper sgd;
+  sgd.momentum = 0.9;
+  run<zero::optim::AdamW, float, float>("fp32_adamw", adamw, o);
+  run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_mixed_adamw", adamw, o);
+  run<zero::optim::Sgd, float, float>("fp32_sgd_momentum", sgd, o);
+  return 0;
+}
