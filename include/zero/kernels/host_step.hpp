@@ -6,7 +6,7 @@
 #pragma once
 
 #include <cstddef>
-#include <vector>
+#include <array>
 
 #include "zero/kernels/fused_step.hpp"
 #include "zero/simd/dispatch.hpp"
@@ -98,9 +98,10 @@ void host_fused_step(const FusedStepArgs<Opt, Grad, Param>& args) {
 }
 
 // Sum of squares (in double) and whether any element is inf or NaN.
+// Allocates nothing (the engine's steady-state step must not).
 template <StorageType Grad>
 GradStats host_grad_stats(const Grad* grad, std::size_t n) {
-  std::vector<GradStats> partial(static_cast<std::size_t>(simd::host_threads()));
+  std::array<GradStats, simd::max_host_threads> partial{};
   simd::parallel_dispatch<detail::HostGradStatsBody<Grad>>(n, grad, partial.data());
   GradStats total;
   for (const GradStats& p : partial) total += p;

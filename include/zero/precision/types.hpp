@@ -32,7 +32,8 @@ static_assert(std::is_trivially_copyable_v<fp16> && std::is_trivially_copyable_v
 
 // Element type tags understood by every communicator (NCCL, MPI, Local) so
 // that headers which describe buffers need not include nccl.h or mpi.h.
-enum class DType : std::uint8_t { f32, f16, bf16 };
+// f64 and u64 are for the engine's own control messages (norms, hashes).
+enum class DType : std::uint8_t { f32, f16, bf16, f64, u64 };
 
 template <class T>
 struct dtype_traits;  // primary left undefined: only the three storage types are element types
@@ -62,9 +63,25 @@ concept StorageType = requires { dtype_traits<T>::dtype; };
 template <class T>
 inline constexpr bool is_low_precision_v = std::is_same_v<T, fp16> || std::is_same_v<T, bf16>;
 
-inline constexpr std::size_t dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+inline constexpr std::size_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::f64:
+    case DType::u64: return 8;
+  }
+  return 0;
+}
 inline constexpr const char* dtype_name(DType t) {
-  return t == DType::f32 ? "fp32" : (t == DType::f16 ? "fp16" : "bf16");
+  switch (t) {
+    case DType::f32: return "fp32";
+    case DType::f16: return "fp16";
+    case DType::bf16: return "bf16";
+    case DType::f64: return "f64";
+    case DType::u64: return "u64";
+  }
+  return "?";
 }
 
 }  // namespace zero

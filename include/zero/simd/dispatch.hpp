@@ -128,10 +128,14 @@ void dispatch(IsaLevel level, Args&&... args) {
   Body::template run<Scalar>(static_cast<Args&&>(args)...);
 }
 
-// The threads host kernels use: OpenMP's (OMP_NUM_THREADS), or 1 without OpenMP.
+// The threads host kernels use: OpenMP's (OMP_NUM_THREADS), or 1 without
+// OpenMP, at most max_host_threads (bodies keep per-thread results in arrays
+// of that size, so kernels allocate nothing).
+inline constexpr int max_host_threads = 256;
 inline int host_threads() {
 #if ZERO_HAS_OPENMP
-  return omp_get_max_threads();
+  const int t = omp_get_max_threads();
+  return t < max_host_threads ? t : max_host_threads;
 #else
   return 1;
 #endif

@@ -1,0 +1,119 @@
+// Why: the engine is written once against a small set of buffer operations;
+// this is the host implementation (CI runs the whole engine on it, and it is
+// the CPU side of ZeRO-Offload). Buffers are 64-byte aligned and allocated
+// only when the optimizer is finalized; the allocation counter lets tests
+// prove that steady-state steps allocate nothing.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "zero/kernels/fused_step.hpp"
+#include "zero/kernels/host_step.hpp"
+#include "zero/policies.hpp"
+#include "zero/precision/convert.hpp"
+
+namespace zero::backend {
+
+template <class B>
+struct Ops;  // one specialisation per backend tag
+
+namespace detail {
+inline std::atomic<std::uint64_t>& host_allocations() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+}  // namespace detail
+
+// Owning, aligned, zero-initialised host array.
+template <class T>
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(std::size_t n) : n_(n) {
+    if (n == 0) return;
+    const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (data_ == nullptr) throw std::bad_alloc();
+    std::memset(static_cast<void*>(data_), 0, bytes);
+    detail::host_allocations().fetch_add(1, std::memory_order_relaxed);
+  }
+  HostBuffer(HostBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      std::free(data_);
+      data_ = std::exchange(o.data_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { std::free(data_); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+template <>
+struct Ops<Host> {
+  template <class T>
+  using Buffer = HostBuffer<T>;
+
+  // Buffers allocated so far by this backend (all instances).
+  static std::uint64_t allocation_count() { return detail::host_allocations().load(); }
+
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n != 0 && dst != src) std::memmove(static_cast<void*>(dst), src, n * sizeof(T));
+  }
+  template <class T>
+  static void zero(T* dst, std::size_t n) {
+    if (n != 0) std::memset(static_cast<void*>(dst), 0, n * sizeof(T));
+  }
+  // Host <-> backend memory: the same space here.
+  template <class T>
+  static void upload(T* dst, const T* host_src, std::size_t n) {
+    copy(dst, host_src, n);
+  }
+  template <class T>
+  static void download(T* host_dst, const T* src, std::size_t n) {
+    copy(host_dst, src, n);
+  }
+
+  // dst = to<To>(src) elementwise.
+  template <class To, class From>
+  static void convert(To* dst, const From* src, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = from_float<To>(to_float(src[i]));
+  }
+
+  // dst (+)= src, summed in fp32 and rounded once to T.
+  template <class T, class S>
+  static void accumulate(T* dst, const S* src, std::size_t n, bool overwrite) {
+    if (overwrite) return convert(dst, src, n);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i]));
+  }
+
+  template <class Opt, class Grad, class Param>
+  static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
+    kernels::host_fused_step(args);
+  }
+  template <class Grad>
+  static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
+    return kernels::host_grad_stats(grad, n);
+  }
+  static void synchronize() {}
+};
+
+}  // namespace zero::backend

@@ -1,0 +1,63 @@
+// Why: the optimizer's type names five policies and no communicator, so one
+// compiled optimizer can run over NCCL, MPI or in-process ranks. A virtual
+// call per collective is nothing next to the collective itself.
+#pragma once
+
+#include <memory>
+
+#include "zero/comm/communicator.hpp"
+
+namespace zero::comm {
+
+class AnyCommunicator {
+ public:
+  virtual ~AnyCommunicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, bool control) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) = 0;
+  virtual void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control) = 0;
+  virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
+  virtual void barrier() = 0;
+  virtual const ByteCounters& counters() const = 0;
+  virtual void reset_counters() = 0;
+
+  // Wraps a communicator the caller keeps alive for the optimizer's lifetime.
+  template <Communicator C>
+  static std::unique_ptr<AnyCommunicator> wrap(C& c);
+};
+
+namespace detail {
+
+template <Communicator C>
+class CommunicatorRef final : public AnyCommunicator {
+ public:
+  explicit CommunicatorRef(C& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, bool control) override {
+    c_.all_reduce(buf, count, t, op, control);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) override {
+    c_.reduce_scatter(send, recv, recv_count, t);
+  }
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control) override {
+    c_.all_gather(send, recv, send_count, t, control);
+  }
+  void broadcast(void* buf, std::size_t count, DType t, int root) override { c_.broadcast(buf, count, t, root); }
+  void barrier() override { c_.barrier(); }
+  const ByteCounters& counters() const override { return c_.counters(); }
+  void reset_counters() override { c_.reset_counters(); }
+
+ private:
+  C& c_;
+};
+
+}  // namespace detail
+
+template <Communicator C>
+std::unique_ptr<AnyCommunicator> AnyCommunicator::wrap(C& c) {
+  return std::make_unique<detail::CommunicatorRef<C>>(c);
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,109 @@
+// Why: the engine is written once against this concept and runs unchanged on
+// NCCL (GPUs, multi-node), Open MPI (CPU processes) and in-process threads
+// (tests, single-node demos). Every implementation counts the bytes it sends
+// and receives, per kind of collective, so that the communication report is
+// measured, not computed from formulas.
+//
+// Byte accounting: each collective is counted as a bandwidth-optimal ring
+// implementation moves it (what NCCL's "bus bandwidth" measures): for N ranks
+// and a full buffer of B bytes, reduce-scatter and all-gather each send and
+// receive B(N-1)/N per rank, all-reduce 2B(N-1)/N, broadcast B(N-1)/N
+// (pipelined). The same rule for every backend keeps reports comparable.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+#include "zero/precision/types.hpp"
+
+namespace zero::comm {
+
+enum class ReduceOp : std::uint8_t { sum, max };
+
+// What the engine sends, by purpose: bulk gradient and parameter traffic is
+// what the ZeRO paper's formulas describe; control traffic (norms, overflow
+// flags, layout hashes) is a few bytes per step, reported on its own line.
+enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, control };
+inline constexpr std::size_t collective_kinds = 5;
+
+inline const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_gather: return "all_gather";
+    case Collective::broadcast: return "broadcast";
+    case Collective::control: return "control";
+  }
+  return "?";
+}
+
+struct ByteCounters {
+  std::array<std::uint64_t, collective_kinds> sent{};
+  std::array<std::uint64_t, collective_kinds> received{};
+  std::array<std::uint64_t, collective_kinds> calls{};
+
+  void add(Collective c, std::uint64_t send, std::uint64_t recv) {
+    sent[static_cast<std::size_t>(c)] += send;
+    received[static_cast<std::size_t>(c)] += recv;
+    calls[static_cast<std::size_t>(c)] += 1;
+  }
+  std::uint64_t total_sent() const {
+    std::uint64_t s = 0;
+    for (auto v : sent) s += v;
+    return s;
+  }
+  std::uint64_t total_received() const {
+    std::uint64_t s = 0;
+    for (auto v : received) s += v;
+    return s;
+  }
+  // Ring-model volume per rank for a buffer of `bytes` over `ranks` ranks.
+  static std::uint64_t ring_share(std::uint64_t bytes, int ranks) {
+    return ranks <= 1 ? 0 : bytes * static_cast<std::uint64_t>(ranks - 1) / static_cast<std::uint64_t>(ranks);
+  }
+  void count_all_reduce(std::uint64_t bytes, int ranks, bool control = false) {
+    const auto v = 2 * ring_share(bytes, ranks);
+    add(control ? Collective::control : Collective::all_reduce, v, v);
+  }
+  void count_reduce_scatter(std::uint64_t full_bytes, int ranks) {
+    const auto v = ring_share(full_bytes, ranks);
+    add(Collective::reduce_scatter, v, v);
+  }
+  void count_all_gather(std::uint64_t full_bytes, int ranks, bool control = false) {
+    const auto v = ring_share(full_bytes, ranks);
+    add(control ? Collective::control : Collective::all_gather, v, v);
+  }
+  void count_broadcast(std::uint64_t bytes, int ranks) {
+    const auto v = ring_share(bytes, ranks);
+    add(Collective::broadcast, v, v);
+  }
+};
+
+// The contract. Buffers live where the communicator expects them (host memory
+// for Local/Mpi, device memory for Nccl and the device mode of Local). All
+// calls are collective: every rank makes the same calls in the same order.
+//   all_reduce(buf, count, dtype, op)          in place
+//   reduce_scatter(send, recv, recv_count, dtype)  send holds size()*recv_count
+//       elements; rank r receives the sum of block r; recv may be send + r*recv_count
+//   all_gather(send, recv, send_count, dtype)  recv holds size()*send_count;
+//       send may be recv + rank()*send_count (in place)
+//   broadcast(buf, count, dtype, root)
+//   barrier()
+// Control messages (a few doubles or hashes) go through all_reduce/all_gather
+// with `control = true` so they are counted apart from model traffic.
+template <class C>
+concept Communicator = requires(C& c, const C& cc, void* buf, const void* cbuf, std::size_t n, DType t, int root) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.all_reduce(buf, n, t, ReduceOp::sum, false);
+  c.reduce_scatter(cbuf, buf, n, t);
+  c.all_gather(cbuf, buf, n, t, false);
+  c.broadcast(buf, n, t, root);
+  c.barrier();
+  { cc.counters() } -> std::convertible_to<const ByteCounters&>;
+  c.reset_counters();
+};
+
+}  // namespace zero::comm

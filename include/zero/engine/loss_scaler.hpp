@@ -1,0 +1,49 @@
+// Why: fp16 gradients underflow unless the loss is scaled up, and overflow if
+// it is scaled too far. The scaler raises the scale after a run of clean steps
+// and backs off on overflow; every rank sees the same overflow flag (it is
+// all-reduced), so all ranks skip the same steps and keep the same scale.
+#pragma once
+
+#include <algorithm>
+
+#include "zero/engine/options.hpp"
+
+namespace zero {
+
+class DynamicLossScaler {
+ public:
+  DynamicLossScaler() = default;
+  DynamicLossScaler(const LossScaleOptions& o, bool enabled)
+      : options_(o), enabled_(enabled), scale_(enabled ? o.initial_scale : 1.0), hysteresis_left_(o.hysteresis) {}
+
+  double scale() const { return scale_; }
+  bool enabled() const { return enabled_; }
+
+  // Records the outcome of one step. Returns true if the step must be skipped.
+  bool update(bool overflow) {
+    if (!enabled_) return false;
+    if (overflow) {
+      clean_steps_ = 0;
+      if (--hysteresis_left_ <= 0) {
+        scale_ = std::max(options_.min_scale, scale_ * options_.backoff_factor);
+        hysteresis_left_ = options_.hysteresis;
+      }
+      return true;
+    }
+    if (++clean_steps_ >= options_.growth_interval) {
+      scale_ *= options_.growth_factor;
+      clean_steps_ = 0;
+      hysteresis_left_ = options_.hysteresis;
+    }
+    return false;
+  }
+
+ private:
+  LossScaleOptions options_{};
+  bool enabled_ = false;
+  double scale_ = 1.0;
+  int clean_steps_ = 0;
+  int hysteresis_left_ = 1;
+};
+
+}  // namespace zero

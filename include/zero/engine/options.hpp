@@ -1,0 +1,73 @@
+// Why: everything about a run that is not a type choice lives in one plain
+// struct, validated once at construction, so the same compiled optimizer
+// serves any bucket size, accumulation count or loss-scale schedule.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "zero/error.hpp"
+
+namespace zero {
+
+// In which type gradients travel and are summed across ranks.
+enum class ReduceDType { same_as_grad, fp32 };
+
+struct LossScaleOptions {
+  double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
+  int growth_interval = 2000;      // steps without overflow before the scale grows
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;     // on overflow
+  int hysteresis = 1;              // overflows tolerated before backing off (DeepSpeed's "hysteresis")
+  double min_scale = 1.0;
+};
+
+struct Options {
+  // Bytes of gradient staging per in-flight reduction (stage 2/3 reduce a unit
+  // as soon as its backward is done). The staging area holds at least one
+  // whole unit, so a larger unit raises it.
+  std::size_t bucket_bytes = std::size_t{32} << 20;
+  // Stage 3: units gathered ahead of the one in use.
+  int prefetch_units = 1;
+  // Micro-batches summed before each optimizer step.
+  int grad_accumulation_steps = 1;
+  // Global L2 norm clipping of the (unscaled, averaged) gradient; 0 turns it off.
+  double clip_norm = 0.0;
+  // Summed gradients are multiplied by 1/divisor in the fused step. 0 means
+  // ranks x grad_accumulation_steps (each rank's gradient is the mean over its
+  // micro-batch, as with a mean loss).
+  double gradient_divisor = 0.0;
+  LossScaleOptions loss_scale{};
+  ReduceDType reduce_dtype = ReduceDType::same_as_grad;
+  // Seed for anything random the optimizer does (stochastic rounding).
+  std::uint64_t seed = 0x5eed;
+  // bf16 parameter copies written with stochastic rounding.
+  bool stochastic_rounding = false;
+
+  void validate() const {
+    require(bucket_bytes >= 4096, "Options::bucket_bytes is ", bucket_bytes,
+            "; it must be at least 4096 (32 MiB is a good default)");
+    require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
+            "; it must be in [0, 16]");
+    require(grad_accumulation_steps >= 1, "Options::grad_accumulation_steps is ", grad_accumulation_steps,
+            "; it must be >= 1");
+    require(std::isfinite(clip_norm) && clip_norm >= 0, "Options::clip_norm is ", clip_norm,
+            "; it must be >= 0 (0 turns clipping off)");
+    require(std::isfinite(gradient_divisor) && gradient_divisor >= 0, "Options::gradient_divisor is ",
+            gradient_divisor, "; it must be > 0, or 0 for ranks x accumulation steps");
+    const auto& ls = loss_scale;
+    require(std::isfinite(ls.initial_scale) && ls.initial_scale >= 1, "Options::loss_scale.initial_scale is ",
+            ls.initial_scale, "; it must be >= 1");
+    require(ls.growth_interval >= 1, "Options::loss_scale.growth_interval is ", ls.growth_interval,
+            "; it must be >= 1");
+    require(ls.growth_factor > 1, "Options::loss_scale.growth_factor is ", ls.growth_factor, "; it must be > 1");
+    require(ls.backoff_factor > 0 && ls.backoff_factor < 1, "Options::loss_scale.backoff_factor is ",
+            ls.backoff_factor, "; it must be in (0, 1)");
+    require(ls.hysteresis >= 1, "Options::loss_scale.hysteresis is ", ls.hysteresis, "; it must be >= 1");
+    require(ls.min_scale >= 1 && ls.min_scale <= ls.initial_scale, "Options::loss_scale.min_scale is ",
+            ls.min_scale, "; it must be in [1, initial_scale]");
+  }
+};
+
+}  // namespace zero

@@ -1,0 +1,76 @@
+// Why: ZeRO's promise is a number (bytes of model state per rank, bytes on
+// the wire per step). The engine measures both from its own buffers and the
+// communicator's counters, so a user can check the promise on their model and
+// tests can hold the code to the paper's formulas.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "zero/comm/communicator.hpp"
+
+namespace zero {
+
+struct MemoryReport {
+  int rank = 0, ranks = 1, stage = 0;
+  std::uint64_t padded_elements = 0;  // Φ
+  std::uint64_t param_elements = 0;   // Φ without padding
+  // Model states, bytes held by this rank.
+  std::uint64_t params = 0;            // low-precision (or fp32) parameters
+  std::uint64_t grads = 0;             // gradient accumulators
+  std::uint64_t master = 0;            // fp32 master weights (0 when fp32 params are their own master)
+  std::uint64_t optimizer_states = 0;  // e.g. Adam's m and v
+  // Of the four lines above, the bytes that are padding (not additional).
+  std::uint64_t padding = 0;
+  // Not model state: staging for reductions, stage-3 gather slots.
+  std::uint64_t communication_buffers = 0;
+
+  std::uint64_t model_states() const { return params + grads + master + optimizer_states; }
+  std::uint64_t total() const { return model_states() + communication_buffers; }
+
+  std::string to_json() const {
+    std::ostringstream o;
+    o << "{\"report\":\"memory\",\"rank\":" << rank << ",\"ranks\":" << ranks << ",\"stage\":" << stage
+      << ",\"padded_elements\":" << padded_elements << ",\"param_elements\":" << param_elements
+      << ",\"params_bytes\":" << params << ",\"grads_bytes\":" << grads << ",\"master_bytes\":" << master
+      << ",\"optimizer_states_bytes\":" << optimizer_states << ",\"model_states_bytes\":" << model_states()
+      << ",\"padding_bytes\":" << padding << ",\"communication_buffers_bytes\":" << communication_buffers
+      << ",\"total_bytes\":" << total() << "}";
+    return o.str();
+  }
+};
+
+struct CommReport {
+  int rank = 0, ranks = 1, stage = 0;
+  std::uint64_t steps = 0;  // optimizer steps the counters cover
+  comm::ByteCounters counters{};
+
+  // Model traffic (everything but control messages) per step, per direction.
+  double sent_per_step() const { return per_step(counters.total_sent() - control_sent()); }
+  double received_per_step() const { return per_step(counters.total_received() - control_received()); }
+  std::uint64_t control_sent() const { return counters.sent[static_cast<std::size_t>(comm::Collective::control)]; }
+  std::uint64_t control_received() const {
+    return counters.received[static_cast<std::size_t>(comm::Collective::control)];
+  }
+
+  std::string to_json() const {
+    std::ostringstream o;
+    o << "{\"report\":\"communication\",\"rank\":" << rank << ",\"ranks\":" << ranks << ",\"stage\":" << stage
+      << ",\"steps\":" << steps << ",\"sent_bytes_per_step\":" << sent_per_step()
+      << ",\"received_bytes_per_step\":" << received_per_step();
+    for (std::size_t k = 0; k < comm::collective_kinds; ++k) {
+      const char* name = comm::collective_name(static_cast<comm::Collective>(k));
+      o << ",\"" << name << "_sent_bytes\":" << counters.sent[k] << ",\"" << name << "_calls\":" << counters.calls[k];
+    }
+    o << "}";
+    return o.str();
+  }
+
+ private:
+  double per_step(std::uint64_t bytes) const {
+    return steps == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(steps);
+  }
+};
+
+}  // namespace zero

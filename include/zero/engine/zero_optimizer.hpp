@@ -1,0 +1,633 @@
+// Why: this is the one type users see. It owns the partitioned model state of
+// one rank (parameters, gradients, fp32 master, optimizer state, each kept
+// whole or as this rank's 1/N according to the stage), drives the
+// collectives of the ZeRO stages through any Communicator, and runs the fused
+// step on the backend. All buffers are allocated once at finalize(); the
+// steady-state step allocates nothing.
+//
+// Per micro-batch, per unit (a layer), the caller:
+//   const auto* w = opt.acquire_unit(u);   // stage 3: gathers the unit
+//   ... forward with w ...; opt.release_unit(u);
+// and in backward, in reverse unit order:
+//   opt.acquire_unit(u); auto* g = opt.grad_buffer(u); ... write dL/dw into g ...
+//   opt.grad_ready(u); opt.release_unit(u);
+// then opt.step(), which steps the optimizer every grad_accumulation_steps
+// micro-batches. Collective calls (finalize, acquire_unit at stage 3,
+// grad_ready, step, gather_*) must be made by every rank in the same order.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zero/backend/host.hpp"
+#include "zero/comm/any_communicator.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/engine/loss_scaler.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/error.hpp"
+#include "zero/kernels/fused_step.hpp"
+#include "zero/optim/policy.hpp"
+#include "zero/policies.hpp"
+
+namespace zero {
+
+struct StepResult {
+  bool stepped = false;         // the optimizer updated the parameters
+  bool skipped_overflow = false;  // fp16: inf/NaN in the gradients; nothing was updated
+  bool accumulating = false;    // a micro-batch before the accumulation boundary
+  double grad_norm = 0.0;       // global L2 norm of the unscaled, averaged gradient (before clipping)
+  double loss_scale = 1.0;      // the scale that was in effect for this step
+};
+
+template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload,
+          BackendPolicy Backend>
+class ZeroOptimizer {
+  static_assert(!(Offload::to_host && !Backend::device),
+                "zero::ZeroOptimizer: offload::Cpu/Nvme move optimizer state from GPU memory to the host, but with "
+                "backend::Host it is already in host memory; use offload::None");
+  static_assert(!(Offload::to_host && Stage::value == 0),
+                "zero::ZeroOptimizer: ZeRO-Offload moves this rank's partition of the optimizer state to the host; "
+                "stage 0 has no partition: use stage<1> or higher with offload::Cpu/Nvme");
+  static_assert(!Offload::to_host,
+                "zero::ZeroOptimizer: offload::Cpu and offload::Nvme are not available in this version of zero; use "
+                "offload::None (see docs/design.md for the planned ZeRO-Offload engine)");
+
+ public:
+  using precision_policy = Precision;
+  using optimizer_policy = Optimizer;
+  using offload_policy = Offload;
+  using backend_policy = Backend;
+  using param_type = typename Precision::param_type;
+  using grad_type = typename Precision::grad_type;
+  using Hyper = typename Optimizer::Hyper;
+  static constexpr int stage = Stage::value;
+  static constexpr int state_slots = Optimizer::state_slots;
+
+ private:
+  using Ops = backend::Ops<Backend>;
+  template <class T>
+  using Buffer = typename Ops::template Buffer<T>;
+  // fp32 training: the parameters are their own master weights.
+  static constexpr bool separate_master = Precision::mixed;
+
+ public:
+  template <comm::Communicator Comm>
+  ZeroOptimizer(Comm& communicator, Hyper hyper, Options options = {})
+      : comm_(comm::AnyCommunicator::wrap(communicator)),
+        hyper_(hyper),
+        options_(options),
+        layout_(comm_->size()),
+        scaler_(options.loss_scale, Precision::loss_scaling) {
+    hyper_.validate();
+    options_.validate();
+  }
+
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  // ---- Registration ----------------------------------------------------
+  UnitId add_unit(std::string name) { return layout_.add_unit(std::move(name)); }
+  ParamId add_param(UnitId unit, std::string name, std::size_t numel) {
+    return layout_.add_param(unit, std::move(name), numel);
+  }
+
+  // Collective. Checks that all ranks registered the same layout, then
+  // allocates every buffer the run will use.
+  void finalize();
+
+  const Layout& layout() const { return layout_; }
+  int rank() const { return comm_->rank(); }
+  int ranks() const { return comm_->size(); }
+
+  // ---- Values ------------------------------------------------------------
+  // Sets a parameter from fp32 host values (numel of them). Every rank must
+  // pass the same values: each keeps what its stage needs of them.
+  void set_param(ParamId p, const float* values);
+
+  // Collective: the full fp32 master weights / low-precision parameters
+  // (padded layout, Layout::padded_total() elements) into host memory.
+  // Counted as control traffic, not as model traffic.
+  void gather_masters(float* out);
+  void gather_params(param_type* out);
+  // A parameter's values as fp32 from the gathered masters (collective).
+  std::vector<float> master_values(ParamId p);
+
+  // ---- Forward / backward ------------------------------------------------
+  // The unit's parameters (padded flat buffer; a parameter starts at
+  // layout().param(p).offset). Stage 3: collective, gathers the unit (and
+  // prefetches the next ones) into a gather slot.
+  const param_type* acquire_unit(UnitId u);
+  // Stage 3: frees the unit's gather slot. Other stages: nothing.
+  void release_unit(UnitId u);
+  // Pointer to parameter p inside its acquired unit.
+  const param_type* param_data(ParamId p) const;
+
+  // Where this micro-batch's gradient of unit u goes (padded flat layout,
+  // same offsets as the parameters). Overwrite it: accumulation across
+  // micro-batches is the optimizer's job. For fp16 the gradient is of the
+  // scaled loss (loss * loss_scale()).
+  grad_type* grad_buffer(UnitId u);
+  // Collective: unit u's gradient is complete. Stage 2/3 reduce-scatter it now.
+  void grad_ready(UnitId u);
+
+  // ---- Step --------------------------------------------------------------
+  // Collective. Call once per micro-batch; steps every grad_accumulation_steps.
+  StepResult step();
+
+  double loss_scale() const { return scaler_.scale(); }
+  Hyper& hyper() { return hyper_; }  // e.g. hyper().lr = schedule(step)
+  const Options& options() const { return options_; }
+  std::int64_t step_count() const { return steps_; }
+
+  MemoryReport memory_report() const { return memory_; }
+  CommReport comm_report() const {
+    CommReport r;
+    r.rank = rank();
+    r.ranks = ranks();
+    r.stage = stage;
+    r.steps = static_cast<std::uint64_t>(steps_ - steps_at_reset_);
+    r.counters = comm_->counters();
+    return r;
+  }
+  void reset_comm_counters() {
+    comm_->reset_counters();
+    steps_at_reset_ = steps_;
+  }
+
+ private:
+  // The range of elements of unit u that this rank updates: its shard, or the
+  // whole unit at stage 0 (every rank updates everything).
+  std::size_t update_begin(const UnitInfo& u) const {
+    return stage == 0 ? 0 : static_cast<std::size_t>(rank()) * u.shard;
+  }
+  std::size_t update_size(const UnitInfo& u) const { return stage == 0 ? u.padded : u.shard; }
+  // Offset of unit u's updated range in the master/state arrays.
+  std::size_t state_offset(const UnitInfo& u) const { return stage == 0 ? u.full_offset : u.shard_offset; }
+
+  float* master_ptr(const UnitInfo& u) {
+    if constexpr (separate_master) {
+      return master_.data() + state_offset(u);
+    } else if constexpr (stage == 3) {
+      return params_.data() + u.shard_offset;
+    } else {
+      return params_.data() + u.full_offset + update_begin(u);
+    }
+  }
+  param_type* param_ptr(const UnitInfo& u) {
+    if constexpr (stage == 3)
+      return params_.data() + u.shard_offset;
+    else
+      return params_.data() + u.full_offset + update_begin(u);
+  }
+  grad_type* grad_ptr(const UnitInfo& u) {
+    if constexpr (stage >= 2)
+      return grads_.data() + u.shard_offset;
+    else
+      return grads_.data() + u.full_offset + update_begin(u);
+  }
+
+  void require_finalized(const char* what) const {
+    require(finalized_, what, ": call finalize() after registering the parameters and before training");
+  }
+  void require_unit(UnitId u, const char* what) const {
+    require(u.index < layout_.units().size(), what, ": unit id ", u.index, " does not exist (",
+            layout_.units().size(), " units)");
+  }
+
+  void check_layout_agreement();
+  void account_memory();
+  void reduce_gradient(const UnitInfo& u, grad_type* staging);
+  void zero_gaps(const UnitInfo& u, grad_type* staging);
+  int gather_into_slot(std::size_t unit);
+  int find_slot(std::size_t unit) const;
+  void prefetch_after(std::size_t unit);
+
+  std::unique_ptr<comm::AnyCommunicator> comm_;
+  Hyper hyper_;
+  Options options_;
+  Layout layout_;
+  DynamicLossScaler scaler_;
+  bool finalized_ = false;
+
+  // Model state (see memory_report for which are whole and which are shards).
+  Buffer<param_type> params_;
+  Buffer<grad_type> grads_;
+  Buffer<float> master_;  // only with mixed precision
+  Buffer<float> states_[state_slots > 0 ? state_slots : 1];
+  // Communication buffers.
+  Buffer<grad_type> grad_staging_;          // one unit: where the caller writes a gradient
+  Buffer<float> reduce_staging_fp32_;       // one unit, when reducing 16-bit gradients in fp32
+  Buffer<grad_type> shard_staging_;         // one shard: a reduce-scatter's result before accumulation
+  Buffer<param_type> gather_slots_;         // stage 3: (prefetch + 1) units
+  std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
+  std::vector<bool> slot_in_use_;           // acquired and not yet released
+  int staging_unit_ = -1;                   // unit whose gradient the staging buffer holds
+
+  int micro_ = 0;             // micro-batch index within the accumulation window
+  bool backward_phase_ = false;
+  std::vector<bool> reduced_this_micro_;  // grad_ready seen for each unit in this micro-batch
+  std::int64_t steps_ = 0;
+  std::int64_t steps_at_reset_ = 0;
+  MemoryReport memory_{};
+
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+};
+
+// ============================================================================
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::finalize() {
+  require(!finalized_, "ZeroOptimizer::finalize() called twice");
+  layout_.finalize();
+  check_layout_agreement();
+  const std::size_t full = layout_.padded_total(), shard = layout_.shard_total();
+  const std::size_t owned = stage == 0 ? full : shard;
+
+  params_ = Buffer<param_type>(stage == 3 ? shard : full);
+  grads_ = Buffer<grad_type>(stage >= 2 ? shard : full);
+  if constexpr (separate_master) master_ = Buffer<float>(owned);
+  for (int k = 0; k < state_slots; ++k) states_[k] = Buffer<float>(owned);
+
+  const std::size_t max_unit = layout_.max_unit();
+  std::size_t max_shard = 0;
+  for (const auto& u : layout_.units()) max_shard = std::max(max_shard, u.shard);
+  grad_staging_ = Buffer<grad_type>(max_unit);
+  if (options_.reduce_dtype == ReduceDType::fp32 && !std::is_same_v<grad_type, float>)
+    reduce_staging_fp32_ = Buffer<float>(max_unit);
+  if constexpr (stage >= 2) shard_staging_ = Buffer<grad_type>(max_shard);
+  if constexpr (stage == 3) {
+    const std::size_t slots = static_cast<std::size_t>(options_.prefetch_units) + 1;
+    gather_slots_ = Buffer<param_type>(slots * max_unit);
+    slot_unit_.assign(slots, npos);
+    slot_in_use_.assign(slots, false);
+  }
+  reduced_this_micro_.assign(layout_.units().size(), false);
+  account_memory();
+  finalized_ = true;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::check_layout_agreement() {
+  // Salt: everything about the type that changes positions or sizes.
+  std::uint64_t salt = static_cast<std::uint64_t>(stage) * 1000003u + static_cast<std::uint64_t>(state_slots) * 7919u +
+                       sizeof(param_type) * 131u + (P::mixed ? 17u : 0u);
+  for (const char* c = O::name; *c; ++c) salt = salt * 31u + static_cast<unsigned char>(*c);
+  const std::uint64_t mine = layout_.hash(salt);
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks()));
+  comm_->all_gather(&mine, all.data(), 1, DType::u64, true);
+  std::vector<int> differ;
+  for (int r = 0; r < ranks(); ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
+  if (!differ.empty()) {
+    std::string list;
+    for (int r : differ) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    throw CommError(detail::concat(
+        "ZeroOptimizer::finalize() on rank ", rank(), ": ranks registered different parameter layouts (rank(s) ", list,
+        " differ from rank 0; this rank has ", layout_.units().size(), " units: ", layout_.describe(),
+        "). Every rank must add the same units and parameters, with the same names, sizes and order, and use the same "
+        "optimizer, precision and stage."));
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::account_memory() {
+  MemoryReport m;
+  m.rank = rank();
+  m.ranks = ranks();
+  m.stage = stage;
+  m.padded_elements = layout_.padded_total();
+  m.param_elements = layout_.param_total();
+  m.params = params_.bytes();
+  m.grads = grads_.bytes();
+  m.master = master_.bytes();
+  for (int k = 0; k < state_slots; ++k) m.optimizer_states += states_[k].bytes();
+  // Padding share of the model-state buffers (same fraction in each).
+  const double pad_fraction =
+      1.0 - static_cast<double>(m.param_elements) / static_cast<double>(std::max<std::uint64_t>(1, m.padded_elements));
+  m.padding = static_cast<std::uint64_t>(std::llround(pad_fraction * static_cast<double>(m.model_states())));
+  m.communication_buffers =
+      grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gather_slots_.bytes();
+  memory_ = m;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
+  require_finalized("set_param");
+  require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
+  const ParamInfo& p = layout_.param(id);
+  const UnitInfo& u = layout_.units()[p.unit];
+  // The part of the parameter inside this rank's updated range of the unit.
+  const std::size_t begin = update_begin(u), end = begin + update_size(u);
+  const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+  if (lo < hi) {
+    // Through a host staging conversion: values are fp32 on the host.
+    std::vector<float> owned(values + (lo - p.offset), values + (hi - p.offset));
+    Ops::upload(master_ptr(u) + (lo - begin), owned.data(), owned.size());
+    if constexpr (separate_master) {
+      std::vector<param_type> low(owned.size());
+      for (std::size_t i = 0; i < owned.size(); ++i) low[i] = from_float<param_type>(owned[i]);
+      Ops::upload(param_ptr(u) + (lo - begin), low.data(), low.size());
+    }
+  }
+  if constexpr (stage <= 2) {
+    // Every rank holds the full parameters.
+    std::vector<param_type> low(p.numel);
+    for (std::size_t i = 0; i < p.numel; ++i) low[i] = from_float<param_type>(values[i]);
+    Ops::upload(params_.data() + u.full_offset + p.offset, low.data(), low.size());
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
+  require_finalized("gather_masters");
+  Ops::synchronize();
+  for (const auto& u : layout_.units()) {
+    std::vector<float> shard(update_size(u));
+    Ops::download(shard.data(), master_ptr(u), shard.size());
+    if (stage == 0)
+      std::copy(shard.begin(), shard.end(), out + u.full_offset);
+    else
+      comm_->all_gather(shard.data(), out + u.full_offset, u.shard, DType::f32, true);
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
+  require_finalized("gather_params");
+  Ops::synchronize();
+  if constexpr (stage <= 2) {
+    Ops::download(out, params_.data(), layout_.padded_total());
+  } else {
+    for (const auto& u : layout_.units()) {
+      std::vector<param_type> shard(u.shard);
+      Ops::download(shard.data(), params_.data() + u.shard_offset, u.shard);
+      comm_->all_gather(shard.data(), out + u.full_offset, u.shard, dtype_traits<param_type>::dtype, true);
+    }
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+std::vector<float> ZeroOptimizer<P, O, S, F, B>::master_values(ParamId id) {
+  std::vector<float> all(layout_.padded_total());
+  gather_masters(all.data());
+  const ParamInfo& p = layout_.param(id);
+  const std::size_t start = layout_.units()[p.unit].full_offset + p.offset;
+  return std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(start),
+                            all.begin() + static_cast<std::ptrdiff_t>(start + p.numel));
+}
+
+// ---- Stage 3 gather slots ----------------------------------------------------
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+int ZeroOptimizer<P, O, S, F, B>::find_slot(std::size_t unit) const {
+  for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+    if (slot_unit_[s] == unit) return static_cast<int>(s);
+  return -1;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+int ZeroOptimizer<P, O, S, F, B>::gather_into_slot(std::size_t unit) {
+  int free_slot = -1;
+  for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+    if (slot_unit_[s] == npos) {
+      free_slot = static_cast<int>(s);
+      break;
+    }
+  if (free_slot < 0) return -1;
+  const UnitInfo& u = layout_.units()[unit];
+  param_type* slot = gather_slots_.data() + static_cast<std::size_t>(free_slot) * layout_.max_unit();
+  // In place: this rank's shard goes to its position, then the gather fills the rest.
+  param_type* mine = slot + static_cast<std::size_t>(rank()) * u.shard;
+  Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
+  comm_->all_gather(mine, slot, u.shard, dtype_traits<param_type>::dtype, false);
+  slot_unit_[static_cast<std::size_t>(free_slot)] = unit;
+  return free_slot;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::prefetch_after(std::size_t unit) {
+  // Forward walks units upwards, backward downwards; gather the next ones
+  // while slots are free (on a GPU this overlaps with the current unit).
+  const long n_units = static_cast<long>(layout_.units().size());
+  const long dir = backward_phase_ ? -1 : 1;
+  for (int k = 1; k <= options_.prefetch_units; ++k) {
+    const long next = static_cast<long>(unit) + dir * k;
+    if (next < 0 || next >= n_units) break;
+    if (find_slot(static_cast<std::size_t>(next)) >= 0) continue;
+    if (gather_into_slot(static_cast<std::size_t>(next)) < 0) break;
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* {
+  require_finalized("acquire_unit");
+  require_unit(id, "acquire_unit");
+  const UnitInfo& u = layout_.units()[id.index];
+  if constexpr (stage <= 2) {
+    return params_.data() + u.full_offset;
+  } else {
+    int slot = find_slot(id.index);
+    if (slot < 0) slot = gather_into_slot(id.index);
+    require(slot >= 0, "acquire_unit('", u.name, "'): all ", slot_unit_.size(),
+            " stage-3 gather slots hold acquired units; release_unit() the units you are done with, or raise "
+            "Options::prefetch_units");
+    slot_in_use_[static_cast<std::size_t>(slot)] = true;
+    prefetch_after(id.index);
+    return gather_slots_.data() + static_cast<std::size_t>(slot) * layout_.max_unit();
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::release_unit(UnitId id) {
+  require_unit(id, "release_unit");
+  if constexpr (stage == 3) {
+    const int slot = find_slot(id.index);
+    require(slot >= 0 && slot_in_use_[static_cast<std::size_t>(slot)], "release_unit('",
+            layout_.units()[id.index].name, "'): the unit is not acquired");
+    // Freed at once: only shards stay resident.
+    slot_unit_[static_cast<std::size_t>(slot)] = npos;
+    slot_in_use_[static_cast<std::size_t>(slot)] = false;
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+auto ZeroOptimizer<P, O, S, F, B>::param_data(ParamId id) const -> const param_type* {
+  const ParamInfo& p = layout_.param(id);
+  const UnitInfo& u = layout_.units()[p.unit];
+  if constexpr (stage <= 2) {
+    return params_.data() + u.full_offset + p.offset;
+  } else {
+    const int slot = find_slot(p.unit);
+    require(slot >= 0, "param_data('", p.name, "'): acquire_unit('", u.name, "') first (stage 3 keeps only shards)");
+    return gather_slots_.data() + static_cast<std::size_t>(slot) * layout_.max_unit() + p.offset;
+  }
+}
+
+// ---- Gradients -----------------------------------------------------------------
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
+  require_finalized("grad_buffer");
+  require_unit(id, "grad_buffer");
+  require(staging_unit_ < 0 || staging_unit_ == static_cast<int>(id.index), "grad_buffer('",
+          layout_.units()[id.index].name, "'): the gradient of unit '", layout_.units()[staging_unit_].name,
+          "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next");
+  staging_unit_ = static_cast<int>(id.index);
+  return grad_staging_.data();
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::zero_gaps(const UnitInfo& u, grad_type* staging) {
+  for (const auto& [b, e] : u.gaps) Ops::zero(staging + b, e - b);
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
+  require_finalized("grad_ready");
+  require_unit(id, "grad_ready");
+  require(staging_unit_ == static_cast<int>(id.index), "grad_ready('", layout_.units()[id.index].name,
+          "'): call grad_buffer() for this unit and write its gradient first");
+  require(!reduced_this_micro_[id.index], "grad_ready('", layout_.units()[id.index].name,
+          "') twice in one micro-batch; call step() after each micro-batch");
+  const UnitInfo& u = layout_.units()[id.index];
+  zero_gaps(u, grad_staging_.data());
+  reduce_gradient(u, grad_staging_.data());
+  reduced_this_micro_[id.index] = true;
+  staging_unit_ = -1;
+  backward_phase_ = true;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::reduce_gradient(const UnitInfo& u, grad_type* staging) {
+  const bool first = micro_ == 0;
+  const bool last = micro_ == options_.grad_accumulation_steps - 1;
+  constexpr DType gdt = dtype_traits<grad_type>::dtype;
+  const bool in_fp32 = reduce_staging_fp32_.size() != 0;
+  if constexpr (stage <= 1) {
+    // Keep the whole gradient; stage 0 all-reduces it once complete.
+    grad_type* acc = grads_.data() + u.full_offset;
+    Ops::accumulate(acc, staging, u.padded, first);
+    if (stage == 0 && last) {
+      if (in_fp32) {
+        Ops::convert(reduce_staging_fp32_.data(), acc, u.padded);
+        comm_->all_reduce(reduce_staging_fp32_.data(), u.padded, DType::f32, comm::ReduceOp::sum, false);
+        Ops::convert(acc, reduce_staging_fp32_.data(), u.padded);
+      } else {
+        comm_->all_reduce(acc, u.padded, gdt, comm::ReduceOp::sum, false);
+      }
+    }
+  } else {
+    // Stages 2 and 3: reduce-scatter now, keep only this rank's shard.
+    grad_type* acc = grads_.data() + u.shard_offset;
+    if (in_fp32) {
+      float* wide = reduce_staging_fp32_.data();
+      Ops::convert(wide, staging, u.padded);
+      float* mine = wide + static_cast<std::size_t>(rank()) * u.shard;
+      comm_->reduce_scatter(wide, mine, u.shard, DType::f32);
+      Ops::accumulate(acc, mine, u.shard, first);
+    } else {
+      comm_->reduce_scatter(staging, shard_staging_.data(), u.shard, gdt);
+      Ops::accumulate(acc, shard_staging_.data(), u.shard, first);
+    }
+  }
+}
+
+// ---- Step ------------------------------------------------------------------------
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+StepResult ZeroOptimizer<P, O, S, F, B>::step() {
+  require_finalized("step");
+  const auto& units = layout_.units();
+  for (std::size_t i = 0; i < units.size(); ++i)
+    require(reduced_this_micro_[i], "step(): unit '", units[i].name,
+            "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before step()");
+  std::fill(reduced_this_micro_.begin(), reduced_this_micro_.end(), false);
+  backward_phase_ = false;
+  StepResult result;
+  result.loss_scale = scaler_.scale();
+  if (++micro_ < options_.grad_accumulation_steps) {
+    result.accumulating = true;
+    return result;
+  }
+  micro_ = 0;
+
+  // Stage 1 reduce-scatters the accumulated gradient now, in place.
+  if constexpr (stage == 1) {
+    constexpr DType gdt = dtype_traits<grad_type>::dtype;
+    for (const auto& u : units) {
+      grad_type* g = grads_.data() + u.full_offset;
+      grad_type* mine = g + static_cast<std::size_t>(rank()) * u.shard;
+      if (reduce_staging_fp32_.size() != 0) {
+        float* wide = reduce_staging_fp32_.data();
+        Ops::convert(wide, g, u.padded);
+        float* wmine = wide + static_cast<std::size_t>(rank()) * u.shard;
+        comm_->reduce_scatter(wide, wmine, u.shard, DType::f32);
+        Ops::convert(mine, wmine, u.shard);
+      } else {
+        comm_->reduce_scatter(g, mine, u.shard, gdt);
+      }
+    }
+  }
+
+  // Global gradient statistics: squared norm and inf/NaN over the owned range.
+  kernels::GradStats stats;
+  for (const auto& u : units) stats += Ops::grad_stats(grad_ptr(u), update_size(u));
+  if constexpr (stage >= 1) {
+    double control[2] = {stats.sum_squares, stats.non_finite ? 1.0 : 0.0};
+    comm_->all_reduce(control, 2, DType::f64, comm::ReduceOp::sum, true);
+    stats.sum_squares = control[0];
+    stats.non_finite = control[1] != 0.0;
+  }
+  const bool overflow = stats.non_finite;
+  const double scale = scaler_.scale();
+  if (scaler_.update(overflow)) {
+    result.skipped_overflow = true;
+    return result;
+  }
+  require(!overflow, "step(): the gradients contain inf or NaN (rank ", rank(), ", step ", steps_ + 1,
+          "); with bf16/fp32 there is no loss scaling to absorb it: check the loss and the learning rate");
+
+  const double divisor = options_.gradient_divisor > 0
+                             ? options_.gradient_divisor
+                             : static_cast<double>(ranks()) * static_cast<double>(options_.grad_accumulation_steps);
+  const double unscale = 1.0 / (scale * divisor);
+  result.grad_norm = std::sqrt(stats.sum_squares) * unscale;
+  double clip = 1.0;
+  if (options_.clip_norm > 0 && result.grad_norm > 0)
+    clip = std::min(1.0, options_.clip_norm / (result.grad_norm + 1e-6));  // as torch.nn.utils.clip_grad_norm_
+
+  ++steps_;
+  kernels::FusedStepArgs<O, grad_type, param_type> args;
+  args.grad_scale = static_cast<float>(unscale * clip);
+  args.scalars = O::prepare(hyper_, steps_);
+  args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
+  for (const auto& u : units) {
+    args.master = master_ptr(u);
+    args.grad = grad_ptr(u);
+    for (int k = 0; k < state_slots; ++k) args.state[k] = states_[k].data() + state_offset(u);
+    args.param = separate_master ? param_ptr(u) : nullptr;
+    args.n = update_size(u);
+    args.global_offset = u.full_offset + update_begin(u);
+    Ops::fused_step(args);
+  }
+
+  // Stages 1 and 2: every rank needs the full updated parameters again.
+  if constexpr (stage == 1 || stage == 2) {
+    for (const auto& u : units) {
+      param_type* full = params_.data() + u.full_offset;
+      comm_->all_gather(full + update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);
+    }
+  }
+  result.stepped = true;
+  return result;
+}
+
+}  // namespace zero

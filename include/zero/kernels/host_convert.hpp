@@ -1,0 +1,86 @@
+// Why: whole buffers change precision on the host all the time in ZeRO-Offload
+// (fp32 masters to the bf16/fp16 copy sent back to the GPU, low-precision
+// gradient shards widened for the CPU step, checkpoints loaded in another
+// dtype). A scalar loop over from_float would be neither vectorised (no -march
+// in a user's build) nor threaded, so these converters reuse the host-kernel
+// machinery: one body written against SIMD packs, compiled per instruction set
+// and split across OpenMP threads (zero/simd/dispatch.hpp). They add no
+// conversion math: the packs' loads and stores are the same exact algorithms
+// as zero::from_float / zero::to_float, so every path rounds like CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "zero/precision/convert.hpp"
+#include "zero/precision/stochastic.hpp"
+#include "zero/precision/types.hpp"
+#include "zero/simd/dispatch.hpp"
+#include "zero/simd/pack.hpp"
+
+namespace zero::kernels {
+namespace detail {
+
+template <class From, class To>
+struct HostConvertBody {
+  template <class Isa>
+  static void run(const From* src, To* dst, int /*thread*/, std::size_t begin, std::size_t end) {
+    if constexpr (std::is_same_v<From, To>) {
+      // Same type: a bit copy (NaN payloads and all), not a round trip.
+      if (end > begin) std::memcpy(dst + begin, src + begin, (end - begin) * sizeof(To));
+    } else {
+      std::size_t i = begin;
+#if ZERO_HOST_SIMD_X86
+      if constexpr (Isa::width > 1) {
+        constexpr int W = Isa::width;
+        for (; i + W <= end; i += W) simd::store(dst + i, simd::load<Isa>(src + i));
+      }
+#endif
+      // Tail, or all of it without SIMD. Between fp16 and bf16 the value passes
+      // through fp32 exactly, so there is a single rounding, as on the GPU.
+      for (; i < end; ++i) dst[i] = from_float<To>(to_float(src[i]));
+    }
+  }
+};
+
+template <class To>
+struct HostConvertStochasticBody {
+  template <class Isa>
+  static void run(const float* src, To* dst, const StochasticRounding& rounding, std::uint64_t global_offset,
+                  int /*thread*/, std::size_t begin, std::size_t end) {
+    // Element-wise: the random bits depend on the global index only, so the
+    // result is the same for any thread count or shard split. The loop is
+    // still compiled per instruction set, where g++ may vectorise the hash.
+    for (std::size_t i = begin; i < end; ++i) dst[i] = stochastic_round<To>(src[i], rounding, global_offset + i);
+  }
+};
+
+}  // namespace detail
+
+// Converts n elements src[i] -> dst[i] with round-to-nearest-even (NaN becomes
+// CUDA's canonical NaN), using every host thread and the best SIMD the CPU has
+// (or the one forced through zero::simd::force_isa / ZERO_HOST_ISA). Any pair
+// of {float, fp16, bf16} is valid; the same type on both sides is a copy.
+// src and dst must not overlap.
+template <StorageType From, StorageType To>
+void host_convert(const From* src, To* dst, std::size_t n) {
+  simd::parallel_dispatch<detail::HostConvertBody<From, To>>(n, src, dst);
+}
+
+// fp32 -> To with stochastic rounding where `rounding.enabled` (bf16; fp16 and
+// fp32 keep round-to-nearest, as zero::stochastic_round defines), exactly as
+// the fused step writes its parameter copy: element i uses the random stream
+// of global index global_offset + i. Without `enabled` it is host_convert.
+template <StorageType To>
+void host_convert_stochastic(const float* src, To* dst, std::size_t n, const StochasticRounding& rounding,
+                             std::uint64_t global_offset) {
+  if (!rounding.enabled) {
+    host_convert(src, dst, n);
+    return;
+  }
+  simd::parallel_dispatch<detail::HostConvertStochasticBody<To>>(n, src, dst, rounding, global_offset);
+}
+
+}  // namespace zero::kernels

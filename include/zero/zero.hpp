@@ -1,0 +1,27 @@
+// The umbrella header: everything that compiles with a plain C++20 host
+// compiler. CUDA pieces (zero/backend/cuda.cuh, zero/comm/nccl.cuh,
+// zero/kernels/cuda_step.cuh) and MPI (zero/comm/mpi.hpp) are included
+// separately, so this header needs neither nvcc nor mpi.h.
+#pragma once
+
+#include "zero/backend/host.hpp"
+#include "zero/comm/any_communicator.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/comm/local.hpp"
+#include "zero/config.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/engine/loss_scaler.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/engine/zero_optimizer.hpp"
+#include "zero/error.hpp"
+#include "zero/kernels/fused_step.hpp"
+#include "zero/kernels/host_step.hpp"
+#include "zero/math.hpp"
+#include "zero/optim/adam.hpp"
+#include "zero/optim/policy.hpp"
+#include "zero/optim/sgd.hpp"
+#include "zero/policies.hpp"
+#include "zero/precision/convert.hpp"
+#include "zero/precision/stochastic.hpp"
+#include "zero/precision/types.hpp"
