@@ -1,0 +1,247 @@
+// Shared by the engine tests: a small model of odd-sized parameters, a
+// deterministic gradient generator whose per-rank parts sum exactly in every
+// storage type (so an N-rank run and a 1-rank run on the whole batch see the
+// same gradients, and only the order of reductions can differ), a training
+// loop that drives ZeroOptimizer exactly as a trainer would, and comparisons.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "zero/zero.hpp"
+
+namespace zero::test {
+
+struct ParamSpec {
+  std::string unit, name;
+  std::size_t numel;
+};
+
+// Units of different sizes; parameters smaller than N, not divisible by N,
+// and a unit that is a single element.
+inline const std::vector<ParamSpec>& test_model() {
+  static const std::vector<ParamSpec> model = {
+      {"embed", "embed.table", 37}, {"embed", "embed.scale", 1}, {"mlp", "mlp.w", 129},
+      {"mlp", "mlp.b", 6},          {"head", "head.w", 5},       {"head", "head.b", 3},
+      {"tiny", "tiny.x", 1}};
+  return model;
+}
+
+inline std::uint64_t mix(std::uint64_t z) { return zero::detail::mix64(z); }
+
+// The initial value of element i of parameter p (same on every rank).
+inline float init_value(std::size_t p, std::size_t i) {
+  const std::uint64_t h = mix(p * 0x10001u + i + 12345u);
+  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+// Part `part` of the global batch's gradient for element i of parameter p at
+// (step, micro). Multiples of 2^-6 with |k| <= 8: any sum over up to 7 parts
+// and 3 micro-batches has at most 8 significant bits, so it is exact in bf16,
+// fp16 and fp32 whatever the order of summation.
+inline float grad_part(int part, std::size_t p, std::size_t i, int step, int micro) {
+  const std::uint64_t h = mix((static_cast<std::uint64_t>(part) << 48) ^ (static_cast<std::uint64_t>(step) << 36) ^
+                              (static_cast<std::uint64_t>(micro) << 30) ^ (p << 20) ^ i);
+  return static_cast<float>(static_cast<int>(h % 17u) - 8) * 0.015625f;
+}
+
+struct RunResult {
+  std::vector<float> masters;     // per parameter element, model order
+  std::vector<float> params;      // low-precision copies as fp32
+  std::vector<StepResult> steps;  // every step() result of the last micro-batch
+  MemoryReport memory;
+  CommReport comm;
+};
+
+struct TrainSpec {
+  int steps = 5;
+  int parts = 1;  // parts of the global batch (the N of the run being compared)
+  // -1: this rank's own part (an N-rank run); else a single rank summing all parts.
+  bool sum_all_parts = false;
+  // Called before each grad_ready with (rank, step, micro, unit index, grad
+  // buffer); lets a test inject an inf.
+  std::function<void(int, int, int, std::size_t, void*)> tamper;
+};
+
+// Drives one rank of a ZeroOptimizer through `spec.steps` optimizer steps.
+template <class Opt, class Comm>
+RunResult train(Comm& comm, const typename Opt::Hyper& hyper, const Options& options, const TrainSpec& spec) {
+  using G = typename Opt::grad_type;
+  Opt opt(comm, hyper, options);
+  const auto& model = test_model();
+  std::vector<UnitId> units;
+  std::vector<std::string> unit_names;
+  std::vector<ParamId> ids;
+  for (const auto& p : model) {
+    if (unit_names.empty() || unit_names.back() != p.unit) {
+      units.push_back(opt.add_unit(p.unit));
+      unit_names.push_back(p.unit);
+    }
+    ids.push_back(opt.add_param(units.back(), p.name, p.numel));
+  }
+  opt.finalize();
+  for (std::size_t p = 0; p < model.size(); ++p) {
+    std::vector<float> v(model[p].numel);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = init_value(p, i);
+    opt.set_param(ids[p], v.data());
+  }
+  const Layout& layout = opt.layout();
+  RunResult result;
+  opt.reset_comm_counters();
+  for (int step = 1; step <= spec.steps; ++step) {
+    for (int micro = 0; micro < options.grad_accumulation_steps; ++micro) {
+      for (const UnitId u : units) {  // forward
+        opt.acquire_unit(u);
+        opt.release_unit(u);
+      }
+      for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward
+        opt.acquire_unit(*it);
+        G* g = opt.grad_buffer(*it);
+        const float scale = static_cast<float>(opt.loss_scale());
+        for (std::size_t p : layout.unit(*it).params) {
+          const ParamInfo& info = layout.params()[p];
+          for (std::size_t i = 0; i < info.numel; ++i) {
+            float v = 0;
+            if (spec.sum_all_parts)
+              for (int part = 0; part < spec.parts; ++part) v += grad_part(part, p, i, step, micro);
+            else
+              v = grad_part(comm.rank(), p, i, step, micro);
+            g[info.offset + i] = from_float<G>(v * scale);
+          }
+        }
+        if (spec.tamper) spec.tamper(comm.rank(), step, micro, it->index, g);
+        opt.grad_ready(*it);
+        opt.release_unit(*it);
+      }
+      const StepResult r = opt.step();
+      if (micro == options.grad_accumulation_steps - 1) result.steps.push_back(r);
+    }
+  }
+  result.comm = opt.comm_report();
+  result.memory = opt.memory_report();
+  std::vector<float> masters(layout.padded_total());
+  std::vector<typename Opt::param_type> low(layout.padded_total());
+  opt.gather_masters(masters.data());
+  opt.gather_params(low.data());
+  for (const auto& info : layout.params()) {
+    const std::size_t start = layout.units()[info.unit].full_offset + info.offset;
+    for (std::size_t i = 0; i < info.numel; ++i) {
+      result.masters.push_back(masters[start + i]);
+      result.params.push_back(to_float(low[start + i]));
+    }
+  }
+  return result;
+}
+
+// Runs `ranks` in-process ranks; returns rank 0's result (all ranks are
+// checked to agree with it bit for bit).
+template <class Opt>
+RunResult train_local(int ranks, const typename Opt::Hyper& hyper, const Options& options, TrainSpec spec) {
+  std::vector<RunResult> results(static_cast<std::size_t>(ranks));
+  comm::LocalGroup group(ranks);
+  group.run([&](comm::Local& c) { results[static_cast<std::size_t>(c.rank())] = train<Opt>(c, hyper, options, spec); });
+  for (int r = 1; r < ranks; ++r) {
+    REQUIRE(results[r].masters == results[0].masters);
+    REQUIRE(std::memcmp(results[r].params.data(), results[0].params.data(), results[0].params.size() * 4) == 0);
+  }
+  return results[0];
+}
+
+// The engine's semantics written plainly for one process, with no
+// partitioning, no communicator and no engine code: sum every part and
+// micro-batch of the gradient, unscale, average, clip as
+// torch.nn.utils.clip_grad_norm_, and apply the optimizer's per-element rule.
+// The independent reference the engine is held to.
+template <class Precision, class Optimizer>
+RunResult reference_train(int parts, const typename Optimizer::Hyper& hyper, const Options& options, int steps) {
+  using G = typename Precision::grad_type;
+  using PT = typename Precision::param_type;
+  const auto& model = test_model();
+  std::vector<float> w;
+  std::vector<std::size_t> owner, index;
+  for (std::size_t p = 0; p < model.size(); ++p)
+    for (std::size_t i = 0; i < model[p].numel; ++i) {
+      w.push_back(init_value(p, i));
+      owner.push_back(p);
+      index.push_back(i);
+    }
+  const std::size_t n = w.size();
+  std::vector<std::vector<float>> state(Optimizer::state_slots, std::vector<float>(n, 0.0f));
+  const double loss_scale = Precision::loss_scaling ? options.loss_scale.initial_scale : 1.0;
+  const double divisor = static_cast<double>(parts) * options.grad_accumulation_steps;
+  RunResult out;
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<float> g(n, 0.0f);
+    for (std::size_t k = 0; k < n; ++k) {
+      float sum = 0;  // exact: see grad_part
+      for (int micro = 0; micro < options.grad_accumulation_steps; ++micro)
+        for (int part = 0; part < parts; ++part)
+          sum += grad_part(part, owner[k], index[k], step, micro) * static_cast<float>(loss_scale);
+      g[k] = to_float(from_float<G>(sum));
+    }
+    double sum_squares = 0;
+    for (float x : g) sum_squares += static_cast<double>(x) * x;
+    const double unscale = 1.0 / (loss_scale * divisor);
+    const double norm = std::sqrt(sum_squares) * unscale;
+    const double clip = options.clip_norm > 0 && norm > 0 ? std::min(1.0, options.clip_norm / (norm + 1e-6)) : 1.0;
+    const float grad_scale = static_cast<float>(unscale * clip);
+    const auto scalars = Optimizer::prepare(hyper, step);
+    for (std::size_t k = 0; k < n; ++k) {
+      float st[Optimizer::state_slots > 0 ? Optimizer::state_slots : 1];
+      for (int s = 0; s < Optimizer::state_slots; ++s) st[s] = state[s][k];
+      Optimizer::update(scalars, w[k], zero::math::mul(g[k], grad_scale), st);
+      for (int s = 0; s < Optimizer::state_slots; ++s) state[s][k] = st[s];
+    }
+    StepResult r;
+    r.stepped = true;
+    r.grad_norm = norm;
+    out.steps.push_back(r);
+  }
+  out.masters = w;
+  for (float x : w) out.params.push_back(to_float(from_float<PT>(x)));
+  return out;
+}
+
+// ULP distance between two values of a 16-bit or 32-bit float type.
+template <class T>
+inline std::int64_t ulp_distance(float a, float b) {
+  auto ordered = [](float x) -> std::int64_t {
+    std::int64_t bits;
+    if constexpr (std::is_same_v<T, float>) {
+      std::int32_t u;
+      std::memcpy(&u, &x, 4);
+      bits = u;
+      if (bits < 0) bits = std::int64_t{INT32_MIN} - bits;
+    } else {
+      const std::uint16_t u = from_float<T>(x).bits;
+      bits = (u & 0x8000u) ? -static_cast<std::int64_t>(u & 0x7fffu) : static_cast<std::int64_t>(u);
+    }
+    return bits;
+  };
+  const std::int64_t d = ordered(a) - ordered(b);
+  return d < 0 ? -d : d;
+}
+
+// The equivalence criterion of the ZeRO design: masters within 1e-5
+// relative, low-precision copies at most one unit in the last place apart.
+template <class ParamT>
+inline void require_equivalent(const RunResult& got, const RunResult& want) {
+  REQUIRE(got.masters.size() == want.masters.size());
+  double worst = 0;
+  std::int64_t worst_ulp = 0;
+  for (std::size_t i = 0; i < got.masters.size(); ++i) {
+    const double scale = std::max(std::fabs(static_cast<double>(want.masters[i])), 0.1);
+    worst = std::max(worst, std::fabs(static_cast<double>(got.masters[i]) - want.masters[i]) / scale);
+    worst_ulp = std::max(worst_ulp, ulp_distance<ParamT>(got.params[i], want.params[i]));
+  }
+  CHECK(worst <= 1e-5);
+  CHECK(worst_ulp <= 1);
+}
+
+}  // namespace zero::test
