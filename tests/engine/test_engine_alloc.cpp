@@ -1,0 +1,95 @@
+// After finalize() and a warm-up step, optimizer steps allocate nothing:
+// constant-size buffers, no fragmentation. Counts every operator new in the
+// process (all rank threads) and every backend buffer.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "engine_harness.hpp"
+
+namespace {
+std::atomic<long> g_news{0};
+}
+
+// A counting replacement of the global allocation functions, backed by malloc.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+void* operator new(std::size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+template <int S, class Precision>
+void check_no_allocation(int ranks) {
+  INFO("stage " << S << ", ranks " << ranks);
+  using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<S>, zero::offload::None,
+                                  zero::backend::Host>;
+  using G = typename Opt::grad_type;
+  std::atomic<long> news_during_steps{0};
+  std::atomic<long> buffers_during_steps{0};
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& c) {
+    zero::Options o;
+    o.grad_accumulation_steps = 2;
+    o.clip_norm = 1.0;
+    Opt opt(c, {}, o);
+    std::vector<zero::UnitId> units;
+    for (int u = 0; u < 3; ++u) {
+      units.push_back(opt.add_unit("u" + std::to_string(u)));
+      opt.add_param(units.back(), "w" + std::to_string(u), 1000 + 77 * u);
+    }
+    opt.finalize();
+    auto micro_batch = [&] {
+      for (auto u : units) {
+        opt.acquire_unit(u);
+        opt.release_unit(u);
+      }
+      for (auto it = units.rbegin(); it != units.rend(); ++it) {
+        opt.acquire_unit(*it);
+        G* g = opt.grad_buffer(*it);
+        for (std::size_t i = 0; i < opt.layout().unit(*it).numel; ++i) g[i] = zero::from_float<G>(0.01f * (i % 7));
+        opt.grad_ready(*it);
+        opt.release_unit(*it);
+      }
+      opt.step();
+    };
+    micro_batch();  // warm-up: first use of thread pools and scratch space
+    micro_batch();
+    c.barrier();
+    const long news = g_news.load();
+    const auto buffers = zero::backend::Ops<zero::backend::Host>::allocation_count();
+    c.barrier();
+    for (int i = 0; i < 6; ++i) micro_batch();
+    c.barrier();
+    if (c.rank() == 0) {
+      news_during_steps = g_news.load() - news;
+      buffers_during_steps = static_cast<long>(zero::backend::Ops<zero::backend::Host>::allocation_count() - buffers);
+    }
+    c.barrier();
+  });
+  CHECK(news_during_steps == 0);
+  CHECK(buffers_during_steps == 0);
+}
+
+}  // namespace
+
+TEST_CASE("Steady-state steps allocate nothing", "[engine][memory]") {
+  check_no_allocation<0, zero::precision::Mixed<zero::bf16>>(2);
+  check_no_allocation<1, zero::precision::Full<float>>(3);
+  check_no_allocation<2, zero::precision::Mixed<zero::fp16>>(4);
+  check_no_allocation<3, zero::precision::Mixed<zero::bf16>>(4);
+}
+
+TEST_CASE("The allocation counter sees allocations (the check above can fail)", "[engine][memory]") {
+  const long before = g_news.load();
+  std::vector<int> v(1000);
+  v[0] = 1;
+  volatile int sink = v[0] + v[999];
+  (void)sink;
+  CHECK(g_news.load() - before >= 1);
+}

@@ -1,0 +1,145 @@
+// Bad input gets a clear error naming the problem and the fix; a rank that
+// disagrees or fails never leaves the others hanging.
+#include "engine_harness.hpp"
+
+namespace {
+using Opt3 = zero::ZeroOptimizer<zero::precision::Mixed<zero::bf16>, zero::optim::AdamW, zero::stage<3>,
+                                 zero::offload::None, zero::backend::Host>;
+using Opt1 = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::Sgd, zero::stage<1>, zero::offload::None,
+                                 zero::backend::Host>;
+}  // namespace
+
+TEST_CASE("Ranks that register different layouts all get a clear error", "[engine][errors]") {
+  for (int ranks : {2, 4}) {
+    std::vector<std::string> messages(static_cast<std::size_t>(ranks));
+    zero::comm::LocalGroup group(ranks);
+    group.run([&](zero::comm::Local& c) {
+      Opt3 opt(c, {});
+      const auto u = opt.add_unit("layer0");
+      opt.add_param(u, "w", c.rank() == ranks - 1 ? 101 : 100);  // the last rank differs
+      try {
+        opt.finalize();
+      } catch (const zero::CommError& e) {
+        messages[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    for (const auto& m : messages) {
+      CHECK_THAT(m, Catch::Contains("registered different parameter layouts"));
+      CHECK_THAT(m, Catch::Contains(ranks == 2 ? "rank(s) 1 differ" : "rank(s) 3 differ"));
+    }
+  }
+}
+
+TEST_CASE("Zero-sized, duplicate and late parameters are rejected", "[engine][errors]") {
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {
+    Opt1 opt(c, {});
+    const auto u = opt.add_unit("layer");
+    REQUIRE_THROWS_WITH(opt.add_param(u, "empty", 0), Catch::Contains("'empty' has 0 elements"));
+    opt.add_param(u, "w", 10);
+    REQUIRE_THROWS_WITH(opt.add_param(u, "w", 10), Catch::Contains("already exists"));
+    REQUIRE_THROWS_WITH(opt.add_param(zero::UnitId{7}, "x", 10), Catch::Contains("does not exist"));
+    REQUIRE_THROWS_WITH(opt.add_unit("layer"), Catch::Contains("already exists"));
+    opt.add_unit("empty_unit");
+    REQUIRE_THROWS_WITH(opt.finalize(), Catch::Contains("unit 'empty_unit' has no parameters"));
+  });
+  group.run([&](zero::comm::Local& c) {
+    Opt1 opt(c, {});
+    REQUIRE_THROWS_WITH(opt.grad_buffer(zero::UnitId{0}), Catch::Contains("call finalize()"));
+    const auto u = opt.add_unit("layer");
+    opt.add_param(u, "w", 10);
+    opt.finalize();
+    REQUIRE_THROWS_WITH(opt.add_param(u, "late", 3), Catch::Contains("after finalize()"));
+    REQUIRE_THROWS_WITH(opt.step(), Catch::Contains("has no gradient in this micro-batch"));
+    REQUIRE_THROWS_WITH(opt.grad_ready(u), Catch::Contains("call grad_buffer() for this unit"));
+  });
+}
+
+TEST_CASE("Thousands of parameters of every size partition correctly", "[engine][layout]") {
+  zero::Layout layout(7);
+  std::vector<zero::ParamId> ids;
+  for (int u = 0; u < 40; ++u) {
+    // (names built with += : g++ 12 gives a false -Wrestrict on "literal" + std::string)
+    std::string unit_name = "unit";
+    unit_name += std::to_string(u);
+    const auto unit = layout.add_unit(unit_name);
+    for (int p = 0; p < 60; ++p) {
+      std::string name = unit_name;
+      name += '_';
+      name += std::to_string(p);
+      ids.push_back(layout.add_param(unit, name, 1 + static_cast<std::size_t>(u * 60 + p) % 97));
+    }
+  }
+  layout.finalize();
+  std::size_t shard_sum = 0, full = 0;
+  for (const auto& u : layout.units()) {
+    CHECK(u.padded == u.shard * 7);
+    CHECK(u.shard % 64 == 0);
+    CHECK(u.padded >= u.numel);
+    CHECK(u.full_offset == full);
+    CHECK(u.shard_offset == shard_sum);
+    full += u.padded;
+    shard_sum += u.shard;
+    // Parameters do not overlap and start 16-byte aligned.
+    std::size_t end = 0;
+    for (std::size_t p : u.params) {
+      const auto& info = layout.params()[p];
+      CHECK(info.offset >= end);
+      CHECK(info.offset % 8 == 0);
+      end = info.offset + info.numel;
+    }
+  }
+  CHECK(layout.padded_total() == full);
+  CHECK(layout.shard_total() * 7 == full);
+  CHECK(layout.params().size() == 2400);
+}
+
+TEST_CASE("Options are validated with the field named", "[engine][errors]") {
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {
+    zero::Options o;
+    o.grad_accumulation_steps = 0;
+    REQUIRE_THROWS_WITH(Opt1(c, {}, o), Catch::Contains("grad_accumulation_steps"));
+    o = {};
+    o.loss_scale.backoff_factor = 2;
+    REQUIRE_THROWS_WITH(Opt1(c, {}, o), Catch::Contains("backoff_factor"));
+    zero::optim::Sgd::Hyper h;
+    h.lr = -1;
+    REQUIRE_THROWS_WITH(Opt1(c, h), Catch::Contains("'lr'"));
+  });
+}
+
+TEST_CASE("A rank that stops calling collectives fails the group instead of hanging", "[engine][errors][comm]") {
+  zero::comm::LocalGroup::Options o;
+  o.timeout = std::chrono::milliseconds(300);
+  zero::comm::LocalGroup group(3, o);
+  REQUIRE_THROWS_WITH(group.run([&](zero::comm::Local& c) {
+                        if (c.rank() != 1) c.barrier();  // rank 1 skips it
+                      }),
+                      Catch::Contains("same collective calls in the same order"));
+  // A rank that throws releases the others with a message naming it.
+  REQUIRE_THROWS_WITH(group.run([&](zero::comm::Local& c) {
+                        if (c.rank() == 2) throw zero::InvalidArgument("bad batch on rank 2");
+                        c.barrier();
+                      }),
+                      Catch::Contains("bad batch on rank 2"));
+}
+
+TEST_CASE("Stage 3 holds at most prefetch + 1 units at once", "[engine][errors]") {
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    zero::Options o;
+    o.prefetch_units = 0;
+    Opt3 opt(c, {}, o);
+    const auto a = opt.add_unit("a");
+    opt.add_param(a, "a.w", 10);
+    const auto b = opt.add_unit("b");
+    opt.add_param(b, "b.w", 10);
+    opt.finalize();
+    opt.acquire_unit(a);
+    REQUIRE_THROWS_WITH(opt.acquire_unit(b), Catch::Contains("release_unit()"));
+    opt.release_unit(a);
+    REQUIRE_THROWS_WITH(opt.release_unit(a), Catch::Contains("not acquired"));
+    REQUIRE_THROWS_WITH(opt.param_data(zero::ParamId{0}), Catch::Contains("acquire_unit('a') first"));
+  });
+}

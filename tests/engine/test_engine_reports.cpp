@@ -1,0 +1,70 @@
+// memory_report() and comm_report() against the ZeRO paper's formulas, with
+// Φ the padded element count, for N in {1, 2, 4, 7}.
+#include "engine_harness.hpp"
+
+namespace {
+
+template <int S, class Precision = zero::precision::Mixed<zero::bf16>, class Optimizer = zero::optim::Adam>
+zero::test::RunResult run(int ranks, int steps = 2) {
+  using Opt = zero::ZeroOptimizer<Precision, Optimizer, zero::stage<S>, zero::offload::None, zero::backend::Host>;
+  zero::test::TrainSpec spec;
+  spec.steps = steps;
+  spec.parts = ranks;
+  return zero::test::train_local<Opt>(ranks, typename Optimizer::Hyper{}, zero::Options{}, spec);
+}
+
+template <int S>
+void check_mixed_adam(int n) {
+  INFO("stage " << S << ", ranks " << n);
+  const auto r = run<S>(n, 3);
+  const std::uint64_t phi = r.memory.padded_elements, N = static_cast<std::uint64_t>(n);
+  REQUIRE(phi % (N * 64) == 0);
+  const std::uint64_t K = 12;  // fp32 master, m, v
+  std::uint64_t expected = 0;
+  switch (S) {
+    case 0: expected = (2 + 2 + K) * phi; break;
+    case 1: expected = (2 + 2) * phi + K * phi / N; break;
+    case 2: expected = 2 * phi + (2 + K) * phi / N; break;
+    case 3: expected = (2 + 2 + K) * phi / N; break;
+  }
+  CHECK(r.memory.model_states() == expected);
+  CHECK(r.memory.master == 4 * (S == 0 ? phi : phi / N));
+  CHECK(r.memory.optimizer_states == 8 * (S == 0 ? phi : phi / N));
+  CHECK(r.memory.padding < r.memory.model_states());
+  CHECK(r.memory.communication_buffers > 0);
+
+  // Bytes of model traffic per step (2-byte gradients and parameters):
+  // stages 0-2 move 2Φ(N-1)/N elements, stage 3 moves 3Φ(N-1)/N.
+  const std::uint64_t elements = (S == 3 ? 3 : 2) * phi * (N - 1) / N;
+  CHECK(r.comm.steps == 3);
+  CHECK(r.comm.sent_per_step() == Approx(2.0 * static_cast<double>(elements)));
+  CHECK(r.comm.received_per_step() == Approx(2.0 * static_cast<double>(elements)));
+  CHECK(r.comm.control_sent() < 64 * r.comm.steps);  // norms and overflow flags only
+}
+
+}  // namespace
+
+TEST_CASE("Memory and communication per rank follow the ZeRO formulas (mixed-precision Adam)",
+          "[engine][reports]") {
+  for (int n : {1, 2, 4, 7}) {
+    check_mixed_adam<0>(n);
+    check_mixed_adam<1>(n);
+    check_mixed_adam<2>(n);
+    check_mixed_adam<3>(n);
+  }
+}
+
+TEST_CASE("fp32 parameters are their own master weights", "[engine][reports]") {
+  const auto r = run<2, zero::precision::Full<float>, zero::optim::Sgd>(4);
+  const std::uint64_t phi = r.memory.padded_elements;
+  CHECK(r.memory.master == 0);
+  CHECK(r.memory.params == 4 * phi);
+  CHECK(r.memory.grads == 4 * phi / 4);
+  CHECK(r.memory.optimizer_states == 4 * phi / 4);  // one momentum buffer
+}
+
+TEST_CASE("Reports print as JSON", "[engine][reports]") {
+  const auto r = run<3>(2);
+  CHECK(r.memory.to_json().find("\"model_states_bytes\":") != std::string::npos);
+  CHECK(r.comm.to_json().find("\"all_gather_sent_bytes\":") != std::string::npos);
+}
