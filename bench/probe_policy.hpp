@@ -24,11 +24,12 @@ struct ProbePolicy {
   };
   static Scalars prepare(const Hyper& h, std::int64_t) { return Scalars{static_cast<float>(h.lr)}; }
 
-  // Reads and writes every array the real rule does; one add each.
+  // Reads and writes every array the real rule does (the gradient too, even
+  // with no state slots); one add each.
   template <class V>
   ZERO_HOST_DEVICE static void update(const Scalars& s, V& w, const V& g, V* state) {
-    w = w + s.lr;
-    for (int k = 0; k < Slots; ++k) state[k] = state[k] + g;
+    w = w + g;
+    for (int k = 0; k < Slots; ++k) state[k] = state[k] + s.lr;
   }
 };
 

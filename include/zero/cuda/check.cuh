@@ -38,9 +38,9 @@ inline void check_launch(const What&... what) {
 
 // Evaluates a CUDA runtime call once and throws zero::BackendError with
 // file:line, the call's text and the runtime's message when it fails.
-#define ZERO_CUDA_CHECK(call)                                                                  \
-  do {                                                                                         \
-    const cudaError_t zero_cuda_check_status_ = (call);                                        \
-    if (zero_cuda_check_status_ != cudaSuccess)                                                \
+#define ZERO_CUDA_CHECK(call)                                                                     \
+  do {                                                                                            \
+    const cudaError_t zero_cuda_check_status_ = (call);                                           \
+    if (zero_cuda_check_status_ != cudaSuccess)                                                   \
       ::zero::cuda::detail::throw_cuda_error(zero_cuda_check_status_, #call, __FILE__, __LINE__); \
   } while (0)

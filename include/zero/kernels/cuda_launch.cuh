@@ -73,7 +73,8 @@ inline CudaLaunch arch_default_launch(const CudaDeviceInfo& d) {
 
 inline void validate_launch(const CudaLaunch& l, const char* kernel) {
   require(l.threads == 0 || (l.threads >= 32 && l.threads <= 1024 && l.threads % 32 == 0), "CudaLaunch::threads is ",
-          l.threads, " for ", kernel, "; it must be a multiple of 32 from 32 to 1024, or 0 for the architecture's choice");
+          l.threads, " for ", kernel,
+          "; it must be a multiple of 32 from 32 to 1024, or 0 for the architecture's choice");
   require(l.blocks_per_sm >= 0, "CudaLaunch::blocks_per_sm is ", l.blocks_per_sm, " for ", kernel,
           "; it must be >= 0 (0: as many as the device holds at once)");
 }

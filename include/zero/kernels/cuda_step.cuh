@@ -165,15 +165,13 @@ void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t s
       detail::grid_for(kernel, launch, plan.vectors > singles ? plan.vectors : singles, "cuda_fused_step");
   kernel<<<grid.blocks, grid.threads, 0, stream>>>(args, plan.head, plan.vectors);
   cuda::check_launch("zero::kernels::cuda_fused_step<", Opt::name, ", ", dtype_traits<Grad>::name, ", ",
-                     dtype_traits<Param>::name, "> (", args.n, " elements, ", grid.blocks, " blocks of ",
-                     grid.threads, " threads)");
+                     dtype_traits<Param>::name, "> (", args.n, " elements, ", grid.blocks, " blocks of ", grid.threads,
+                     " threads)");
 }
 
 namespace detail {
 
-__device__ __forceinline__ bool is_non_finite(float x) {
-  return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
-}
+__device__ __forceinline__ bool is_non_finite(float x) { return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u; }
 
 // Vectors each thread sums in fp32 before adding the partial into its double
 // accumulator: enough loads in flight per thread, and a float sum of at most
@@ -331,18 +329,25 @@ class CudaGradStats {
       }
     }
     const std::size_t singles = n - vectors * static_cast<std::size_t>(V);
-    const std::size_t work_per_thread_pass =
-        (vectors + detail::grad_stats_unroll - 1) / detail::grad_stats_unroll;
+    const std::size_t work_per_thread_pass = (vectors + detail::grad_stats_unroll - 1) / detail::grad_stats_unroll;
     const std::size_t work = work_per_thread_pass > singles ? work_per_thread_pass : singles;
     std::size_t blocks = (work + static_cast<std::size_t>(threads_) - 1) / static_cast<std::size_t>(threads_);
     if (blocks > static_cast<std::size_t>(max_blocks_)) blocks = static_cast<std::size_t>(max_blocks_);
     if (blocks < 1) blocks = 1;
     const int grid = static_cast<int>(blocks);
     switch (threads_) {
-      case 128: launch<128>(grid, grad, n, head, vectors, stream, accumulate); break;
-      case 256: launch<256>(grid, grad, n, head, vectors, stream, accumulate); break;
-      case 512: launch<512>(grid, grad, n, head, vectors, stream, accumulate); break;
-      default: launch<1024>(grid, grad, n, head, vectors, stream, accumulate); break;
+      case 128:
+        launch<128>(grid, grad, n, head, vectors, stream, accumulate);
+        break;
+      case 256:
+        launch<256>(grid, grad, n, head, vectors, stream, accumulate);
+        break;
+      case 512:
+        launch<512>(grid, grad, n, head, vectors, stream, accumulate);
+        break;
+      default:
+        launch<1024>(grid, grad, n, head, vectors, stream, accumulate);
+        break;
     }
     cuda::check_launch("zero::kernels::CudaGradStats<", dtype_traits<Grad>::name, "> (", n, " elements, ", grid,
                        " blocks of ", threads_, " threads)");
@@ -397,8 +402,8 @@ class CudaGradStats {
         host_result_ == nullptr)
       return;
     int previous = -1;
-    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                          cudaSetDevice(device_) == cudaSuccess;
+    const bool switched =
+        cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
     cudaFree(partial_sum_);
     cudaFree(partial_flag_);
     cudaFree(blocks_done_);

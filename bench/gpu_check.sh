@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# Why: GPU time is scarce and machines with GPUs here have no package access
+# and no Catch2, so every CUDA check runs from this one prepared script, in a
+# fixed order of value (build, tests, benchmarks, then the sanitizers), each
+# step under its own timeout inside one overall deadline (7.5 minutes), and
+# leaves at most 8 files in OUTDIR (all that some remote runners bring back).
+#
+#   bash bench/gpu_check.sh OUTDIR          (from the repository root)
+#
+# Needs: an NVIDIA GPU and driver, the CUDA toolkit (nvcc; compute-sanitizer
+# optional), a C++20 host compiler, Meson (a command or the Python package),
+# ninja, Python 3 with PyTorch 2.x (optional: its peer numbers are skipped).
+# Environment: ZERO_GPU_BUILD (build directory, default /tmp/zero-gpu-build),
+# ZERO_GPU_ARCH (e.g. 90; default: detected), ZERO_GPU_DEADLINE (seconds, 450).
+#
+# OUTDIR gets: summary.txt (results, step outcomes, environment), build.log,
+# tests.log, sanitizer.log, bench.log (the benchmarks' stderr),
+# bench_step_cuda.jsonl and torch_cuda_optim.jsonl (JSON lines only).
+set -u -o pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: bash bench/gpu_check.sh OUTDIR" >&2
+  exit 2
+fi
+OUT=$1
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${ZERO_GPU_BUILD:-/tmp/zero-gpu-build}
+DEADLINE_S=${ZERO_GPU_DEADLINE:-450}
+START=$(date +%s)
+SUMMARY=$OUT/summary.txt
+ENVLOG=$(mktemp)  # appended to summary.txt at the end
+: >"$SUMMARY"
+STATUS_LINES=()
+
+now() { date +%s; }
+left() { echo $((DEADLINE_S - ($(now) - START))); }
+
+# run_step NAME CAP_SECONDS LOG [--stdout FILE] COMMAND...: runs COMMAND
+# under min(CAP, time left - 5 s), appending its stderr (and its stdout, unless
+# --stdout sends that to FILE) to LOG; records the outcome (PASS, FAIL rc,
+# SKIP (77), TIMEOUT, NO TIME) and returns the rc.
+run_step() {
+  local name=$1 cap=$2 log=$3 stdout=$3
+  shift 3
+  if [ "${1:-}" = --stdout ]; then
+    stdout=$2
+    shift 2
+  fi
+  local budget
+  budget=$(($(left) - 5))
+  [ "$budget" -gt "$cap" ] && budget=$cap
+  if [ "$budget" -lt 10 ]; then
+    STATUS_LINES+=("$(printf '%-22s NO TIME (deadline %ss reached)' "$name" "$DEADLINE_S")")
+    echo "== $name: not run, no time left" >>"$log"
+    return 125
+  fi
+  echo "== $name (timeout ${budget}s): $*" >>"$log"
+  local t0 rc outcome
+  t0=$(now)
+  timeout --signal=TERM --kill-after=10 "$budget" "$@" >>"$stdout" 2>>"$log"
+  rc=$?
+  case $rc in
+    0) outcome=PASS ;;
+    77) outcome="SKIP (exit 77)" ;;
+    124 | 137) outcome="TIMEOUT after ${budget}s" ;;
+    *) outcome="FAIL (exit $rc)" ;;
+  esac
+  STATUS_LINES+=("$(printf '%-22s %-26s %4ss  -> %s' "$name" "$outcome" "$(($(now) - t0))" "$(basename "$stdout")")")
+  echo "== $name: $outcome" >>"$log"
+  return $rc
+}
+
+# ---- tools ------------------------------------------------------------------
+for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+  if [ -x "$d/nvcc" ] && ! command -v nvcc >/dev/null 2>&1; then PATH=$d:$PATH; fi
+done
+if ! command -v ninja >/dev/null 2>&1; then
+  ninja_dir=$(python3 -c 'import ninja, os; print(ninja.BIN_DIR)' 2>/dev/null) && PATH=$ninja_dir:$PATH
+fi
+export PATH
+if command -v meson >/dev/null 2>&1; then
+  MESON=(meson)
+else
+  MESON=(python3 -m mesonbuild.mesonmain)
+fi
+
+# ---- environment and architecture --------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "root: $ROOT"
+  (cd "$ROOT" && git rev-parse HEAD 2>/dev/null && git status --short 2>/dev/null | head -40) || echo "git: n/a"
+  echo "--- nvidia-smi"
+  timeout 20 nvidia-smi 2>&1 || echo "nvidia-smi failed"
+  timeout 20 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.memory,clocks.max.sm \
+    --format=csv 2>&1 || true
+  echo "--- tools"
+  command -v nvcc && timeout 20 nvcc --version 2>&1 | tail -2
+  command -v compute-sanitizer || echo "compute-sanitizer: not found"
+  echo "meson: ${MESON[*]} $(timeout 20 "${MESON[@]}" --version 2>&1)"
+  echo "ninja: $(command -v ninja) $(timeout 10 ninja --version 2>&1)"
+  echo "c++: $(timeout 10 c++ --version 2>&1 | head -1)"
+  echo "python3: $(command -v python3) $(python3 --version 2>&1)"
+  timeout 60 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -1
+  echo "cpus: $(nproc)"
+} >>"$ENVLOG" 2>&1
+
+ARCH=${ZERO_GPU_ARCH:-}
+if [ -z "$ARCH" ]; then
+  ARCH=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+fi
+if ! [[ "$ARCH" =~ ^[0-9]+[a-z]?$ ]] && command -v __nvcc_device_query >/dev/null 2>&1; then
+  ARCH=$(timeout 20 __nvcc_device_query 2>/dev/null | tr ', ' '\n' | grep -E '^[0-9]+$' | head -1)
+fi
+if ! [[ "$ARCH" =~ ^[0-9]+[a-z]?$ ]]; then
+  ARCH=90
+  echo "architecture: not detected, using $ARCH" >>"$ENVLOG"
+fi
+echo "architecture: sm_$ARCH" >>"$ENVLOG"
+
+# ---- configure and build ----------------------------------------------------------
+BUILDLOG=$OUT/build.log
+: >"$BUILDLOG"
+rm -rf "$BUILD"
+TEST_BIN=$BUILD/tests/cuda/test_cuda_kernels
+BENCH_BIN=$BUILD/bench/cuda/bench_step_cuda
+build_ok=0
+if run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buildtype=release -Dtests=false \
+  -Dmpi=disabled -Dexamples=false -Dcuda=enabled "-Dgpu_arch=$ARCH"; then
+  targets=(tests/cuda/test_cuda_kernels)
+  if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^bench/cuda/bench_step_cuda:'; then
+    targets+=(bench/cuda/bench_step_cuda)
+  fi
+  if run_step build 240 "$BUILDLOG" ninja -C "$BUILD" "${targets[@]}"; then build_ok=1; fi
+  if [ ! -x "$BENCH_BIN" ]; then
+    # bench/meson.build does not reach bench/cuda: build it the way bench/cuda/meson.build would.
+    mkdir -p "$(dirname "$BENCH_BIN")"
+    run_step build_bench_direct 150 "$BUILDLOG" nvcc -std=c++20 -O3 --expt-relaxed-constexpr -lineinfo \
+      -Xcompiler=-fopenmp,-Wno-psabi "-I$ROOT/include" "-gencode=arch=compute_$ARCH,code=[sm_$ARCH,compute_$ARCH]" \
+      "$ROOT/bench/bench_step_cuda.cu" -o "$BENCH_BIN" -lgomp
+  fi
+fi
+
+# ---- tests ----------------------------------------------------------------------------
+TESTLOG=$OUT/tests.log
+: >"$TESTLOG"
+if [ $build_ok = 1 ]; then
+  run_step tests 170 "$TESTLOG" "${MESON[@]}" test -C "$BUILD" --suite cuda --no-rebuild --print-errorlogs -v
+else
+  STATUS_LINES+=("$(printf '%-22s %s' tests "NOT RUN (build failed)")")
+fi
+
+# ---- benchmarks -----------------------------------------------------------------------------
+BENCHLOG=$OUT/bench.log
+BENCHJSON=$OUT/bench_step_cuda.jsonl
+TORCHJSON=$OUT/torch_cuda_optim.jsonl
+: >"$BENCHLOG"
+: >"$BENCHJSON"
+: >"$TORCHJSON"
+if [ -x "$BENCH_BIN" ]; then
+  run_step bench_step_cuda 90 "$BENCHLOG" --stdout "$BENCHJSON" "$BENCH_BIN" --json
+else
+  STATUS_LINES+=("$(printf '%-22s %s' bench_step_cuda "NOT RUN (not built)")")
+fi
+run_step torch_cuda_optim 120 "$BENCHLOG" --stdout "$TORCHJSON" \
+  env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_fused_adamw.py" --json
+
+# ---- sanitizers (last: slowest, and unavailable on some virtualised GPUs) --------------------
+SANLOG=$OUT/sanitizer.log
+: >"$SANLOG"
+sanitizer_unsupported=0
+if [ -x "$TEST_BIN" ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  run_step memcheck 180 "$SANLOG" compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
+    "$TEST_BIN" --quick
+  if [ "$(left)" -gt 40 ]; then
+    run_step racecheck 90 "$SANLOG" compute-sanitizer --tool racecheck --error-exitcode 1 "$TEST_BIN" --quick \
+      --only stats
+  fi
+  if grep -qiE 'device not supported|not supported on this' "$SANLOG"; then
+    sanitizer_unsupported=1
+    STATUS_LINES+=("compute-sanitizer said the device is not supported (a virtualised GPU?): memcheck not counted")
+  fi
+else
+  STATUS_LINES+=("$(printf '%-22s %s' memcheck "NOT RUN (no test binary or no compute-sanitizer)")")
+fi
+
+# ---- summary ----------------------------------------------------------------------------------
+{
+  echo "zero GPU check, sm_$ARCH, $(($(now) - START))s of a ${DEADLINE_S}s deadline"
+  timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+  echo
+  echo "steps:"
+  for line in "${STATUS_LINES[@]}"; do echo "  $line"; done
+  echo
+  echo "test totals (program's own count, full run then memcheck --quick and racecheck --quick --only stats):"
+  grep -hE '^[0-9]+ passed, [0-9]+ failed' "$TESTLOG" "$SANLOG" 2>/dev/null | sed 's/^/  /'
+  grep -hE '^(FAIL|SKIP)|ERROR SUMMARY|Device not supported' "$TESTLOG" "$SANLOG" 2>/dev/null | head -30 | sed 's/^/  /'
+  echo
+  python3 - "$BENCHJSON" "$TORCHJSON" <<'EOF'
+import json, sys
+
+def load(path):
+    rows = []
+    try:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return rows
+
+zero, torch = load(sys.argv[1]), load(sys.argv[2])
+print("zero CUDA step (bench_step_cuda):")
+for r in zero:
+    peak = r.get("ratio_to_peak")
+    probe = r.get("ratio_to_probe")
+    print(f"  {r['config']:<18} {r['params_per_s']:.3e} params/s  {r['gb_per_s']:8.1f} GB/s"
+          + (f"  ratio to probe {probe:.3f}" if probe is not None else "")
+          + (f"  ratio to peak {peak:.3f}" if peak is not None else ""))
+print("PyTorch (torch_fused_adamw.py):")
+for r in torch:
+    if "error" in r:
+        print(f"  {r['config']:<18} {r['impl']:<8} error: {r['error'][:120]}")
+    else:
+        print(f"  {r['config']:<18} {r['impl']:<8} {r['params_per_s']:.3e} params/s  {r['gb_per_s']:8.1f} GB/s")
+z = {r["config"]: r for r in zero}
+t = {(r["config"], r["impl"]): r for r in torch if "error" not in r}
+pairs = [("fp32_adamw", "fp32_adamw"), ("bf16_mixed_adamw", "bf16_adamw"), ("fp32_sgd_momentum", "fp32_sgd_momentum")]
+print("zero params/s over torch params/s (bf16: zero keeps an fp32 master, torch does not):")
+for zc, tc in pairs:
+    for impl in ("fused", "foreach"):
+        if zc in z and (tc, impl) in t:
+            print(f"  {zc:<18} vs torch {tc} {impl:<8} {z[zc]['params_per_s'] / t[(tc, impl)]['params_per_s']:.2f}x")
+EOF
+  echo
+  echo "environment:"
+  sed 's/^/  /' "$ENVLOG"
+} >>"$SUMMARY" 2>&1
+rm -f "$ENVLOG"
+
+cat "$SUMMARY"
+# Exit status: the build, the tests and memcheck (where it ran) must pass.
+failed=0
+for line in "${STATUS_LINES[@]}"; do
+  case $line in
+    configure*FAIL* | build*FAIL* | build*TIMEOUT* | tests*FAIL* | tests*TIMEOUT* | tests*NOT\ RUN*) failed=1 ;;
+    memcheck*FAIL*) [ $sanitizer_unsupported = 1 ] || failed=1 ;;
+  esac
+done
+exit $failed
