@@ -4,6 +4,7 @@
 // they go in zero::Options and the optimizer's Hyper struct.
 #pragma once
 
+#include <concepts>
 #include <type_traits>
 
 #include "zero/precision/types.hpp"
