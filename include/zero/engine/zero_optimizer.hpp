@@ -227,6 +227,7 @@ class ZeroOptimizer {
   Buffer<float> reduce_staging_fp32_;       // one unit, when reducing 16-bit gradients in fp32
   Buffer<grad_type> shard_staging_;         // one shard: a reduce-scatter's result before accumulation
   Buffer<param_type> gather_slots_;         // stage 3: (prefetch + 1) units
+  Buffer<double> control_;                  // the step's norm and overflow flag, in backend memory
   std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
   std::vector<bool> slot_in_use_;           // acquired and not yet released
   int staging_unit_ = -1;                   // unit whose gradient the staging buffer holds
@@ -269,6 +270,7 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
     slot_unit_.assign(slots, npos);
     slot_in_use_.assign(slots, false);
   }
+  control_ = Buffer<double>(2);
   reduced_this_micro_.assign(layout_.units().size(), false);
   account_memory();
   finalized_ = true;
@@ -281,8 +283,12 @@ void ZeroOptimizer<P, O, S, F, B>::check_layout_agreement() {
                        sizeof(param_type) * 131u + (P::mixed ? 17u : 0u);
   for (const char* c = O::name; *c; ++c) salt = salt * 31u + static_cast<unsigned char>(*c);
   const std::uint64_t mine = layout_.hash(salt);
+  // Collectives take backend memory (device memory with NCCL): stage through it.
+  Buffer<std::uint64_t> exchange(static_cast<std::size_t>(ranks()));
+  Ops::upload(exchange.data() + rank(), &mine, 1);
+  comm_->all_gather(exchange.data() + rank(), exchange.data(), 1, DType::u64, true);
   std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks()));
-  comm_->all_gather(&mine, all.data(), 1, DType::u64, true);
+  Ops::download(all.data(), exchange.data(), all.size());
   std::vector<int> differ;
   for (int r = 0; r < ranks(); ++r)
     if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
@@ -328,7 +334,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
   const std::size_t begin = update_begin(u), end = begin + update_size(u);
   const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
   if (lo < hi) {
-    // Through a host staging conversion: values are fp32 on the host.
+    // Converted on the host, then uploaded (values are fp32 host memory).
     std::vector<float> owned(values + (lo - p.offset), values + (hi - p.offset));
     Ops::upload(master_ptr(u) + (lo - begin), owned.data(), owned.size());
     if constexpr (separate_master) {
@@ -348,28 +354,28 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
   require_finalized("gather_masters");
-  Ops::synchronize();
+  // One unit at a time through a backend buffer (collectives take backend memory).
+  Buffer<float> unit_buffer(layout_.max_unit());
   for (const auto& u : layout_.units()) {
-    std::vector<float> shard(update_size(u));
-    Ops::download(shard.data(), master_ptr(u), shard.size());
-    if (stage == 0)
-      std::copy(shard.begin(), shard.end(), out + u.full_offset);
-    else
-      comm_->all_gather(shard.data(), out + u.full_offset, u.shard, DType::f32, true);
+    float* mine = unit_buffer.data() + update_begin(u);
+    Ops::copy(mine, master_ptr(u), update_size(u));
+    if (stage != 0) comm_->all_gather(mine, unit_buffer.data(), u.shard, DType::f32, true);
+    Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
   }
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
   require_finalized("gather_params");
-  Ops::synchronize();
   if constexpr (stage <= 2) {
     Ops::download(out, params_.data(), layout_.padded_total());
   } else {
+    Buffer<param_type> unit_buffer(layout_.max_unit());
     for (const auto& u : layout_.units()) {
-      std::vector<param_type> shard(u.shard);
-      Ops::download(shard.data(), params_.data() + u.shard_offset, u.shard);
-      comm_->all_gather(shard.data(), out + u.full_offset, u.shard, dtype_traits<param_type>::dtype, true);
+      param_type* mine = unit_buffer.data() + static_cast<std::size_t>(rank()) * u.shard;
+      Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
+      comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<param_type>::dtype, true);
+      Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
     }
   }
 }
@@ -582,7 +588,9 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   for (const auto& u : units) stats += Ops::grad_stats(grad_ptr(u), update_size(u));
   if constexpr (stage >= 1) {
     double control[2] = {stats.sum_squares, stats.non_finite ? 1.0 : 0.0};
-    comm_->all_reduce(control, 2, DType::f64, comm::ReduceOp::sum, true);
+    Ops::upload(control_.data(), control, 2);
+    comm_->all_reduce(control_.data(), 2, DType::f64, comm::ReduceOp::sum, true);
+    Ops::download(control, control_.data(), 2);
     stats.sum_squares = control[0];
     stats.non_finite = control[1] != 0.0;
   }
