@@ -28,6 +28,7 @@
 namespace zero::comm {
 
 class Local;
+class LocalDevice;  // zero/comm/local_device.cuh: the same ranks over device memory
 
 // The shared state of N in-process ranks. Create one, then run():
 //
@@ -59,6 +60,7 @@ class LocalGroup {
 
  private:
   friend class Local;
+  friend class LocalDevice;
 
   // Waits until all ranks arrive. Throws CommError if the group was aborted
   // or the wait exceeds the timeout (then the group is aborted for all).
@@ -179,6 +181,8 @@ class Local {
   }
 
  private:
+  friend class LocalDevice;  // builds on this rank's group and rank
+
   static std::size_t chunk_begin(std::size_t count, int part, int parts) {
     return count * static_cast<std::size_t>(part) / static_cast<std::size_t>(parts);
   }

@@ -206,6 +206,14 @@ class ZeroOptimizer {
   void account_memory();
   void reduce_gradient(const UnitInfo& u, grad_type* staging);
   void zero_gaps(const UnitInfo& u, grad_type* staging);
+  // Where the caller writes unit u's gradient. Stages 0 and 1 without
+  // accumulation take it straight into the full gradient (no copy); otherwise
+  // the staging buffer, which grad_ready() reduces or accumulates from.
+  grad_type* grad_target(const UnitInfo& u) {
+    if constexpr (stage <= 1)
+      if (options_.grad_accumulation_steps == 1) return grads_.data() + u.full_offset;
+    return grad_staging_.data();
+  }
   int gather_into_slot(std::size_t unit);
   int find_slot(std::size_t unit) const;
   void prefetch_after(std::size_t unit);
@@ -260,7 +268,7 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   const std::size_t max_unit = layout_.max_unit();
   std::size_t max_shard = 0;
   for (const auto& u : layout_.units()) max_shard = std::max(max_shard, u.shard);
-  grad_staging_ = Buffer<grad_type>(max_unit);
+  if (!(stage <= 1 && options_.grad_accumulation_steps == 1)) grad_staging_ = Buffer<grad_type>(max_unit);
   if (options_.reduce_dtype == ReduceDType::fp32 && !std::is_same_v<grad_type, float>)
     reduce_staging_fp32_ = Buffer<float>(max_unit);
   if constexpr (stage >= 2) shard_staging_ = Buffer<grad_type>(max_shard);
@@ -487,7 +495,7 @@ auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
           layout_.units()[id.index].name, "'): the gradient of unit '", layout_.units()[staging_unit_].name,
           "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next");
   staging_unit_ = static_cast<int>(id.index);
-  return grad_staging_.data();
+  return grad_target(layout_.units()[id.index]);
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -504,8 +512,9 @@ void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
   require(!reduced_this_micro_[id.index], "grad_ready('", layout_.units()[id.index].name,
           "') twice in one micro-batch; call step() after each micro-batch");
   const UnitInfo& u = layout_.units()[id.index];
-  zero_gaps(u, grad_staging_.data());
-  reduce_gradient(u, grad_staging_.data());
+  grad_type* written = grad_target(u);
+  zero_gaps(u, written);
+  reduce_gradient(u, written);
   reduced_this_micro_[id.index] = true;
   staging_unit_ = -1;
   backward_phase_ = true;
@@ -520,7 +529,7 @@ void ZeroOptimizer<P, O, S, F, B>::reduce_gradient(const UnitInfo& u, grad_type*
   if constexpr (stage <= 1) {
     // Keep the whole gradient; stage 0 all-reduces it once complete.
     grad_type* acc = grads_.data() + u.full_offset;
-    Ops::accumulate(acc, staging, u.padded, first);
+    if (staging != acc) Ops::accumulate(acc, staging, u.padded, first);
     if (stage == 0 && last) {
       if (in_fp32) {
         Ops::convert(reduce_staging_fp32_.data(), acc, u.padded);

@@ -1,0 +1,232 @@
+// Why: the engine is written once against the buffer operations of
+// zero/backend/host.hpp; this is their GPU implementation, so the same
+// ZeroOptimizer runs on device memory with zero::backend::Cuda. It mirrors
+// Ops<Host> function for function and bit for bit (convert, accumulate and
+// the fused step round exactly as the host does), so CPU and GPU runs, and
+// ZeRO-Offload's two halves, agree.
+//
+// Everything is ordered by ONE stream: every operation is enqueued on
+// Ops<Cuda>::stream(), the calling thread's current stream (zero/cuda/
+// stream.cuh; default a lazily created non-blocking stream, or one set with
+// set_stream). Stream order is what makes the engine correct without host
+// synchronisation: a communicator MUST enqueue its collectives on the same
+// stream (comm::Nccl and comm::LocalDevice take it at construction; by
+// default they take this one), and kernels the user runs on the engine's
+// buffers (forward, backward writing grad_buffer) belong on it too, or must
+// be ordered against it with events.
+//
+// The host waits only where it must: download, grad_stats and synchronize
+// return results to the host; upload returns when the host buffer may be
+// reused. Those waits go through zero::cuda::wait_stream, which turns a
+// collective that will never finish into a CommError instead of a hang.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "zero/backend/cuda.cuh uses CUDA: include it from a .cu file compiled by nvcc (zero/zero.hpp is the host-only umbrella)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "zero/backend/host.hpp"
+#include "zero/cuda/check.cuh"
+#include "zero/cuda/stream.cuh"
+#include "zero/kernels/cuda_elementwise.cuh"
+#include "zero/kernels/cuda_launch.cuh"
+#include "zero/kernels/cuda_step.cuh"
+#include "zero/kernels/fused_step.hpp"
+#include "zero/policies.hpp"
+
+namespace zero::backend {
+
+namespace detail {
+
+inline std::atomic<std::uint64_t>& cuda_allocations() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+
+// Per-thread workspace of grad_stats: allocated on a thread's first call (and
+// again only if the thread moves to another device), never per step.
+struct CudaThreadWorkspace {
+  std::unique_ptr<kernels::CudaGradStats> stats;
+  kernels::GradStats* pinned = nullptr;  // where results land on the host
+  CudaThreadWorkspace() = default;
+  CudaThreadWorkspace(const CudaThreadWorkspace&) = delete;
+  CudaThreadWorkspace& operator=(const CudaThreadWorkspace&) = delete;
+  ~CudaThreadWorkspace() {
+    if (pinned != nullptr) cudaFreeHost(pinned);
+  }
+};
+
+inline CudaThreadWorkspace& cuda_thread_workspace() {
+  thread_local CudaThreadWorkspace w;
+  return w;
+}
+
+}  // namespace detail
+
+// Owning device array (cudaMalloc, so 256-byte aligned), zero-filled in
+// stream order on the allocating thread's current stream. Move-only; freed
+// with cudaFree on the device it was allocated on.
+template <class T>
+class CudaBuffer {
+ public:
+  CudaBuffer() = default;
+  explicit CudaBuffer(std::size_t n) : n_(n) {
+    if (n == 0) return;
+    ZERO_CUDA_CHECK(cudaGetDevice(&device_));
+    void* p = nullptr;
+    const cudaError_t status = cudaMalloc(&p, n * sizeof(T));
+    if (status != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it so later calls do not report it
+      throw BackendError(zero::detail::concat(
+          "backend::Cuda: cudaMalloc of ", n, " elements (", n * sizeof(T), " bytes) on device ", device_,
+          " failed: ", cudaGetErrorString(status),
+          "; free device memory, use a higher ZeRO stage or more ranks, or reduce Options::prefetch_units"));
+    }
+    data_ = static_cast<T*>(p);
+    const cudaError_t zeroed = cudaMemsetAsync(p, 0, n * sizeof(T), zero::cuda::current_stream());
+    if (zeroed != cudaSuccess) {
+      cudaFree(p);
+      data_ = nullptr;
+      zero::cuda::detail::throw_cuda_error(zeroed, "cudaMemsetAsync(buffer, 0, bytes, stream)", __FILE__, __LINE__);
+    }
+    detail::cuda_allocations().fetch_add(1, std::memory_order_relaxed);
+  }
+  CudaBuffer(CudaBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)), device_(o.device_) {}
+  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      device_ = o.device_;
+    }
+    return *this;
+  }
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  ~CudaBuffer() { release(); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  int device() const { return device_; }
+
+ private:
+  // cudaFree waits for the device, so work still reading the buffer finishes
+  // first. Errors are ignored: a destructor must not throw.
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    int previous = -1;
+    const bool switched =
+        cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
+    cudaFree(data_);
+    if (switched) cudaSetDevice(previous);
+    data_ = nullptr;
+    n_ = 0;
+  }
+
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+  int device_ = 0;
+};
+
+template <>
+struct Ops<Cuda> {
+  template <class T>
+  using Buffer = CudaBuffer<T>;
+
+  // Device buffers allocated so far by this backend (all threads).
+  static std::uint64_t allocation_count() { return detail::cuda_allocations().load(); }
+
+  // The stream of the calling thread that every operation below uses.
+  static cudaStream_t stream() { return zero::cuda::current_stream(); }
+  // Makes `s` the calling thread's stream (not owned; keep it alive while in
+  // use). Communicators built afterwards on this thread default to it.
+  static void set_stream(cudaStream_t s) { zero::cuda::set_current_stream(s); }
+  // Back to the thread's own lazily created non-blocking stream.
+  static void reset_stream() { zero::cuda::reset_current_stream(); }
+
+  // Device to device (any pointers the device can address). The ranges must
+  // not overlap unless dst == src.
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n != 0 && dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, stream()));
+  }
+  template <class T>
+  static void zero(T* dst, std::size_t n) {
+    if (n != 0) ZERO_CUDA_CHECK(cudaMemsetAsync(dst, 0, n * sizeof(T), stream()));
+  }
+  // Host -> device. Returns when host_src may be reused (the copy is done).
+  // The stream is drained first (watched, see wait_stream): a copy from
+  // pageable memory would otherwise wait for it inside CUDA, unwatched.
+  template <class T>
+  static void upload(T* dst, const T* host_src, std::size_t n) {
+    if (n == 0) return;
+    zero::cuda::wait_stream(stream());
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(T), cudaMemcpyHostToDevice, stream()));
+    zero::cuda::wait_stream(stream());
+  }
+  // Device -> host. Returns when the data is in host_dst (everything enqueued
+  // before it on the stream has finished).
+  template <class T>
+  static void download(T* host_dst, const T* src, std::size_t n) {
+    zero::cuda::wait_stream(stream());
+    if (n == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()));
+    zero::cuda::wait_stream(stream());
+  }
+
+  // dst = to<To>(src) elementwise.
+  template <class To, class From>
+  static void convert(To* dst, const From* src, std::size_t n) {
+    kernels::cuda_convert(dst, src, n, stream());
+  }
+
+  // dst (+)= src, summed in fp32 and rounded once to T.
+  template <class T, class S>
+  static void accumulate(T* dst, const S* src, std::size_t n, bool overwrite) {
+    if (overwrite) return convert(dst, src, n);
+    kernels::cuda_accumulate(dst, src, n, stream());
+  }
+
+  template <class Opt, class Grad, class Param>
+  static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
+    kernels::cuda_fused_step(args, stream());
+  }
+
+  // Squared norm and inf/NaN of grad[0, n): waits for the stream and returns
+  // the result. Allocates only on a thread's first call (its workspace).
+  template <class Grad>
+  static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
+    if (n == 0) return {};
+    detail::CudaThreadWorkspace& w = detail::cuda_thread_workspace();
+    int device = 0;
+    ZERO_CUDA_CHECK(cudaGetDevice(&device));
+    if (!w.stats || w.stats->device() != device) w.stats = std::make_unique<kernels::CudaGradStats>();
+    if (w.pinned == nullptr) {
+      void* p = nullptr;
+      ZERO_CUDA_CHECK(cudaMallocHost(&p, sizeof(kernels::GradStats)));
+      w.pinned = static_cast<kernels::GradStats*>(p);
+    }
+    const cudaStream_t s = stream();
+    w.stats->enqueue(grad, n, s);
+    ZERO_CUDA_CHECK(
+        cudaMemcpyAsync(w.pinned, w.stats->device_result(), sizeof(kernels::GradStats), cudaMemcpyDeviceToHost, s));
+    zero::cuda::wait_stream(s);
+    return *w.pinned;
+  }
+
+  // Waits for everything enqueued on this thread's stream.
+  static void synchronize() { zero::cuda::wait_stream(stream()); }
+};
+
+}  // namespace zero::backend

@@ -1,0 +1,224 @@
+// Why: NCCL cannot put two ranks of one communicator on the same GPU, yet the
+// engine on backend::Cuda must be tested with N ranks on a one-GPU machine.
+// comm::LocalDevice runs N ranks as threads of one process sharing one GPU,
+// over device memory: the rendezvous, abort and timeout of comm::LocalGroup
+// (a rank that throws or stops calling collectives releases the others with a
+// CommError), device-to-device copies, and a reduction kernel that sums in
+// rank order in fp32 and rounds once, so results are the bits of the host
+// comm::Local (zero::comm::detail::reduce) and independent of thread timing.
+//
+// Ordering without host waits: each rank enqueues on its own stream. Before
+// other ranks read a rank's buffers it records a "ready" event on its stream
+// after everything that wrote them; readers make their streams wait for it
+// (cudaStreamWaitEvent) and, before the collective returns, record "done"
+// events that every rank's stream waits for, so a rank's later kernels cannot
+// overwrite a buffer a peer is still reading. The host rendezvous (LocalGroup)
+// only orders the event records and waits; the data moves in stream order.
+//
+//   zero::comm::LocalGroup group(4);
+//   zero::comm::LocalDevice::run(group, [&](zero::comm::LocalDevice& comm) {
+//     // this thread's Ops<Cuda>::stream() is the rank's own stream
+//     ZeroOptimizer<..., zero::backend::Cuda> opt(comm, hyper);
+//   });
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "zero/comm/local_device.cuh uses CUDA: include it from a .cu file compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "zero/comm/communicator.hpp"
+#include "zero/comm/local.hpp"
+#include "zero/cuda/check.cuh"
+#include "zero/cuda/stream.cuh"
+#include "zero/error.hpp"
+#include "zero/kernels/cuda_elementwise.cuh"
+
+namespace zero::comm {
+
+// One rank's handle. Device memory only (all ranks' buffers on one device, or
+// on devices with peer access); all calls are collective, and every rank of a
+// group uses LocalDevice (not a mix of Local and LocalDevice).
+class LocalDevice {
+ public:
+  // Rank `host.rank()` of host's group; collectives are enqueued on `stream`
+  // (default: this thread's current stream, zero::cuda::current_stream(),
+  // which is Ops<Cuda>::stream()).
+  LocalDevice(Local& host, cudaStream_t stream) : group_(host.group_), rank_(host.rank_), stream_(stream) {
+    require(group_->ranks_ <= kernels::cuda_reduce_max_inputs, "comm::LocalDevice: ", group_->ranks_,
+            " ranks on one device; it supports at most ", kernels::cuda_reduce_max_inputs,
+            " (use comm::Nccl across GPUs)");
+    try {
+      ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&slot_.ready, cudaEventDisableTiming));
+      ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&slot_.mid, cudaEventDisableTiming));
+      ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&slot_.done, cudaEventDisableTiming));
+    } catch (...) {
+      destroy_events();
+      throw;
+    }
+  }
+  explicit LocalDevice(Local& host) : LocalDevice(host, zero::cuda::current_stream()) {}
+  LocalDevice(const LocalDevice&) = delete;
+  LocalDevice& operator=(const LocalDevice&) = delete;
+  ~LocalDevice() { destroy_events(); }
+
+  // Runs fn(LocalDevice&) on group.size() threads, one per rank, and waits
+  // for all (exceptions as LocalGroup::run). Each thread selects `device`,
+  // creates its own non-blocking stream, makes it the thread's current stream
+  // (so Ops<Cuda>::stream() and the rank's collectives agree), and waits for
+  // it at the end so asynchronous errors surface in that rank.
+  template <class Fn>
+  static void run(LocalGroup& group, Fn&& fn, int device = 0);
+
+  int rank() const { return rank_; }
+  int size() const { return group_->ranks_; }
+  cudaStream_t stream() const { return stream_; }
+  const ByteCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+
+  // Every rank has arrived and the work each enqueued before has finished.
+  void barrier() {
+    zero::cuda::wait_stream(stream_);
+    group_->arrive_and_wait(rank_, "barrier");
+  }
+
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
+    const std::size_t bytes = dtype_bytes(t);
+    const int n = size();
+    publish(buf, buf, "all_reduce");
+    // Rank r reduces chunk r of every buffer into its own buffer, then every
+    // rank copies the other chunks from their owners.
+    const std::size_t begin = chunk_begin(count, rank_, n), end = chunk_begin(count, rank_ + 1, n);
+    for (int s = 0; s < n; ++s) inputs_[s] = static_cast<const char*>(peer(s).send) + begin * bytes;
+    kernels::cuda_reduce(t, static_cast<char*>(buf) + begin * bytes, inputs_, n, end - begin, op, stream_);
+    phase(&Slot::mid, "all_reduce");
+    for (int s = 0; s < n; ++s) {
+      if (s == rank_) continue;
+      const std::size_t b = chunk_begin(count, s, n), e = chunk_begin(count, s + 1, n);
+      copy(static_cast<char*>(buf) + b * bytes, static_cast<const char*>(peer(s).recv) + b * bytes, (e - b) * bytes);
+    }
+    phase(&Slot::done, "all_reduce");
+    counters_.count_all_reduce(count * bytes, n, control);
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
+    const std::size_t bytes = dtype_bytes(t);
+    const int n = size();
+    publish(send, recv, "reduce_scatter");
+    for (int s = 0; s < n; ++s)
+      inputs_[s] = static_cast<const char*>(peer(s).send) + static_cast<std::size_t>(rank_) * recv_count * bytes;
+    // Only this rank reads block `rank` of any buffer, so writing recv (which
+    // may be that very block of our own send buffer) is safe.
+    kernels::cuda_reduce(t, recv, inputs_, n, recv_count, ReduceOp::sum, stream_);
+    phase(&Slot::done, "reduce_scatter");
+    counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
+  }
+
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
+    const std::size_t bytes = dtype_bytes(t);
+    const int n = size();
+    publish(send, recv, "all_gather");
+    for (int s = 0; s < n; ++s)
+      copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes, peer(s).send,
+           send_count * bytes);
+    phase(&Slot::done, "all_gather");
+    counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
+  }
+
+  void broadcast(void* buf, std::size_t count, DType t, int root) {
+    require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this group of ", size());
+    const std::size_t bytes = dtype_bytes(t);
+    publish(buf, buf, "broadcast");
+    if (rank_ != root) copy(buf, peer(root).send, count * bytes);
+    phase(&Slot::done, "broadcast");
+    counters_.count_broadcast(count * bytes, size());
+  }
+
+ private:
+  // What a rank shows the others during a collective (published through the
+  // group's per-rank pointer table).
+  struct Slot {
+    const void* send = nullptr;
+    void* recv = nullptr;
+    cudaEvent_t ready = nullptr;  // its buffers are written (recorded before the rendezvous)
+    cudaEvent_t mid = nullptr;    // all_reduce: its chunk is reduced
+    cudaEvent_t done = nullptr;   // it has finished reading the others' buffers
+  };
+
+  static std::size_t chunk_begin(std::size_t count, int part, int parts) {
+    return count * static_cast<std::size_t>(part) / static_cast<std::size_t>(parts);
+  }
+
+  const Slot& peer(int s) const { return *static_cast<const Slot*>(group_->send_[static_cast<std::size_t>(s)]); }
+
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes != 0 && dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  // Posts this rank's buffers, waits until every rank has, and orders this
+  // stream after every peer's writes to its buffers.
+  void publish(const void* send, void* recv, const char* what) {
+    slot_.send = send;
+    slot_.recv = recv;
+    ZERO_CUDA_CHECK(cudaEventRecord(slot_.ready, stream_));
+    // The previous collective's last rendezvous guarantees nobody still reads the table.
+    group_->send_[static_cast<std::size_t>(rank_)] = &slot_;
+    group_->arrive_and_wait(rank_, what);
+    wait_peers(&Slot::ready);
+  }
+
+  // Records this rank's `event`, meets the others, and orders this stream
+  // after theirs. (A peer re-records an event only after the next rendezvous,
+  // which needs this rank, so each wait sees the record of this collective.)
+  void phase(cudaEvent_t Slot::*event, const char* what) {
+    ZERO_CUDA_CHECK(cudaEventRecord(slot_.*event, stream_));
+    group_->arrive_and_wait(rank_, what);
+    wait_peers(event);
+  }
+
+  void wait_peers(cudaEvent_t Slot::*event) {
+    for (int s = 0; s < size(); ++s)
+      if (s != rank_) ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_, peer(s).*event, 0));
+  }
+
+  void destroy_events() noexcept {
+    for (cudaEvent_t* e : {&slot_.ready, &slot_.mid, &slot_.done}) {
+      if (*e != nullptr) cudaEventDestroy(*e);
+      *e = nullptr;
+    }
+  }
+
+  LocalGroup* group_;
+  int rank_;
+  cudaStream_t stream_;
+  Slot slot_;
+  ByteCounters counters_;
+  const void* inputs_[kernels::cuda_reduce_max_inputs] = {};
+};
+
+template <class Fn>
+void LocalDevice::run(LocalGroup& group, Fn&& fn, int device) {
+  group.run([&](Local& host) {
+    ZERO_CUDA_CHECK(cudaSetDevice(device));
+    cudaStream_t stream = nullptr;
+    ZERO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    struct StreamGuard {
+      cudaStream_t s;
+      ~StreamGuard() {
+        zero::cuda::reset_current_stream();
+        cudaStreamDestroy(s);  // pending work still completes; errors here have nothing to protect
+      }
+    } guard{stream};
+    zero::cuda::set_current_stream(stream);
+    LocalDevice comm(host, stream);
+    fn(comm);
+    zero::cuda::wait_stream(stream);
+  });
+}
+
+}  // namespace zero::comm

@@ -1,0 +1,582 @@
+// Why: across GPUs and nodes the collectives are NCCL's. comm::Nccl adapts a
+// communicator to zero::comm::Communicator: it adopts a user's ncclComm_t or
+// bootstraps one (MPI, or a unique-id file on a shared filesystem for
+// multi-node runs without MPI), enqueues every collective on ONE stream (the
+// engine's: see zero/backend/cuda.cuh, stream order is what makes the engine
+// correct), and counts bytes with the same ring model as Local and Mpi.
+//
+// A dead or diverging peer makes NCCL wait forever. comm::Nccl does not: each
+// collective records an event after it, and the communicator polls those
+// events and ncclCommGetAsyncError
+//   - at every call (without blocking),
+//   - in wait(), and before returning from barrier() and from control
+//     collectives (all_reduce/all_gather with control = true: the engine reads
+//     their results on the host right after),
+//   - whenever anything waits for a stream through zero::cuda::wait_stream
+//     (Ops<Cuda>::download, ::upload, ::grad_stats, ::synchronize: the other
+//     points where the engine blocks on the host), as a StreamWatcher.
+// When the oldest unfinished collective is older than Options::timeout, or
+// NCCL reports an asynchronous error, it calls ncclCommAbort and throws
+// zero::CommError naming the collective (kind, call number, element count,
+// element type) and the rank. The communicator is then unusable: every later
+// call throws. An adopted ncclComm_t is aborted too (NCCL frees it): do not
+// destroy it afterwards.
+//
+// NCCL sums fp16/bf16 pairwise in the 16-bit type, so with more than two
+// ranks the result can differ from an fp32 sum by rounding; use
+// Options::reduce_dtype = ReduceDType::fp32 in the engine for sums that match
+// the reference bit for bit. NCCL cannot place two ranks of one communicator
+// on the same GPU: for N ranks on one GPU use comm::LocalDevice.
+//
+// One host thread uses a Nccl object at a time (as NCCL requires).
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "zero/comm/nccl.cuh uses CUDA and NCCL: include it from a .cu file compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#if defined(ZERO_NCCL_WITH_MPI)
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#endif
+
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include "zero/comm/communicator.hpp"
+#include "zero/cuda/check.cuh"
+#include "zero/cuda/stream.cuh"
+#include "zero/error.hpp"
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "zero/comm/nccl.cuh needs NCCL 2.14 or newer (bf16, ncclCommInitRankConfig, non-blocking communicators)"
+#endif
+
+namespace zero::comm {
+
+class Nccl {
+ public:
+  struct Options {
+    // A collective not finished this long after it was enqueued is taken as
+    // hung (a peer died or made different calls): the communicator is
+    // aborted and CommError thrown. Also bounds bootstrap (ncclCommInitRank).
+    std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  };
+
+  // Adopts `comm` (not owned: the caller destroys it after this object,
+  // unless an error aborted it). Collectives go on `stream`.
+  Nccl(ncclComm_t comm, cudaStream_t stream, Options options = {})
+      : s_(std::make_unique<State>(comm, stream, options, false)) {}
+  // As above, on this thread's current stream (Ops<Cuda>::stream()).
+  explicit Nccl(ncclComm_t comm, Options options = {})
+      : Nccl(comm, zero::cuda::current_stream(), options) {}
+
+  // Bootstraps a communicator of `nranks` processes through a file on a
+  // filesystem every rank sees: rank 0 creates the NCCL unique id and writes
+  // it to `path` (through path + ".tmp" and an atomic rename); the others
+  // wait up to `wait` for it to appear. Rank 0 removes the file once every
+  // rank has joined. Use a path unique to the job: a stale file from an
+  // earlier run would make ranks join the wrong communicator (they then time
+  // out with an error that says so). Collectives go on this thread's current
+  // stream; the current device must be the rank's GPU.
+  static Nccl from_unique_id_file(const std::string& path, int rank, int nranks,
+                                  std::chrono::milliseconds wait = std::chrono::minutes(5), Options options = {});
+
+#if defined(ZERO_NCCL_WITH_MPI)
+  // Bootstraps over MPI: rank 0 of `comm` creates the unique id and
+  // broadcasts it. NCCL ranks are the MPI ranks of `comm`.
+  static Nccl from_mpi(MPI_Comm comm, Options options = {});
+#endif
+
+  Nccl(Nccl&&) noexcept = default;
+  Nccl& operator=(Nccl&&) noexcept = default;
+  Nccl(const Nccl&) = delete;
+  Nccl& operator=(const Nccl&) = delete;
+  // Waits (up to the timeout) for enqueued collectives, then destroys an
+  // owned communicator. Never throws.
+  ~Nccl() = default;
+
+  int rank() const { return s_->rank; }
+  int size() const { return s_->size; }
+  int device() const { return s_->device; }
+  cudaStream_t stream() const { return s_->stream; }
+  ncclComm_t native() const { return s_->comm; }
+  bool aborted() const { return s_->aborted; }
+  const ByteCounters& counters() const { return s_->counters; }
+  void reset_counters() { s_->counters = {}; }
+
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
+    auto lock = s_->enter("all_reduce", count, t);
+    if (count != 0)
+      s_->check(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), s_->comm, s_->stream), "ncclAllReduce");
+    s_->counters.count_all_reduce(count * dtype_bytes(t), s_->size, control);
+    s_->enqueued(control);
+  }
+
+  // In place when recv == send + rank() * recv_count (NCCL's own rule).
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
+    auto lock = s_->enter("reduce_scatter", recv_count, t);
+    if (recv_count != 0)
+      s_->check(ncclReduceScatter(send, recv, recv_count, nccl_type(t), ncclSum, s_->comm, s_->stream),
+                "ncclReduceScatter");
+    s_->counters.count_reduce_scatter(recv_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size);
+    s_->enqueued(false);
+  }
+
+  // In place when send == recv + rank() * send_count (NCCL's own rule).
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
+    auto lock = s_->enter("all_gather", send_count, t);
+    if (send_count != 0)
+      s_->check(ncclAllGather(send, recv, send_count, nccl_type(t), s_->comm, s_->stream), "ncclAllGather");
+    s_->counters.count_all_gather(send_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size,
+                                  control);
+    s_->enqueued(control);
+  }
+
+  void broadcast(void* buf, std::size_t count, DType t, int root) {
+    require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this communicator of ", size());
+    auto lock = s_->enter("broadcast", count, t);
+    if (count != 0)
+      s_->check(ncclBroadcast(buf, buf, count, nccl_type(t), root, s_->comm, s_->stream), "ncclBroadcast");
+    s_->counters.count_broadcast(count * dtype_bytes(t), s_->size);
+    s_->enqueued(false);
+  }
+
+  // Returns when every rank has reached it and this rank's collectives
+  // enqueued before it have finished (a one-element all-reduce, not counted).
+  void barrier() {
+    require(s_->group_depth == 0, "comm::Nccl::barrier() inside group_begin()/group_end(): end the group first");
+    auto lock = s_->enter("barrier", 1, DType::f32);
+    s_->check(ncclAllReduce(s_->scratch, s_->scratch, 1, ncclFloat32, ncclSum, s_->comm, s_->stream),
+              "ncclAllReduce (barrier)");
+    s_->enqueued(true);
+  }
+
+  // Several collectives issued together (ncclGroupStart/End): NCCL launches
+  // them as one. Nestable; control collectives inside a group are waited for
+  // at the outermost group_end().
+  void group_begin() {
+    auto lock = s_->enter(nullptr, 0, DType::f32);
+    s_->check(ncclGroupStart(), "ncclGroupStart");
+    ++s_->group_depth;
+  }
+  void group_end() {
+    require(s_->group_depth > 0, "comm::Nccl::group_end() without group_begin()");
+    auto lock = s_->enter(nullptr, 0, DType::f32);
+    --s_->group_depth;
+    s_->check(ncclGroupEnd(), "ncclGroupEnd");
+    if (s_->group_depth == 0) s_->close_group();
+  }
+
+  // Blocks until every collective enqueued so far has finished; throws
+  // CommError (after aborting) on a timeout or an asynchronous NCCL error.
+  void wait() {
+    auto lock = s_->enter(nullptr, 0, DType::f32);
+    s_->wait_all();
+  }
+
+ private:
+  static ncclDataType_t nccl_type(DType t) {
+    switch (t) {
+      case DType::f32: return ncclFloat32;
+      case DType::f16: return ncclFloat16;
+      case DType::bf16: return ncclBfloat16;
+      case DType::f64: return ncclFloat64;
+      case DType::u64: return ncclUint64;
+    }
+    return ncclFloat32;
+  }
+  static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
+
+  static ncclComm_t init_rank(const ncclUniqueId& id, int rank, int nranks, std::chrono::milliseconds timeout,
+                              const char* how);
+
+  using clock = std::chrono::steady_clock;
+
+  // Everything lives here, at a fixed address (registered as a watcher), so
+  // the Nccl handle can move.
+  class State final : public zero::cuda::StreamWatcher {
+   public:
+    static constexpr std::size_t ring_capacity = 128;  // collectives in flight before a call waits for the oldest
+
+    // One enqueued collective (or group of them), until its event completes.
+    struct Record {
+      cudaEvent_t event = nullptr;
+      const char* kind = "";
+      std::size_t count = 0;
+      DType dtype = DType::f32;
+      std::uint64_t call = 0;
+      int group_size = 1;  // > 1: a group, described by its first collective
+      clock::time_point enqueued{};
+    };
+
+    State(ncclComm_t c, cudaStream_t s, Options o, bool own) : comm(c), owned(own), stream(s), options(o) {
+      require(c != nullptr, "comm::Nccl: the ncclComm_t is null; create it with ncclCommInitRank (or use "
+                            "Nccl::from_unique_id_file / from_mpi)");
+      require(o.timeout.count() > 0, "comm::Nccl::Options::timeout is ", o.timeout.count(),
+              " ms; it must be positive (10 minutes is the default)");
+      check_plain(ncclCommUserRank(c, &rank), "ncclCommUserRank");
+      check_plain(ncclCommCount(c, &size), "ncclCommCount");
+      check_plain(ncclCommCuDevice(c, &device), "ncclCommCuDevice");
+      int current = -1;
+      ZERO_CUDA_CHECK(cudaGetDevice(&current));
+      require(current == device, "comm::Nccl rank ", rank, ": the current device is ", current,
+              " but the communicator's is ", device, "; call cudaSetDevice(", device, ") on this thread first");
+      ring.resize(ring_capacity);
+      try {
+        for (Record& r : ring) ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&r.event, cudaEventDisableTiming));
+        ZERO_CUDA_CHECK(cudaMalloc(&scratch, sizeof(float)));
+        ZERO_CUDA_CHECK(cudaMemset(scratch, 0, sizeof(float)));
+      } catch (...) {
+        release_cuda();
+        throw;
+      }
+      zero::cuda::register_watcher(this);
+    }
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+
+    ~State() {
+      zero::cuda::unregister_watcher(this);
+      {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!aborted && group_depth == 0) {
+          try {
+            wait_all();  // aborts on timeout: never hangs
+          } catch (...) {
+          }
+        }
+        if (owned && !aborted) ncclCommDestroy(comm);
+      }
+      release_cuda();
+    }
+
+    // Start of every call: one caller at a time, no call after an abort, the
+    // right device, a non-blocking poll, and room in the ring.
+    std::unique_lock<std::mutex> enter(const char* kind, std::size_t count, DType t) {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (aborted) throw CommError(abort_message);
+      int current = -1;
+      ZERO_CUDA_CHECK(cudaGetDevice(&current));
+      require(current == device, "comm::Nccl rank ", rank, ": the current device is ", current,
+              " but the communicator's is ", device, "; call cudaSetDevice(", device, ") on this thread first");
+      poll_locked();
+      while (pending == ring_capacity) {
+        backoff(0);
+        poll_locked();
+      }
+      if (kind != nullptr) {
+        now.kind = kind;
+        now.count = count;
+        now.dtype = t;
+        now.call = ++calls;
+      }
+      return lock;
+    }
+
+    // After a collective's NCCL call: record its event (or join the open
+    // group) and, for results the host reads next, wait for it.
+    void enqueued(bool wait) {
+      if (group_depth > 0) {
+        if (group_count == 0) group = now;
+        ++group_count;
+        group_wait = group_wait || wait;
+        return;
+      }
+      push(now);
+      if (wait) wait_all();
+    }
+
+    void close_group() {
+      if (group_count > 0) {
+        group.group_size = group_count;
+        push(group);
+        const bool wait = group_wait;
+        group_count = 0;
+        group_wait = false;
+        if (wait) wait_all();
+      }
+    }
+
+    void wait_all() {
+      for (int spin = 0;; ++spin) {
+        poll_locked();
+        if (pending == 0) return;
+        backoff(spin);
+      }
+    }
+
+    // StreamWatcher: called by zero::cuda::wait_stream from any thread; skips
+    // the poll when the owner is inside a call (it polls there itself).
+    void poll() override {
+      std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
+      if (!lock.owns_lock()) return;
+      if (aborted) throw CommError(abort_message);
+      poll_locked();
+    }
+
+    void check(ncclResult_t result, const char* call) {
+      if (result == ncclSuccess) return;
+      if (result == ncclInProgress) {  // a non-blocking communicator: wait until it is enqueued
+        const auto start = clock::now();
+        for (int spin = 0;; ++spin) {
+          ncclResult_t state = ncclSuccess;
+          const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+          if (queried != ncclSuccess) state = queried;
+          if (state == ncclSuccess) return;
+          if (state != ncclInProgress) {
+            fail(zero::detail::concat(call, " for ", describe(now), " failed: ", nccl_error(state)));
+          }
+          if (clock::now() - start > options.timeout)
+            fail(zero::detail::concat(call, " for ", describe(now), " was not enqueued within ",
+                                      options.timeout.count(), " ms"));
+          backoff(spin);
+        }
+      }
+      fail(zero::detail::concat(call, " for ", describe(now), " failed: ", nccl_error(result)));
+    }
+
+    ncclComm_t comm;
+    bool owned;
+    cudaStream_t stream;
+    Options options;
+    int rank = 0, size = 1, device = 0;
+    ByteCounters counters;
+    int group_depth = 0;
+    bool aborted = false;
+    std::string abort_message;
+    float* scratch = nullptr;  // barrier()'s one element
+
+   private:
+    static void check_plain(ncclResult_t r, const char* call) {
+      if (r != ncclSuccess)
+        throw CommError(zero::detail::concat("comm::Nccl: ", call, " failed: ", ncclGetErrorString(r),
+                                             "; is the ncclComm_t initialised (ncclCommInitRank returned success)?"));
+    }
+
+    std::string nccl_error(ncclResult_t r) const {
+      const char* last = ncclGetLastError(comm);
+      return zero::detail::concat(ncclGetErrorString(r), last != nullptr && *last != '\0' ? " (" : "",
+                                  last != nullptr ? last : "", last != nullptr && *last != '\0' ? ")" : "");
+    }
+
+    static std::string describe(const Record& r) {
+      if (std::strcmp(r.kind, "barrier") == 0) return zero::detail::concat("barrier #", r.call);
+      // reduce_scatter and all_gather are called with one rank's block
+      const bool per_rank = std::strcmp(r.kind, "reduce_scatter") == 0 || std::strcmp(r.kind, "all_gather") == 0;
+      std::string d = zero::detail::concat(r.kind, " #", r.call, " (", r.count, " elements of ", dtype_name(r.dtype),
+                                           per_rank ? " per rank" : "", ")");
+      if (r.group_size > 1)
+        d = zero::detail::concat("a group of ", r.group_size, " collectives starting with ", d);
+      return d;
+    }
+
+    void push(const Record& r) {
+      Record& slot = ring[(head + pending) % ring_capacity];
+      slot.kind = r.kind;
+      slot.count = r.count;
+      slot.dtype = r.dtype;
+      slot.call = r.call;
+      slot.group_size = r.group_size < 1 ? 1 : r.group_size;
+      slot.enqueued = clock::now();
+      const cudaError_t recorded = cudaEventRecord(slot.event, stream);
+      if (recorded != cudaSuccess)
+        fail(zero::detail::concat("cudaEventRecord after ", describe(slot), " failed: ", cudaGetErrorString(recorded)));
+      ++pending;
+    }
+
+    // Retires finished collectives; aborts and throws on an asynchronous NCCL
+    // error, a CUDA error, or an oldest collective past the timeout.
+    void poll_locked() {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+      if (queried != ncclSuccess) state = queried;
+      if (state != ncclSuccess && state != ncclInProgress)
+        fail(zero::detail::concat("NCCL reported an asynchronous error: ", nccl_error(state),
+                                  pending > 0 ? " with " + describe(ring[head]) + " unfinished" : std::string()));
+      while (pending > 0) {
+        const cudaError_t q = cudaEventQuery(ring[head].event);
+        if (q == cudaErrorNotReady) break;
+        if (q != cudaSuccess)
+          fail(zero::detail::concat(describe(ring[head]), " failed on the device: ", cudaGetErrorName(q), " (",
+                                    cudaGetErrorString(q), ")"));
+        head = (head + 1) % ring_capacity;
+        --pending;
+      }
+      if (pending > 0 && clock::now() - ring[head].enqueued > options.timeout)
+        fail(zero::detail::concat(
+            describe(ring[head]), " did not finish within ", options.timeout.count(),
+            " ms of being enqueued. A peer rank has probably failed, stopped, or made a different sequence of "
+            "collective calls: check the other ranks' output; if it legitimately takes longer, raise "
+            "comm::Nccl::Options::timeout"));
+    }
+
+    [[noreturn]] void fail(const std::string& what) {
+      if (!aborted) {
+        aborted = true;
+        abort_message = zero::detail::concat("comm::Nccl rank ", rank, " of ", size, " (device ", device, "): ", what,
+                                             ". The NCCL communicator was aborted; every later call on it fails");
+        ncclCommAbort(comm);  // frees it, and releases kernels stuck in it
+      }
+      throw CommError(abort_message);
+    }
+
+    static void backoff(int spin) {
+      if (spin < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 20 : 200));
+    }
+
+    void release_cuda() noexcept {
+      for (Record& r : ring)
+        if (r.event != nullptr) cudaEventDestroy(r.event);
+      ring.clear();
+      if (scratch != nullptr) cudaFree(scratch);
+      scratch = nullptr;
+    }
+
+    std::mutex mutex;
+    std::vector<Record> ring;
+    std::size_t head = 0, pending = 0;
+    std::uint64_t calls = 0;
+    Record now{};    // the collective being issued
+    Record group{};       // the open group's first collective
+    int group_count = 0;  // collectives in the open group so far
+    bool group_wait = false;
+  };
+
+  explicit Nccl(std::unique_ptr<State> s) : s_(std::move(s)) {}
+
+  std::unique_ptr<State> s_;
+};
+
+// ---- bootstrap -----------------------------------------------------------------
+
+inline ncclComm_t Nccl::init_rank(const ncclUniqueId& id, int rank, int nranks, std::chrono::milliseconds timeout,
+                                  const char* how) {
+  // Non-blocking initialisation, so that a rank that never joins becomes an
+  // error after `timeout` instead of a hang.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+  const auto start = clock::now();
+  for (int spin = 0; r == ncclInProgress || r == ncclSuccess; ++spin) {
+    ncclResult_t state = ncclSuccess;
+    r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) break;
+    if (state == ncclSuccess) return comm;
+    if (state != ncclInProgress) {
+      r = state;
+      break;
+    }
+    if (clock::now() - start > timeout) {
+      ncclCommAbort(comm);
+      throw CommError(zero::detail::concat(
+          "comm::Nccl rank ", rank, " of ", nranks, ": ncclCommInitRank (", how, ") did not complete within ",
+          timeout.count(), " ms: some rank did not join (not started, a different nranks, or a stale unique id); "
+          "start every rank with the same arguments"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(spin < 100 ? 1 : 10));
+  }
+  const char* last = comm != nullptr ? ncclGetLastError(comm) : "";
+  if (comm != nullptr) ncclCommAbort(comm);
+  throw CommError(zero::detail::concat("comm::Nccl rank ", rank, " of ", nranks, ": ncclCommInitRank (", how,
+                                       ") failed: ", ncclGetErrorString(r), " ", last != nullptr ? last : ""));
+}
+
+inline Nccl Nccl::from_unique_id_file(const std::string& path, int rank, int nranks, std::chrono::milliseconds wait,
+                                      Options options) {
+  require(nranks >= 1 && rank >= 0 && rank < nranks, "comm::Nccl::from_unique_id_file: rank ", rank, " of ", nranks,
+          " ranks; rank must be in [0, nranks)");
+  require(!path.empty(), "comm::Nccl::from_unique_id_file: the path is empty; pass a file on a filesystem every rank "
+                         "sees, unique to this job");
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+      throw CommError(zero::detail::concat("comm::Nccl rank 0: ncclGetUniqueId failed: ", ncclGetErrorString(r)));
+    const std::string tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    bool ok = f != nullptr && std::fwrite(&id, sizeof id, 1, f) == 1 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+    const int error = errno;
+    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw CommError(zero::detail::concat("comm::Nccl rank 0: cannot write the NCCL unique id to '", tmp,
+                                           "' and rename it to '", path, "': ", std::strerror(ok ? errno : error),
+                                           "; pass a path in a writable directory that every rank sees"));
+  } else {
+    const auto start = clock::now();
+    for (;;) {
+      if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+        const bool read = std::fread(&id, sizeof id, 1, f) == 1;
+        std::fclose(f);
+        if (read) break;
+      }
+      if (clock::now() - start > wait)
+        throw CommError(zero::detail::concat(
+            "comm::Nccl rank ", rank, " of ", nranks, ": waited ", wait.count(), " ms for the NCCL unique-id file '",
+            path, "', which rank 0 writes; start rank 0 with the same path, on a filesystem every rank sees, or "
+            "raise the wait"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  const ncclComm_t comm = init_rank(id, rank, nranks, wait, "unique-id file");
+  // Every rank has joined, so every rank has read the file: remove it so a
+  // later run cannot pick up this id.
+  if (rank == 0) std::remove(path.c_str());
+  try {
+    return Nccl(std::make_unique<State>(comm, zero::cuda::current_stream(), options, true));
+  } catch (...) {
+    ncclCommDestroy(comm);
+    throw;
+  }
+}
+
+#if defined(ZERO_NCCL_WITH_MPI)
+inline Nccl Nccl::from_mpi(MPI_Comm mpi, Options options) {
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(mpi, &rank);
+  MPI_Comm_size(mpi, &nranks);
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+      throw CommError(zero::detail::concat("comm::Nccl rank 0: ncclGetUniqueId failed: ", ncclGetErrorString(r)));
+  }
+  if (MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, mpi) != MPI_SUCCESS)
+    throw CommError(zero::detail::concat("comm::Nccl rank ", rank, ": MPI_Bcast of the NCCL unique id failed"));
+  const ncclComm_t comm = init_rank(id, rank, nranks, options.timeout, "MPI bootstrap");
+  try {
+    return Nccl(std::make_unique<State>(comm, zero::cuda::current_stream(), options, true));
+  } catch (...) {
+    ncclCommDestroy(comm);
+    throw;
+  }
+}
+#endif
+
+}  // namespace zero::comm

@@ -1,0 +1,24 @@
+// The CUDA umbrella header: everything in zero/zero.hpp plus the device
+// pieces (CUDA backend, fused kernels, in-process device ranks and, where
+// nccl.h is available, the NCCL communicator). Include it from .cu files
+// compiled by nvcc; host-only code keeps including zero/zero.hpp, which
+// needs only a C++20 compiler.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "zero/zero_cuda.cuh is the CUDA umbrella: compile with nvcc, or include zero/zero.hpp for host-only code"
+#endif
+
+#include "zero/zero.hpp"
+
+#include "zero/backend/cuda.cuh"
+#include "zero/comm/local_device.cuh"
+#include "zero/cuda/check.cuh"
+#include "zero/cuda/stream.cuh"
+#include "zero/kernels/cuda_elementwise.cuh"
+#include "zero/kernels/cuda_launch.cuh"
+#include "zero/kernels/cuda_step.cuh"
+
+#if __has_include(<nccl.h>)
+#include "zero/comm/nccl.cuh"
+#endif
