@@ -211,7 +211,12 @@ struct Ops<Cuda> {
     detail::CudaThreadWorkspace& w = detail::cuda_thread_workspace();
     int device = 0;
     ZERO_CUDA_CHECK(cudaGetDevice(&device));
-    if (!w.stats || w.stats->device() != device) w.stats = std::make_unique<kernels::CudaGradStats>();
+    if (!w.stats || w.stats->device() != device) {
+      w.stats = std::make_unique<kernels::CudaGradStats>();
+      // Its workspace is zeroed with cudaMemset on the legacy stream, which a
+      // non-blocking stream does not wait for: finish that first (once).
+      ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     if (w.pinned == nullptr) {
       void* p = nullptr;
       ZERO_CUDA_CHECK(cudaMallocHost(&p, sizeof(kernels::GradStats)));

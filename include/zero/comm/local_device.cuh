@@ -7,13 +7,14 @@
 // rank order in fp32 and rounds once, so results are the bits of the host
 // comm::Local (zero::comm::detail::reduce) and independent of thread timing.
 //
-// Ordering without host waits: each rank enqueues on its own stream. Before
-// other ranks read a rank's buffers it records a "ready" event on its stream
-// after everything that wrote them; readers make their streams wait for it
-// (cudaStreamWaitEvent) and, before the collective returns, record "done"
-// events that every rank's stream waits for, so a rank's later kernels cannot
-// overwrite a buffer a peer is still reading. The host rendezvous (LocalGroup)
-// only orders the event records and waits; the data moves in stream order.
+// Ordering: each rank enqueues on its own stream. Before other ranks read a
+// rank's buffers it records a "ready" event on its stream after everything
+// that wrote them, and readers make their streams wait for it
+// (cudaStreamWaitEvent), so the writes need no host wait. Before a collective
+// returns, each rank waits on the host for its own stream (its reads of the
+// others' buffers are done) and meets the others: after that nobody reads a
+// peer's buffers, events or handle, so a rank may overwrite its buffers, or
+// leave, at once.
 //
 //   zero::comm::LocalGroup group(4);
 //   zero::comm::LocalDevice::run(group, [&](zero::comm::LocalDevice& comm) {
@@ -56,7 +57,6 @@ class LocalDevice {
     try {
       ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&slot_.ready, cudaEventDisableTiming));
       ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&slot_.mid, cudaEventDisableTiming));
-      ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&slot_.done, cudaEventDisableTiming));
     } catch (...) {
       destroy_events();
       throw;
@@ -102,7 +102,7 @@ class LocalDevice {
       const std::size_t b = chunk_begin(count, s, n), e = chunk_begin(count, s + 1, n);
       copy(static_cast<char*>(buf) + b * bytes, static_cast<const char*>(peer(s).recv) + b * bytes, (e - b) * bytes);
     }
-    phase(&Slot::done, "all_reduce");
+    finish("all_reduce");
     counters_.count_all_reduce(count * bytes, n, control);
   }
 
@@ -115,7 +115,7 @@ class LocalDevice {
     // Only this rank reads block `rank` of any buffer, so writing recv (which
     // may be that very block of our own send buffer) is safe.
     kernels::cuda_reduce(t, recv, inputs_, n, recv_count, ReduceOp::sum, stream_);
-    phase(&Slot::done, "reduce_scatter");
+    finish("reduce_scatter");
     counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
   }
 
@@ -126,7 +126,7 @@ class LocalDevice {
     for (int s = 0; s < n; ++s)
       copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes, peer(s).send,
            send_count * bytes);
-    phase(&Slot::done, "all_gather");
+    finish("all_gather");
     counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
   }
 
@@ -135,7 +135,7 @@ class LocalDevice {
     const std::size_t bytes = dtype_bytes(t);
     publish(buf, buf, "broadcast");
     if (rank_ != root) copy(buf, peer(root).send, count * bytes);
-    phase(&Slot::done, "broadcast");
+    finish("broadcast");
     counters_.count_broadcast(count * bytes, size());
   }
 
@@ -147,14 +147,13 @@ class LocalDevice {
     void* recv = nullptr;
     cudaEvent_t ready = nullptr;  // its buffers are written (recorded before the rendezvous)
     cudaEvent_t mid = nullptr;    // all_reduce: its chunk is reduced
-    cudaEvent_t done = nullptr;   // it has finished reading the others' buffers
   };
 
   static std::size_t chunk_begin(std::size_t count, int part, int parts) {
     return count * static_cast<std::size_t>(part) / static_cast<std::size_t>(parts);
   }
 
-  const Slot& peer(int s) const { return *static_cast<const Slot*>(group_->send_[static_cast<std::size_t>(s)]); }
+  const Slot& peer(int s) const { return *peers_[s]; }
 
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes != 0 && dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
@@ -169,6 +168,8 @@ class LocalDevice {
     // The previous collective's last rendezvous guarantees nobody still reads the table.
     group_->send_[static_cast<std::size_t>(rank_)] = &slot_;
     group_->arrive_and_wait(rank_, what);
+    // Read the table now: nobody writes it again before this collective ends.
+    for (int s = 0; s < size(); ++s) peers_[s] = static_cast<const Slot*>(group_->send_[static_cast<std::size_t>(s)]);
     wait_peers(&Slot::ready);
   }
 
@@ -181,13 +182,20 @@ class LocalDevice {
     wait_peers(event);
   }
 
+  // End of a collective: this rank's reads of the others' buffers are done
+  // (host wait on its stream), then every rank's are (rendezvous).
+  void finish(const char* what) {
+    zero::cuda::wait_stream(stream_);
+    group_->arrive_and_wait(rank_, what);
+  }
+
   void wait_peers(cudaEvent_t Slot::*event) {
     for (int s = 0; s < size(); ++s)
       if (s != rank_) ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_, peer(s).*event, 0));
   }
 
   void destroy_events() noexcept {
-    for (cudaEvent_t* e : {&slot_.ready, &slot_.mid, &slot_.done}) {
+    for (cudaEvent_t* e : {&slot_.ready, &slot_.mid}) {
       if (*e != nullptr) cudaEventDestroy(*e);
       *e = nullptr;
     }
@@ -198,6 +206,7 @@ class LocalDevice {
   cudaStream_t stream_;
   Slot slot_;
   ByteCounters counters_;
+  const Slot* peers_[kernels::cuda_reduce_max_inputs] = {};  // every rank's slot, this collective
   const void* inputs_[kernels::cuda_reduce_max_inputs] = {};
 };
 

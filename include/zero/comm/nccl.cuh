@@ -74,14 +74,18 @@
 
 namespace zero::comm {
 
+// comm::Nccl::Options (declared outside the class so that it can be a
+// default argument of the class's own functions).
+struct NcclOptions {
+  // A collective not finished this long after it was enqueued is taken as
+  // hung (a peer died or made different calls): the communicator is aborted
+  // and CommError thrown. Also bounds from_mpi's ncclCommInitRank.
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+
 class Nccl {
  public:
-  struct Options {
-    // A collective not finished this long after it was enqueued is taken as
-    // hung (a peer died or made different calls): the communicator is
-    // aborted and CommError thrown. Also bounds bootstrap (ncclCommInitRank).
-    std::chrono::milliseconds timeout{std::chrono::minutes(10)};
-  };
+  using Options = NcclOptions;
 
   // Adopts `comm` (not owned: the caller destroys it after this object,
   // unless an error aborted it). Collectives go on `stream`.

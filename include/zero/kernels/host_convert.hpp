@@ -51,9 +51,11 @@ struct HostConvertStochasticBody {
   static void run(const float* src, To* dst, const StochasticRounding& rounding, std::uint64_t global_offset,
                   int /*thread*/, std::size_t begin, std::size_t end) {
     // Element-wise: the random bits depend on the global index only, so the
-    // result is the same for any thread count or shard split. The loop is
-    // still compiled per instruction set, where g++ may vectorise the hash.
-    for (std::size_t i = begin; i < end; ++i) dst[i] = stochastic_round<To>(src[i], rounding, global_offset + i);
+    // result is the same for any thread count or shard split. A local copy of
+    // the settings lets g++ hoist the per-call part of the hash out of the
+    // loop (through the reference it cannot rule out that dst aliases it).
+    const StochasticRounding r = rounding;
+    for (std::size_t i = begin; i < end; ++i) dst[i] = stochastic_round<To>(src[i], r, global_offset + i);
   }
 };
 

@@ -27,6 +27,9 @@ struct HostStepBody {
       using P = simd::Pack<Isa>;
       constexpr int W = Isa::width;
       constexpr int S = Opt::state_slots;
+      // A local copy: read through the reference, g++ recomputes the hash's
+      // seed-and-step part for every element.
+      const StochasticRounding rounding = a.rounding;
       for (; i + W <= end; i += W) {
         P w = simd::load<Isa>(a.master + i);
         const P g = simd::load<Isa>(a.grad + i) * a.grad_scale;
@@ -36,11 +39,11 @@ struct HostStepBody {
         simd::store(a.master + i, w);
         for (int k = 0; k < S; ++k) simd::store(a.state[k] + i, st[k]);
         if constexpr (!std::is_same_v<Param, float>) {
-          if (!a.rounding.enabled) {
+          if (!rounding.enabled) {
             simd::store(a.param + i, w);
           } else {
             for (int l = 0; l < W; ++l)
-              a.param[i + l] = stochastic_round<Param>(w.v[l], a.rounding, a.global_offset + i + l);
+              a.param[i + l] = stochastic_round<Param>(w.v[l], rounding, a.global_offset + i + l);
           }
         }
       }

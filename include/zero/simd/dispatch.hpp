@@ -165,6 +165,8 @@ void parallel_dispatch(std::size_t n, const Args&... args) {
     run_part(omp_get_thread_num(), omp_get_num_threads());
     return;
   }
+#else
+  (void)threads;
 #endif
   run_part(0, 1);
 }
