@@ -16,6 +16,7 @@
 #include "zero/engine/zero_optimizer.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
+#include "zero/kernels/host_convert.hpp"
 #include "zero/kernels/host_step.hpp"
 #include "zero/math.hpp"
 #include "zero/optim/adam.hpp"

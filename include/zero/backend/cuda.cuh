@@ -213,9 +213,10 @@ struct Ops<Cuda> {
     ZERO_CUDA_CHECK(cudaGetDevice(&device));
     if (!w.stats || w.stats->device() != device) {
       w.stats = std::make_unique<kernels::CudaGradStats>();
-      // Its workspace is zeroed with cudaMemset on the legacy stream, which a
-      // non-blocking stream does not wait for: finish that first (once).
-      ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+      // Its workspace is zeroed with cudaMemset on the default stream, which
+      // a non-blocking stream does not wait for: finish that first (once).
+      zero::cuda::wait_stream(cudaStreamLegacy);
+      zero::cuda::wait_stream(cudaStreamPerThread);
     }
     if (w.pinned == nullptr) {
       void* p = nullptr;

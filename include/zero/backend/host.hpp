@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "zero/kernels/fused_step.hpp"
+#include "zero/kernels/host_convert.hpp"
 #include "zero/kernels/host_step.hpp"
 #include "zero/policies.hpp"
 #include "zero/precision/convert.hpp"
@@ -95,14 +96,16 @@ struct Ops<Host> {
   // dst = to<To>(src) elementwise.
   template <class To, class From>
   static void convert(To* dst, const From* src, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = from_float<To>(to_float(src[i]));
+    kernels::host_convert(src, dst, n);
   }
 
   // dst (+)= src, summed in fp32 and rounded once to T.
   template <class T, class S>
   static void accumulate(T* dst, const S* src, std::size_t n, bool overwrite) {
-    if (overwrite) return convert(dst, src, n);
-    for (std::size_t i = 0; i < n; ++i) dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i]));
+    if (overwrite)
+      kernels::host_convert(src, dst, n);
+    else
+      kernels::host_accumulate(dst, src, n);
   }
 
   template <class Opt, class Grad, class Param>

@@ -339,8 +339,12 @@ class Nccl {
       poll_locked();
     }
 
+    // `call` is the NCCL function; what it was for is the collective being
+    // issued, or nothing for ncclGroupStart/End.
     void check(ncclResult_t result, const char* call) {
       if (result == ncclSuccess) return;
+      const bool group_call = std::strncmp(call, "ncclGroup", 9) == 0;
+      const std::string what = group_call ? std::string(call) : zero::detail::concat(call, " for ", describe(now));
       if (result == ncclInProgress) {  // a non-blocking communicator: wait until it is enqueued
         const auto start = clock::now();
         for (int spin = 0;; ++spin) {
@@ -349,15 +353,14 @@ class Nccl {
           if (queried != ncclSuccess) state = queried;
           if (state == ncclSuccess) return;
           if (state != ncclInProgress) {
-            fail(zero::detail::concat(call, " for ", describe(now), " failed: ", nccl_error(state)));
+            fail(zero::detail::concat(what, " failed: ", nccl_error(state)));
           }
           if (clock::now() - start > options.timeout)
-            fail(zero::detail::concat(call, " for ", describe(now), " was not enqueued within ",
-                                      options.timeout.count(), " ms"));
+            fail(zero::detail::concat(what, " was not enqueued within ", options.timeout.count(), " ms"));
           backoff(spin);
         }
       }
-      fail(zero::detail::concat(call, " for ", describe(now), " failed: ", nccl_error(result)));
+      fail(zero::detail::concat(what, " failed: ", nccl_error(result)));
     }
 
     ncclComm_t comm;

@@ -45,6 +45,23 @@ struct HostConvertBody {
   }
 };
 
+// dst[i] = dst[i] + src[i], summed in fp32 and rounded once to To (gradient
+// accumulation across micro-batches).
+template <class To, class From>
+struct HostAccumulateBody {
+  template <class Isa>
+  static void run(const From* src, To* dst, int /*thread*/, std::size_t begin, std::size_t end) {
+    std::size_t i = begin;
+#if ZERO_HOST_SIMD_X86
+    if constexpr (Isa::width > 1) {
+      constexpr int W = Isa::width;
+      for (; i + W <= end; i += W) simd::store(dst + i, simd::load<Isa>(dst + i) + simd::load<Isa>(src + i));
+    }
+#endif
+    for (; i < end; ++i) dst[i] = from_float<To>(to_float(dst[i]) + to_float(src[i]));
+  }
+};
+
 template <class To>
 struct HostConvertStochasticBody {
   template <class Isa>
@@ -75,6 +92,11 @@ void host_convert(const From* src, To* dst, std::size_t n) {
 // fp32 keep round-to-nearest, as zero::stochastic_round defines), exactly as
 // the fused step writes its parameter copy: element i uses the random stream
 // of global index global_offset + i. Without `enabled` it is host_convert.
+template <StorageType To, StorageType From>
+void host_accumulate(To* dst, const From* src, std::size_t n) {
+  simd::parallel_dispatch<detail::HostAccumulateBody<To, From>>(n, src, dst);
+}
+
 template <StorageType To>
 void host_convert_stochastic(const float* src, To* dst, std::size_t n, const StochasticRounding& rounding,
                              std::uint64_t global_offset) {
