@@ -129,6 +129,10 @@ build_ok=0
 if run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buildtype=release -Dtests=false \
   -Dmpi=disabled -Dexamples=false -Dcuda=enabled "-Dgpu_arch=$ARCH"; then
   targets=(tests/cuda/test_cuda_kernels)
+  # `meson test --no-rebuild` below runs every test of suite cuda: build each one's program.
+  if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^tests/cuda/test_cuda_engine:'; then
+    targets+=(tests/cuda/test_cuda_engine)
+  fi
   if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^bench/cuda/bench_step_cuda:'; then
     targets+=(bench/cuda/bench_step_cuda)
   fi
@@ -146,7 +150,7 @@ fi
 TESTLOG=$OUT/tests.log
 : >"$TESTLOG"
 if [ $build_ok = 1 ]; then
-  run_step tests 170 "$TESTLOG" "${MESON[@]}" test -C "$BUILD" --suite cuda --no-rebuild --print-errorlogs -v
+  run_step tests 200 "$TESTLOG" "${MESON[@]}" test -C "$BUILD" --suite cuda --no-rebuild --print-errorlogs -v
 else
   STATUS_LINES+=("$(printf '%-22s %s' tests "NOT RUN (build failed)")")
 fi
@@ -193,7 +197,7 @@ fi
   echo "steps:"
   for line in "${STATUS_LINES[@]}"; do echo "  $line"; done
   echo
-  echo "test totals (program's own count, full run then memcheck --quick and racecheck --quick --only stats):"
+  echo "test totals (each program's own count: the suite's programs, then memcheck --quick and racecheck --quick --only stats):"
   grep -hE '^[0-9]+ passed, [0-9]+ failed' "$TESTLOG" "$SANLOG" 2>/dev/null | sed 's/^/  /'
   grep -hE '^(FAIL|SKIP)|ERROR SUMMARY|Device not supported' "$TESTLOG" "$SANLOG" 2>/dev/null | head -30 | sed 's/^/  /'
   echo

@@ -49,14 +49,18 @@ TEMPLATE_LIST_TEST_CASE("N ranks train exactly like one rank on the whole batch"
     const char* name;
     int accumulation;
     double clip;
+    zero::ReduceDType reduce;
   };
-  const Variant variants[] = {{"plain", 1, 0.0}, {"accumulate 3 + clip", 3, 0.05}};
+  const Variant variants[] = {{"plain", 1, 0.0, zero::ReduceDType::same_as_grad},
+                              {"accumulate 3 + clip", 3, 0.05, zero::ReduceDType::same_as_grad},
+                              {"accumulate 2, reduce in fp32", 2, 0.0, zero::ReduceDType::fp32}};
   for (const int ranks : {1, 2, 3, 4, 7}) {
     for (const Variant& v : variants) {
       INFO("ranks " << ranks << ", " << v.name);
       zero::Options options;
       options.grad_accumulation_steps = v.accumulation;
       options.clip_norm = v.clip;
+      options.reduce_dtype = v.reduce;
       options.loss_scale.initial_scale = 256;  // keeps the scaled test gradients inside fp16's range
       zero::test::TrainSpec spec;
       spec.steps = 5;

@@ -593,8 +593,14 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   }
 
   // Global gradient statistics: squared norm and inf/NaN over the owned range.
+  // One pass where the owned gradient is contiguous (stage 0: all of it;
+  // stages 2-3: the shard buffer); stage 1's owned pieces are interleaved.
   kernels::GradStats stats;
-  for (const auto& u : units) stats += Ops::grad_stats(grad_ptr(u), update_size(u));
+  if constexpr (stage == 1) {
+    for (const auto& u : units) stats += Ops::grad_stats(grad_ptr(u), update_size(u));
+  } else {
+    stats = Ops::grad_stats(grads_.data(), grads_.size());
+  }
   if constexpr (stage >= 1) {
     double control[2] = {stats.sum_squares, stats.non_finite ? 1.0 : 0.0};
     Ops::upload(control_.data(), control, 2);

@@ -290,6 +290,9 @@ class CudaGradStats {
       ZERO_CUDA_CHECK(cudaMemset(device_result_, 0, sizeof(GradStats)));
       ZERO_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(GradStats)));
       *host_result_ = GradStats{};
+      // The memsets above run on the legacy stream, which a non-blocking
+      // stream does not wait for: finish them before any kernel can run.
+      ZERO_CUDA_CHECK(cudaDeviceSynchronize());
     } catch (...) {
       release();
       throw;
