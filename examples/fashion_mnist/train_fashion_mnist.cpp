@@ -10,7 +10,9 @@
 // Per epoch it prints loss, test accuracy, samples/s and model-state bytes per
 // rank; the last line is `test_accuracy=<value>`. --report adds the memory and
 // communication reports as JSON.
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -296,6 +298,10 @@ int main(int argc, char** argv) {
       mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
       zero::comm::Mpi comm;
       args.ranks = comm.size();
+#if ZERO_HAS_OPENMP
+      // Processes on one machine share its cores: split them, as LocalGroup does for threads.
+      omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
+#endif
       if (args.batch % comm.size() != 0) usage(argv[0], "error: --batch must be a multiple of the MPI world size");
       accuracy = dispatch(comm, args, data);
       if (comm.rank() != 0) return 0;
