@@ -40,6 +40,8 @@
 #include "zero/comm/nccl.cuh"
 #endif
 
+#include "check_harness.hpp"
+
 namespace {
 
 using zero::bf16;
@@ -48,50 +50,12 @@ using DeviceOps = zero::backend::Ops<zero::backend::Cuda>;
 using HostOps = zero::backend::Ops<zero::backend::Host>;
 using zero::test::RunResult;
 
-// ---- harness -----------------------------------------------------------
-int g_passed = 0;
-int g_failed = 0;
+// ---- harness: tests/cuda/check_harness.hpp ----------------------------
+using zero::test::fmt;
+using zero::test::g_failed;
+using zero::test::g_passed;
 bool g_quick = false;
 
-bool check_impl(bool ok, const char* expr, const char* file, int line, const std::string& context) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::printf("FAIL %s:%d: %s%s%s\n", file, line, expr, context.empty() ? "" : " -- ", context.c_str());
-    std::fflush(stdout);
-  }
-  return ok;
-}
-
-#define CHECK(cond, context) check_impl(static_cast<bool>(cond), #cond, __FILE__, __LINE__, (context))
-
-// CHECK that `statement` throws `Exception` whose message contains `needle`.
-#define CHECK_THROWS(statement, Exception, needle)                                                                \
-  do {                                                                                                            \
-    std::string zero_test_what_;                                                                                  \
-    bool zero_test_thrown_ = false;                                                                               \
-    try {                                                                                                         \
-      statement;                                                                                                  \
-    } catch (const Exception& e) {                                                                                \
-      zero_test_thrown_ = true;                                                                                   \
-      zero_test_what_ = e.what();                                                                                 \
-    } catch (const std::exception& e) {                                                                           \
-      zero_test_what_ = std::string("other exception: ") + e.what();                                              \
-    }                                                                                                             \
-    check_impl(zero_test_thrown_&& zero_test_what_.find(needle) != std::string::npos,                             \
-               #statement " throws " #Exception " mentioning '" needle "'", __FILE__, __LINE__, zero_test_what_); \
-  } while (0)
-
-std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* format, ...) {
-  char buffer[1024];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(buffer, sizeof buffer, format, args);
-  va_end(args);
-  return buffer;
-}
 
 void section(const char* name, int passed_before, int failed_before) {
   std::printf("%-44s %5d passed, %d failed\n", name, g_passed - passed_before, g_failed - failed_before);
@@ -436,78 +400,16 @@ void collective_tests() {
 
 // ---- the engine on the GPU -------------------------------------------------------------
 
-// tests/engine/engine_harness.hpp's train(), with device buffers: gradients
-// are generated on the host and uploaded into grad_buffer.
+// The shared training loop (tests/engine/reference.hpp): gradients are made
+// on the host and uploaded into grad_buffer through Ops<Cuda>.
 template <class Opt, class Comm>
 RunResult train_device(Comm& comm, const typename Opt::Hyper& hyper, const zero::Options& options, int steps,
                        int parts, bool sum_all_parts) {
-  using G = typename Opt::grad_type;
-  Opt opt(comm, hyper, options);
-  const auto& model = zero::test::test_model();
-  std::vector<zero::UnitId> units;
-  std::vector<std::string> unit_names;
-  std::vector<zero::ParamId> ids;
-  for (const auto& p : model) {
-    if (unit_names.empty() || unit_names.back() != p.unit) {
-      units.push_back(opt.add_unit(p.unit));
-      unit_names.push_back(p.unit);
-    }
-    ids.push_back(opt.add_param(units.back(), p.name, p.numel));
-  }
-  opt.finalize();
-  for (std::size_t p = 0; p < model.size(); ++p) {
-    std::vector<float> v(model[p].numel);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = zero::test::init_value(p, i);
-    opt.set_param(ids[p], v.data());
-  }
-  const zero::Layout& layout = opt.layout();
-  RunResult result;
-  std::vector<G> host;
-  opt.reset_comm_counters();
-  for (int step = 1; step <= steps; ++step) {
-    for (int micro = 0; micro < options.grad_accumulation_steps; ++micro) {
-      for (const zero::UnitId u : units) {  // forward
-        opt.acquire_unit(u);
-        opt.release_unit(u);
-      }
-      for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward
-        opt.acquire_unit(*it);
-        G* g = opt.grad_buffer(*it);
-        const float scale = static_cast<float>(opt.loss_scale());
-        for (std::size_t p : layout.unit(*it).params) {
-          const zero::ParamInfo& info = layout.params()[p];
-          host.resize(info.numel);
-          for (std::size_t i = 0; i < info.numel; ++i) {
-            float v = 0;
-            if (sum_all_parts)
-              for (int part = 0; part < parts; ++part) v += zero::test::grad_part(part, p, i, step, micro);
-            else
-              v = zero::test::grad_part(comm.rank(), p, i, step, micro);
-            host[i] = zero::from_float<G>(v * scale);
-          }
-          DeviceOps::upload(g + info.offset, host.data(), info.numel);
-        }
-        opt.grad_ready(*it);
-        opt.release_unit(*it);
-      }
-      const zero::StepResult r = opt.step();
-      if (micro == options.grad_accumulation_steps - 1) result.steps.push_back(r);
-    }
-  }
-  result.comm = opt.comm_report();
-  result.memory = opt.memory_report();
-  std::vector<float> masters(layout.padded_total());
-  std::vector<typename Opt::param_type> low(layout.padded_total());
-  opt.gather_masters(masters.data());
-  opt.gather_params(low.data());
-  for (const auto& info : layout.params()) {
-    const std::size_t start = layout.units()[info.unit].full_offset + info.offset;
-    for (std::size_t i = 0; i < info.numel; ++i) {
-      result.masters.push_back(masters[start + i]);
-      result.params.push_back(zero::to_float(low[start + i]));
-    }
-  }
-  return result;
+  zero::test::TrainSpec spec;
+  spec.steps = steps;
+  spec.parts = parts;
+  spec.sum_all_parts = sum_all_parts;
+  return zero::test::train<Opt>(comm, hyper, options, spec);
 }
 
 // `ranks` ranks on one GPU; rank 0's result, after checking that every rank
@@ -537,29 +439,12 @@ void check_equivalent(const RunResult& got, const RunResult& want, const std::st
   if (!CHECK(got.masters.size() == want.masters.size() && got.params.size() == want.params.size(),
              label + fmt(": %zu masters vs %zu", got.masters.size(), want.masters.size())))
     return;
-  double worst = 0;
-  std::int64_t worst_ulp = 0;
-  for (std::size_t i = 0; i < got.masters.size(); ++i) {
-    const double scale = std::max(std::fabs(static_cast<double>(want.masters[i])), 0.1);
-    worst = std::max(worst, std::fabs(static_cast<double>(got.masters[i]) - want.masters[i]) / scale);
-    worst_ulp = std::max(worst_ulp, zero::test::ulp_distance<ParamT>(got.params[i], want.params[i]));
-  }
-  CHECK(worst <= 1e-5, label + fmt(": masters differ by %.3g relative (limit 1e-5)", worst));
-  CHECK(worst_ulp <= 1, label + fmt(": low-precision copies differ by %lld ulp (limit 1)",
-                                    static_cast<long long>(worst_ulp)));
+  const zero::test::Mismatch m = zero::test::mismatch<ParamT>(got, want);
+  CHECK(m.master_relative <= 1e-5, label + fmt(": masters differ by %.3g relative (limit 1e-5)", m.master_relative));
+  CHECK(m.param_ulps <= 1, label + fmt(": low-precision copies differ by %lld ulp (limit 1)",
+                                       static_cast<long long>(m.param_ulps)));
 }
 
-template <class O>
-typename O::Hyper test_hyper() {
-  typename O::Hyper h;
-  h.lr = 0.01;
-  h.weight_decay = 0.01;
-  if constexpr (std::is_same_v<O, zero::optim::Sgd>) {
-    h.momentum = 0.9;
-    h.nesterov = true;
-  }
-  return h;
-}
 
 template <class P>
 const char* precision_name() {
@@ -570,7 +455,7 @@ const char* precision_name() {
 template <int S, class P, class O>
 void equivalence_config() {
   using Opt = zero::ZeroOptimizer<P, O, zero::stage<S>, zero::offload::None, zero::backend::Cuda>;
-  const auto hyper = test_hyper<O>();
+  const auto hyper = zero::test::test_hyper<O>();
   struct Variant {
     const char* name;
     int accumulation;
@@ -649,22 +534,16 @@ void reports_for(int n) {
     const RunResult r = train_local_device<Opt>(n, O::Hyper{}, zero::Options{}, 3, n, false, label);
     const std::uint64_t phi = r.memory.padded_elements, N = static_cast<std::uint64_t>(n);
     CHECK(phi % (N * 64) == 0, label);
-    const std::uint64_t K = 12;  // fp32 master, m, v
-    std::uint64_t expected = 0;
-    switch (S) {
-      case 0: expected = (2 + 2 + K) * phi; break;
-      case 1: expected = (2 + 2) * phi + K * phi / N; break;
-      case 2: expected = 2 * phi + (2 + K) * phi / N; break;
-      case 3: expected = (2 + 2 + K) * phi / N; break;
-    }
+    const std::uint64_t expected = zero::test::zero_paper_model_state_bytes(S, phi, N);
     CHECK(r.memory.model_states() == expected,
           label + fmt(": model states %llu bytes, formula %llu", static_cast<unsigned long long>(r.memory.model_states()),
                       static_cast<unsigned long long>(expected)));
     CHECK(r.memory.master == 4 * (S == 0 ? phi : phi / N), label + ": master bytes");
     CHECK(r.memory.optimizer_states == 8 * (S == 0 ? phi : phi / N), label + ": optimizer state bytes");
     CHECK(r.memory.padding < r.memory.model_states(), label + ": padding");
-    CHECK(r.memory.communication_buffers > 0, label + ": communication buffers");
-    const std::uint64_t elements = (S == 3 ? 3 : 2) * phi * (N - 1) / N;
+    // Stages 0 and 1 without accumulation take gradients in place: no staging.
+    CHECK((r.memory.communication_buffers > 0) == (S >= 2), label + ": communication buffers");
+    const std::uint64_t elements = zero::test::zero_paper_traffic_elements(S, phi, N);
     CHECK(r.comm.steps == 3, label + ": steps counted");
     const double want = 2.0 * static_cast<double>(elements);
     CHECK(std::fabs(r.comm.sent_per_step() - want) <= 1e-9 * std::max(want, 1.0),
@@ -777,7 +656,7 @@ void nccl_engine(zero::comm::Nccl& nccl, const char* how, zero::ReduceDType redu
     options.clip_norm = 0.05;
     options.loss_scale.initial_scale = 256;
     options.reduce_dtype = reduce;
-    const auto hyper = test_hyper<O>();
+    const auto hyper = zero::test::test_hyper<O>();
     const RunResult got = train_device<Opt>(nccl, hyper, options, 4, 1, false);
     const RunResult want = zero::test::reference_train<P, O>(1, hyper, options, 4);
     check_equivalent<typename Opt::param_type>(got, want, label);

@@ -31,6 +31,8 @@
 #include "zero/optim/sgd.hpp"
 #include "zero/precision/stochastic.hpp"
 
+#include "check_harness.hpp"
+
 namespace {
 
 using zero::bf16;
@@ -40,39 +42,10 @@ using zero::kernels::CudaLaunch;
 using zero::kernels::FusedStepArgs;
 using zero::kernels::GradStats;
 
-// ---- harness -----------------------------------------------------------
-int g_passed = 0;
-int g_failed = 0;
-
-bool check_impl(bool ok, const char* expr, const char* file, int line, const std::string& context) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::printf("FAIL %s:%d: %s%s%s\n", file, line, expr, context.empty() ? "" : " -- ", context.c_str());
-    std::fflush(stdout);
-  }
-  return ok;
-}
-
-#define CHECK(cond, context) check_impl(static_cast<bool>(cond), #cond, __FILE__, __LINE__, (context))
-
-// CHECK that `statement` throws `Exception` whose message contains `needle`.
-#define CHECK_THROWS(statement, Exception, needle)                                                                \
-  do {                                                                                                            \
-    std::string zero_test_what_;                                                                                  \
-    bool zero_test_thrown_ = false;                                                                               \
-    try {                                                                                                         \
-      statement;                                                                                                  \
-    } catch (const Exception& e) {                                                                                \
-      zero_test_thrown_ = true;                                                                                   \
-      zero_test_what_ = e.what();                                                                                 \
-    } catch (const std::exception& e) {                                                                           \
-      zero_test_what_ = std::string("other exception: ") + e.what();                                              \
-    }                                                                                                             \
-    check_impl(zero_test_thrown_&& zero_test_what_.find(needle) != std::string::npos,                             \
-               #statement " throws " #Exception " mentioning '" needle "'", __FILE__, __LINE__, zero_test_what_); \
-  } while (0)
+// ---- harness: tests/cuda/check_harness.hpp ----------------------------
+using zero::test::fmt;
+using zero::test::g_failed;
+using zero::test::g_passed;
 
 struct Options {
   bool quick = false;
@@ -80,15 +53,6 @@ struct Options {
   bool runs(const char* group) const { return only.empty() || only == group; }
 };
 
-std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* format, ...) {
-  char buffer[1024];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(buffer, sizeof buffer, format, args);
-  va_end(args);
-  return buffer;
-}
 
 // ---- deterministic data, the same on host and device ---------------------
 // Uniform in [-1, 1) with 24 random bits: exact in float, so host and device

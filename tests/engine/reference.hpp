@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -133,6 +134,145 @@ inline std::int64_t ulp_distance(float a, float b) {
   };
   const std::int64_t d = ordered(a) - ordered(b);
   return d < 0 ? -d : d;
+}
+
+
+// Hyper-parameters the equivalence tests train with: weight decay on, and
+// SGD with Nesterov momentum so every term of each rule is exercised.
+template <class O>
+typename O::Hyper test_hyper() {
+  typename O::Hyper h;
+  h.lr = 0.01;
+  h.weight_decay = 0.01;
+  if constexpr (std::is_same_v<O, zero::optim::Sgd>) {
+    h.momentum = 0.9;
+    h.nesterov = true;
+  }
+  return h;
+}
+
+// How far a run is from the reference: the largest relative difference of
+// the fp32 masters (relative to max(|reference|, 0.1), so values crossing
+// zero do not dominate) and the largest ulp distance of the low-precision
+// copies. The ZeRO design's criterion: <= 1e-5 and <= 1.
+struct Mismatch {
+  double master_relative = 0;
+  std::int64_t param_ulps = 0;
+};
+
+template <class ParamT>
+inline Mismatch mismatch(const RunResult& got, const RunResult& want) {
+  Mismatch m;
+  const std::size_t n = std::min(got.masters.size(), want.masters.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const double scale = std::max(std::fabs(static_cast<double>(want.masters[i])), 0.1);
+    m.master_relative = std::max(m.master_relative, std::fabs(static_cast<double>(got.masters[i]) - want.masters[i]) / scale);
+    m.param_ulps = std::max(m.param_ulps, ulp_distance<ParamT>(got.params[i], want.params[i]));
+  }
+  return m;
+}
+
+// The ZeRO paper's model-state bytes per rank for mixed-precision Adam
+// (2-byte parameters and gradients, K = 12 bytes of fp32 master, m and v),
+// with phi the padded element count, and the model traffic per step in
+// elements: 2 phi (N-1)/N for stages 0-2, 3 phi (N-1)/N for stage 3.
+inline std::uint64_t zero_paper_model_state_bytes(int stage, std::uint64_t phi, std::uint64_t n) {
+  const std::uint64_t k = 12;
+  switch (stage) {
+    case 0: return (2 + 2 + k) * phi;
+    case 1: return (2 + 2) * phi + k * phi / n;
+    case 2: return 2 * phi + (2 + k) * phi / n;
+    default: return (2 + 2 + k) * phi / n;
+  }
+}
+inline std::uint64_t zero_paper_traffic_elements(int stage, std::uint64_t phi, std::uint64_t n) {
+  return (stage == 3 ? 3 : 2) * phi * (n - 1) / n;
+}
+
+struct TrainSpec {
+  int steps = 5;
+  int parts = 1;  // parts of the global batch (the N of the run being compared)
+  // false: this rank's own part (an N-rank run); true: one rank summing all parts.
+  bool sum_all_parts = false;
+  // Called before each grad_ready with (rank, step, micro, unit index, the
+  // host copy of the unit's gradient); lets a test inject an inf.
+  std::function<void(int, int, int, std::size_t, void*)> tamper;
+};
+
+// Drives one rank of a ZeroOptimizer through `spec.steps` optimizer steps,
+// exactly as a trainer would. Gradients are made on the host and uploaded
+// through the optimizer's backend (a copy on Host, host-to-device on CUDA).
+template <class Opt, class Comm>
+RunResult train(Comm& comm, const typename Opt::Hyper& hyper, const Options& options, const TrainSpec& spec) {
+  using G = typename Opt::grad_type;
+  using Ops = backend::Ops<typename Opt::backend_policy>;
+  Opt opt(comm, hyper, options);
+  const auto& model = test_model();
+  std::vector<UnitId> units;
+  std::vector<std::string> unit_names;
+  std::vector<ParamId> ids;
+  for (const auto& p : model) {
+    if (unit_names.empty() || unit_names.back() != p.unit) {
+      units.push_back(opt.add_unit(p.unit));
+      unit_names.push_back(p.unit);
+    }
+    ids.push_back(opt.add_param(units.back(), p.name, p.numel));
+  }
+  opt.finalize();
+  for (std::size_t p = 0; p < model.size(); ++p) {
+    std::vector<float> v(model[p].numel);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = init_value(p, i);
+    opt.set_param(ids[p], v.data());
+  }
+  const Layout& layout = opt.layout();
+  RunResult result;
+  opt.reset_comm_counters();
+  for (int step = 1; step <= spec.steps; ++step) {
+    for (int micro = 0; micro < options.grad_accumulation_steps; ++micro) {
+      for (const UnitId u : units) {  // forward
+        opt.acquire_unit(u);
+        opt.release_unit(u);
+      }
+      for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward
+        opt.acquire_unit(*it);
+        G* g = opt.grad_buffer(*it);
+        const float scale = static_cast<float>(opt.loss_scale());
+        const UnitInfo& unit = layout.unit(*it);
+        std::vector<G> host(unit.padded, from_float<G>(0.0f));
+        for (std::size_t p : unit.params) {
+          const ParamInfo& info = layout.params()[p];
+          for (std::size_t i = 0; i < info.numel; ++i) {
+            float v = 0;
+            if (spec.sum_all_parts)
+              for (int part = 0; part < spec.parts; ++part) v += grad_part(part, p, i, step, micro);
+            else
+              v = grad_part(comm.rank(), p, i, step, micro);
+            host[info.offset + i] = from_float<G>(v * scale);
+          }
+        }
+        if (spec.tamper) spec.tamper(comm.rank(), step, micro, it->index, host.data());
+        Ops::upload(g, host.data(), host.size());
+        opt.grad_ready(*it);
+        opt.release_unit(*it);
+      }
+      const StepResult r = opt.step();
+      if (micro == options.grad_accumulation_steps - 1) result.steps.push_back(r);
+    }
+  }
+  result.comm = opt.comm_report();
+  result.memory = opt.memory_report();
+  std::vector<float> masters(layout.padded_total());
+  std::vector<typename Opt::param_type> low(layout.padded_total());
+  opt.gather_masters(masters.data());
+  opt.gather_params(low.data());
+  for (const auto& info : layout.params()) {
+    const std::size_t start = layout.units()[info.unit].full_offset + info.offset;
+    for (std::size_t i = 0; i < info.numel; ++i) {
+      result.masters.push_back(masters[start + i]);
+      result.params.push_back(to_float(low[start + i]));
+    }
+  }
+  return result;
 }
 
 }  // namespace zero::test

@@ -26,25 +26,13 @@ using Configs = std::tuple<
     Config<zero::precision::Mixed<zero::fp16>, zero::optim::AdamW>,
     Config<zero::precision::Mixed<zero::fp16>, zero::optim::Sgd>>;
 
-template <class O>
-typename O::Hyper test_hyper() {
-  typename O::Hyper h;
-  h.lr = 0.01;
-  h.weight_decay = 0.01;
-  if constexpr (std::is_same_v<O, zero::optim::Sgd>) {
-    h.momentum = 0.9;
-    h.nesterov = true;
-  }
-  return h;
-}
-
 }  // namespace
 
 TEMPLATE_LIST_TEST_CASE("N ranks train exactly like one rank on the whole batch",
                         "[engine][equivalence][stage" ZERO_STRINGIFY(ZERO_TEST_STAGE) "]", Configs) {
   using Opt = zero::ZeroOptimizer<typename TestType::Precision, typename TestType::Optimizer,
                                   zero::stage<ZERO_TEST_STAGE>, zero::offload::None, zero::backend::Host>;
-  const auto hyper = test_hyper<typename TestType::Optimizer>();
+  const auto hyper = zero::test::test_hyper<typename TestType::Optimizer>();
   struct Variant {
     const char* name;
     int accumulation;

@@ -19,14 +19,7 @@ void check_mixed_adam(int n) {
   const auto r = run<S>(n, 3);
   const std::uint64_t phi = r.memory.padded_elements, N = static_cast<std::uint64_t>(n);
   REQUIRE(phi % (N * 64) == 0);
-  const std::uint64_t K = 12;  // fp32 master, m, v
-  std::uint64_t expected = 0;
-  switch (S) {
-    case 0: expected = (2 + 2 + K) * phi; break;
-    case 1: expected = (2 + 2) * phi + K * phi / N; break;
-    case 2: expected = 2 * phi + (2 + K) * phi / N; break;
-    case 3: expected = (2 + 2 + K) * phi / N; break;
-  }
+  const std::uint64_t expected = zero::test::zero_paper_model_state_bytes(S, phi, N);
   CHECK(r.memory.model_states() == expected);
   CHECK(r.memory.master == 4 * (S == 0 ? phi : phi / N));
   CHECK(r.memory.optimizer_states == 8 * (S == 0 ? phi : phi / N));
@@ -34,9 +27,8 @@ void check_mixed_adam(int n) {
   // Stages 0 and 1 without accumulation take gradients in place: no staging.
   CHECK((r.memory.communication_buffers > 0) == (S >= 2));
 
-  // Bytes of model traffic per step (2-byte gradients and parameters):
-  // stages 0-2 move 2Φ(N-1)/N elements, stage 3 moves 3Φ(N-1)/N.
-  const std::uint64_t elements = (S == 3 ? 3 : 2) * phi * (N - 1) / N;
+  // Bytes of model traffic per step (2-byte gradients and parameters).
+  const std::uint64_t elements = zero::test::zero_paper_traffic_elements(S, phi, N);
   CHECK(r.comm.steps == 3);
   CHECK(r.comm.sent_per_step() == Approx(2.0 * static_cast<double>(elements)));
   CHECK(r.comm.received_per_step() == Approx(2.0 * static_cast<double>(elements)));
