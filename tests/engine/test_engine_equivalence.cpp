@@ -38,10 +38,13 @@ TEMPLATE_LIST_TEST_CASE("N ranks train exactly like one rank on the whole batch"
     int accumulation;
     double clip;
     zero::ReduceDType reduce;
+    std::size_t bucket_bytes;
   };
-  const Variant variants[] = {{"plain", 1, 0.0, zero::ReduceDType::same_as_grad},
-                              {"accumulate 3 + clip", 3, 0.05, zero::ReduceDType::same_as_grad},
-                              {"accumulate 2, reduce in fp32", 2, 0.0, zero::ReduceDType::fp32}};
+  constexpr std::size_t whole_model = std::size_t{32} << 20, one_unit = 1;
+  const Variant variants[] = {{"plain", 1, 0.0, zero::ReduceDType::same_as_grad, whole_model},
+                              {"accumulate 3 + clip, one unit per bucket", 3, 0.05, zero::ReduceDType::same_as_grad, one_unit},
+                              {"accumulate 2, reduce in fp32", 2, 0.0, zero::ReduceDType::fp32, whole_model},
+                              {"reduce in fp32, one unit per bucket", 1, 0.0, zero::ReduceDType::fp32, one_unit}};
   for (const int ranks : {1, 2, 3, 4, 7}) {
     for (const Variant& v : variants) {
       INFO("ranks " << ranks << ", " << v.name);
@@ -49,6 +52,7 @@ TEMPLATE_LIST_TEST_CASE("N ranks train exactly like one rank on the whole batch"
       options.grad_accumulation_steps = v.accumulation;
       options.clip_norm = v.clip;
       options.reduce_dtype = v.reduce;
+      options.bucket_bytes = v.bucket_bytes;
       options.loss_scale.initial_scale = 256;  // keeps the scaled test gradients inside fp16's range
       zero::test::TrainSpec spec;
       spec.steps = 5;

@@ -21,6 +21,10 @@ class AnyCommunicator {
   virtual void barrier() = 0;
   virtual const ByteCounters& counters() const = 0;
   virtual void reset_counters() = 0;
+  // Collectives between group_begin() and group_end() may be launched together
+  // (NCCL groups); communicators without groups run them one by one.
+  virtual void group_begin() {}
+  virtual void group_end() {}
 
   // Wraps a communicator the caller keeps alive for the optimizer's lifetime.
   template <Communicator C>
@@ -48,6 +52,12 @@ class CommunicatorRef final : public AnyCommunicator {
   void barrier() override { c_.barrier(); }
   const ByteCounters& counters() const override { return c_.counters(); }
   void reset_counters() override { c_.reset_counters(); }
+  void group_begin() override {
+    if constexpr (requires { c_.group_begin(); }) c_.group_begin();
+  }
+  void group_end() override {
+    if constexpr (requires { c_.group_end(); }) c_.group_end();
+  }
 
  private:
   C& c_;

@@ -24,9 +24,11 @@ struct LossScaleOptions {
 };
 
 struct Options {
-  // Bytes of gradient staging per in-flight reduction (stage 2/3 reduce a unit
-  // as soon as its backward is done). The staging area holds at least one
-  // whole unit, so a larger unit raises it.
+  // Gradient bucket: finished unit gradients are staged until a bucket of
+  // this many bytes (counted in whole units of the largest size, at least
+  // one) is full, then their reductions are launched together (one NCCL
+  // group), as DeepSpeed's reduce_bucket_size. Stages 0 and 1 without
+  // accumulation take gradients in place and stage nothing.
   std::size_t bucket_bytes = std::size_t{32} << 20;
   // Stage 3: units gathered ahead of the one in use.
   int prefetch_units = 1;
@@ -46,8 +48,8 @@ struct Options {
   bool stochastic_rounding = false;
 
   void validate() const {
-    require(bucket_bytes >= 4096, "Options::bucket_bytes is ", bucket_bytes,
-            "; it must be at least 4096 (32 MiB is a good default)");
+    require(bucket_bytes >= 1, "Options::bucket_bytes is 0; it must be at least 1 (a bucket always holds one unit; "
+            "32 MiB is a good default)");
     require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
             "; it must be in [0, 16]");
     require(grad_accumulation_steps >= 1, "Options::grad_accumulation_steps is ", grad_accumulation_steps,

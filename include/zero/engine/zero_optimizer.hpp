@@ -204,16 +204,12 @@ class ZeroOptimizer {
 
   void check_layout_agreement();
   void account_memory();
-  void reduce_gradient(const UnitInfo& u, grad_type* staging);
   void zero_gaps(const UnitInfo& u, grad_type* staging);
-  // Where the caller writes unit u's gradient. Stages 0 and 1 without
-  // accumulation take it straight into the full gradient (no copy); otherwise
-  // the staging buffer, which grad_ready() reduces or accumulates from.
-  grad_type* grad_target(const UnitInfo& u) {
-    if constexpr (stage <= 1)
-      if (options_.grad_accumulation_steps == 1) return grads_.data() + u.full_offset;
-    return grad_staging_.data();
-  }
+  // Stages 0 and 1 without accumulation take the caller's gradient straight
+  // into the full gradient buffer (no staging, no copy).
+  bool takes_gradients_in_place() const { return stage <= 1 && options_.grad_accumulation_steps == 1; }
+  // Launches the reductions of every pending gradient (see grad_ready).
+  void flush_gradients();
   int gather_into_slot(std::size_t unit);
   int find_slot(std::size_t unit) const;
   void prefetch_after(std::size_t unit);
@@ -230,15 +226,24 @@ class ZeroOptimizer {
   Buffer<grad_type> grads_;
   Buffer<float> master_;  // only with mixed precision
   Buffer<float> states_[state_slots > 0 ? state_slots : 1];
-  // Communication buffers.
-  Buffer<grad_type> grad_staging_;          // one unit: where the caller writes a gradient
-  Buffer<float> reduce_staging_fp32_;       // one unit, when reducing 16-bit gradients in fp32
-  Buffer<grad_type> shard_staging_;         // one shard: a reduce-scatter's result before accumulation
+  // Communication buffers, one slot per unit of a gradient bucket.
+  Buffer<grad_type> grad_staging_;          // where the caller writes a unit's gradient
+  Buffer<float> reduce_staging_fp32_;       // a unit widened to fp32, when reducing 16-bit gradients in fp32
+  Buffer<grad_type> shard_staging_;         // a reduce-scatter's result before accumulation
+  std::size_t bucket_units_ = 1;            // units whose reductions are launched together
+  std::size_t max_shard_ = 0;
+  struct Pending {
+    std::size_t unit;
+    grad_type* written;  // where the caller wrote the gradient
+    std::size_t slot;    // its slot in the staging buffers
+  };
+  std::vector<Pending> pending_;            // gradients ready but not yet reduced (capacity reserved)
+  grad_type* handed_ = nullptr;             // the buffer grad_buffer() handed out
   Buffer<param_type> gather_slots_;         // stage 3: (prefetch + 1) units
   Buffer<double> control_;                  // the step's norm and overflow flag, in backend memory
   std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
   std::vector<bool> slot_in_use_;           // acquired and not yet released
-  int staging_unit_ = -1;                   // unit whose gradient the staging buffer holds
+  int staging_unit_ = -1;                   // unit whose gradient buffer is handed out
 
   int micro_ = 0;             // micro-batch index within the accumulation window
   bool backward_phase_ = false;
@@ -266,12 +271,15 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   for (int k = 0; k < state_slots; ++k) states_[k] = Buffer<float>(owned);
 
   const std::size_t max_unit = layout_.max_unit();
-  std::size_t max_shard = 0;
-  for (const auto& u : layout_.units()) max_shard = std::max(max_shard, u.shard);
-  if (!(stage <= 1 && options_.grad_accumulation_steps == 1)) grad_staging_ = Buffer<grad_type>(max_unit);
+  for (const auto& u : layout_.units()) max_shard_ = std::max(max_shard_, u.shard);
+  // A bucket: as many units as fit in Options::bucket_bytes (at least one).
+  bucket_units_ = std::clamp<std::size_t>(options_.bucket_bytes / (max_unit * sizeof(grad_type)), 1,
+                                          layout_.units().size());
+  if (!takes_gradients_in_place()) grad_staging_ = Buffer<grad_type>(bucket_units_ * max_unit);
   if (options_.reduce_dtype == ReduceDType::fp32 && !std::is_same_v<grad_type, float>)
-    reduce_staging_fp32_ = Buffer<float>(max_unit);
-  if constexpr (stage >= 2) shard_staging_ = Buffer<grad_type>(max_shard);
+    reduce_staging_fp32_ = Buffer<float>((stage == 1 ? 1 : bucket_units_) * max_unit);
+  if constexpr (stage >= 2) shard_staging_ = Buffer<grad_type>(bucket_units_ * max_shard_);
+  pending_.reserve(bucket_units_);
   if constexpr (stage == 3) {
     const std::size_t slots = static_cast<std::size_t>(options_.prefetch_units) + 1;
     gather_slots_ = Buffer<param_type>(slots * max_unit);
@@ -494,8 +502,17 @@ auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
   require(staging_unit_ < 0 || staging_unit_ == static_cast<int>(id.index), "grad_buffer('",
           layout_.units()[id.index].name, "'): the gradient of unit '", layout_.units()[staging_unit_].name,
           "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next");
-  staging_unit_ = static_cast<int>(id.index);
-  return grad_target(layout_.units()[id.index]);
+  if (staging_unit_ < 0) {  // not handed out yet (grad_buffer may be called again for the same unit)
+    const UnitInfo& u = layout_.units()[id.index];
+    if (takes_gradients_in_place()) {
+      handed_ = grads_.data() + u.full_offset;
+    } else {
+      if (pending_.size() == bucket_units_) flush_gradients();  // every slot holds a pending gradient
+      handed_ = grad_staging_.data() + pending_.size() * layout_.max_unit();
+    }
+    staging_unit_ = static_cast<int>(id.index);
+  }
+  return handed_;
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -512,47 +529,77 @@ void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
   require(!reduced_this_micro_[id.index], "grad_ready('", layout_.units()[id.index].name,
           "') twice in one micro-batch; call step() after each micro-batch");
   const UnitInfo& u = layout_.units()[id.index];
-  grad_type* written = grad_target(u);
-  zero_gaps(u, written);
-  reduce_gradient(u, written);
+  zero_gaps(u, handed_);
+  pending_.push_back(Pending{id.index, handed_, pending_.size()});
+  // A full bucket is reduced now (while the caller's backward goes on, on a
+  // GPU); the last one when step() is called.
+  if (pending_.size() == bucket_units_) flush_gradients();
   reduced_this_micro_[id.index] = true;
   staging_unit_ = -1;
   backward_phase_ = true;
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-void ZeroOptimizer<P, O, S, F, B>::reduce_gradient(const UnitInfo& u, grad_type* staging) {
+void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
+  if (pending_.empty()) return;
   const bool first = micro_ == 0;
   const bool last = micro_ == options_.grad_accumulation_steps - 1;
   constexpr DType gdt = dtype_traits<grad_type>::dtype;
   const bool in_fp32 = reduce_staging_fp32_.size() != 0;
+  const std::size_t max_unit = layout_.max_unit();
+  auto wide = [&](const Pending& p) { return reduce_staging_fp32_.data() + p.slot * max_unit; };
+  // Three phases, so that a communicator may launch the bucket's collectives
+  // as one group: what they read is prepared first, what reads their results
+  // runs after.
   if constexpr (stage <= 1) {
-    // Keep the whole gradient; stage 0 all-reduces it once complete.
-    grad_type* acc = grads_.data() + u.full_offset;
-    if (staging != acc) Ops::accumulate(acc, staging, u.padded, first);
-    if (stage == 0 && last) {
-      if (in_fp32) {
-        Ops::convert(reduce_staging_fp32_.data(), acc, u.padded);
-        comm_->all_reduce(reduce_staging_fp32_.data(), u.padded, DType::f32, comm::ReduceOp::sum, false);
-        Ops::convert(acc, reduce_staging_fp32_.data(), u.padded);
-      } else {
-        comm_->all_reduce(acc, u.padded, gdt, comm::ReduceOp::sum, false);
+    // Keep the whole gradient; stage 0 all-reduces it on the last micro-batch.
+    const bool all_reduce = stage == 0 && last;
+    for (const Pending& p : pending_) {
+      const UnitInfo& u = layout_.units()[p.unit];
+      grad_type* acc = grads_.data() + u.full_offset;
+      if (p.written != acc) Ops::accumulate(acc, p.written, u.padded, first);
+      if (all_reduce && in_fp32) Ops::convert(wide(p), acc, u.padded);
+    }
+    if (all_reduce) {
+      comm_->group_begin();
+      for (const Pending& p : pending_) {
+        const UnitInfo& u = layout_.units()[p.unit];
+        if (in_fp32)
+          comm_->all_reduce(wide(p), u.padded, DType::f32, comm::ReduceOp::sum, false);
+        else
+          comm_->all_reduce(grads_.data() + u.full_offset, u.padded, gdt, comm::ReduceOp::sum, false);
       }
+      comm_->group_end();
+      if (in_fp32)
+        for (const Pending& p : pending_) {
+          const UnitInfo& u = layout_.units()[p.unit];
+          Ops::convert(grads_.data() + u.full_offset, wide(p), u.padded);
+        }
     }
   } else {
-    // Stages 2 and 3: reduce-scatter now, keep only this rank's shard.
-    grad_type* acc = grads_.data() + u.shard_offset;
-    if (in_fp32) {
-      float* wide = reduce_staging_fp32_.data();
-      Ops::convert(wide, staging, u.padded);
-      float* mine = wide + static_cast<std::size_t>(rank()) * u.shard;
-      comm_->reduce_scatter(wide, mine, u.shard, DType::f32);
-      Ops::accumulate(acc, mine, u.shard, first);
-    } else {
-      comm_->reduce_scatter(staging, shard_staging_.data(), u.shard, gdt);
-      Ops::accumulate(acc, shard_staging_.data(), u.shard, first);
+    // Stages 2 and 3: reduce-scatter, keep only this rank's shard.
+    const std::size_t r = static_cast<std::size_t>(rank());
+    if (in_fp32)
+      for (const Pending& p : pending_) Ops::convert(wide(p), p.written, layout_.units()[p.unit].padded);
+    comm_->group_begin();
+    for (const Pending& p : pending_) {
+      const UnitInfo& u = layout_.units()[p.unit];
+      if (in_fp32)
+        comm_->reduce_scatter(wide(p), wide(p) + r * u.shard, u.shard, DType::f32);
+      else
+        comm_->reduce_scatter(p.written, shard_staging_.data() + p.slot * max_shard_, u.shard, gdt);
+    }
+    comm_->group_end();
+    for (const Pending& p : pending_) {
+      const UnitInfo& u = layout_.units()[p.unit];
+      grad_type* acc = grads_.data() + u.shard_offset;
+      if (in_fp32)
+        Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
+      else
+        Ops::accumulate(acc, shard_staging_.data() + p.slot * max_shard_, u.shard, first);
     }
   }
+  pending_.clear();
 }
 
 // ---- Step ------------------------------------------------------------------------
@@ -564,6 +611,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   for (std::size_t i = 0; i < units.size(); ++i)
     require(reduced_this_micro_[i], "step(): unit '", units[i].name,
             "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before step()");
+  flush_gradients();
   std::fill(reduced_this_micro_.begin(), reduced_this_micro_.end(), false);
   backward_phase_ = false;
   StepResult result;
