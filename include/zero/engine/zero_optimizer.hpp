@@ -686,7 +686,10 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     for (int k = 0; k < state_slots; ++k) args.state[k] = states_[k].data() + state_offset(u);
     args.param = separate_master ? param_ptr(u) : nullptr;
     args.n = update_size(u);
-    args.global_offset = u.full_offset + update_begin(u);
+    // Stochastic rounding draws from (seed, step, element id): the id is the
+    // unit's index and the position in the unit, which no rank count or stage
+    // changes (the padded full offset does), so copies do not depend on N.
+    args.global_offset = (static_cast<std::uint64_t>(&u - units.data()) << 40) + update_begin(u);
     Ops::fused_step(args);
   }
 

@@ -37,7 +37,7 @@ struct FusedStepArgs {
   // The random stream depends on (seed, step, global index) only, so it is the
   // same whichever rank or device updates the element.
   StochasticRounding rounding{};
-  std::uint64_t global_offset = 0;                  // index of element 0 in the full flat buffer
+  std::uint64_t global_offset = 0;                  // id of element 0; element i draws with id global_offset + i
 };
 
 // One element. Shared by the host scalar loop and the CUDA kernel.
