@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdarg>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -23,6 +25,23 @@ inline bool check_impl(bool ok, const char* expr, const char* file, int line, co
     std::fflush(stdout);
   }
   return ok;
+}
+
+// The bits of a float, double or 16-bit storage value, for exact comparisons
+// and messages.
+template <class T>
+std::uint64_t bits_of(T x) {
+  if constexpr (sizeof(T) == 8) {
+    std::uint64_t u;
+    std::memcpy(&u, &x, 8);
+    return u;
+  } else if constexpr (sizeof(T) == 4) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+  } else {
+    return x.bits;
+  }
 }
 
 inline std::string fmt(const char* format, ...) __attribute__((format(printf, 1, 2)));

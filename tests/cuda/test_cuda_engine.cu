@@ -51,6 +51,7 @@ using HostOps = zero::backend::Ops<zero::backend::Host>;
 using zero::test::RunResult;
 
 // ---- harness: tests/cuda/check_harness.hpp ----------------------------
+using zero::test::bits_of;
 using zero::test::fmt;
 using zero::test::g_failed;
 using zero::test::g_passed;
@@ -67,20 +68,6 @@ const char* type_name() {
   return zero::dtype_traits<T>::name;
 }
 
-template <class T>
-std::uint64_t bits_of(T x) {
-  if constexpr (sizeof(T) == 8) {
-    std::uint64_t u;
-    std::memcpy(&u, &x, 8);
-    return u;
-  } else if constexpr (std::is_same_v<T, float>) {
-    std::uint32_t u;
-    std::memcpy(&u, &x, 4);
-    return u;
-  } else {
-    return x.bits;
-  }
-}
 
 // Bitwise equal, except that any two fp32 NaNs match (fp32 NaN payloads of an
 // add differ between x86 and the GPU; 16-bit NaNs are canonical on both).

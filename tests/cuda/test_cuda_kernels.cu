@@ -43,6 +43,7 @@ using zero::kernels::FusedStepArgs;
 using zero::kernels::GradStats;
 
 // ---- harness: tests/cuda/check_harness.hpp ----------------------------
+using zero::test::bits_of;
 using zero::test::fmt;
 using zero::test::g_failed;
 using zero::test::g_passed;
@@ -93,16 +94,6 @@ T sentinel() {
   }
 }
 
-template <class T>
-std::uint32_t bits_of(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::uint32_t u;
-    std::memcpy(&u, &x, 4);
-    return u;
-  } else {
-    return x.bits;
-  }
-}
 
 // ---- device memory -------------------------------------------------------
 template <class T>
@@ -151,8 +142,8 @@ bool same_bits(const std::vector<T>& host, const std::vector<T>& device, std::si
   for (std::size_t i = 0; i < host.size(); ++i) {
     if (bits_of(host[i]) != bits_of(device[i])) {
       const long long rel = static_cast<long long>(i) - static_cast<long long>(offset);
-      why += fmt("%s differs first at element %lld of the shard (host bits 0x%x, device bits 0x%x); ", array, rel,
-                 bits_of(host[i]), bits_of(device[i]));
+      why += fmt("%s differs first at element %lld of the shard (host bits 0x%llx, device bits 0x%llx); ", array, rel,
+                 static_cast<unsigned long long>(bits_of(host[i])), static_cast<unsigned long long>(bits_of(device[i])));
       return false;
     }
   }
