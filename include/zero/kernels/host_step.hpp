@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <array>
 
 #include "zero/kernels/fused_step.hpp"
@@ -30,6 +31,14 @@ struct HostStepBody {
       // A local copy: read through the reference, g++ recomputes the hash's
       // seed-and-step part for every element.
       const StochasticRounding rounding = a.rounding;
+      // A low-precision copy larger than a last-level cache is written without
+      // being read: stream it past the caches, saving each line's read for
+      // ownership (aligned ranges only; the scalar tail stores normally).
+      // Smaller copies stay cached for the all-gather or forward that reads them.
+      constexpr std::size_t stream_threshold = std::size_t{1} << 24;
+      constexpr bool low_precision_copy = !std::is_same_v<Param, float>;
+      const bool stream_copy = low_precision_copy && !rounding.enabled && a.n >= stream_threshold &&
+                               reinterpret_cast<std::uintptr_t>(a.param + i) % (W * sizeof(Param)) == 0;
       constexpr std::size_t ahead = 512;  // elements: 2 KiB of fp32 ahead of the loads
       for (; i + W <= end; i += W) {
         if ((i & 15) == 0 && i + ahead < end) {
@@ -45,7 +54,9 @@ struct HostStepBody {
         simd::store(a.master + i, w);
         for (int k = 0; k < S; ++k) simd::store(a.state[k] + i, st[k]);
         if constexpr (!std::is_same_v<Param, float>) {
-          if (!rounding.enabled) {
+          if (stream_copy) {
+            simd::stream_store(a.param + i, w);
+          } else if (!rounding.enabled) {
             simd::store(a.param + i, w);
           } else {
             for (int l = 0; l < W; ++l)
@@ -53,6 +64,7 @@ struct HostStepBody {
           }
         }
       }
+      if (stream_copy) Isa::stream_fence();
     }
 #endif
     for (; i < end; ++i) fused_step_element(a, i);  // tail, or all of it without SIMD

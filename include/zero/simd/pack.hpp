@@ -48,6 +48,12 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static inline void mul(F& r, const F& a, const F& b) {
     r = (F)__builtin_ia32_mulps512_mask((__v16sf)a, (__v16sf)b, (__v16sf)a, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
   }
+  // Non-temporal store of 16 lanes of 16 bits (p 32-byte aligned), and the
+  // fence that orders such stores before the data is handed to other threads.
+  __attribute__((target("avx"))) static inline void stream(void* p, const H& h) {
+    _mm256_stream_si256(static_cast<__m256i*>(p), (__m256i)h);
+  }
+  static inline void stream_fence() { _mm_sfence(); }
   __attribute__((target("avx512f"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)__builtin_ia32_vfmaddps512_mask((__v16sf)a, (__v16sf)b, (__v16sf)c, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
   }
@@ -67,6 +73,8 @@ struct Avx2 {
     r = a * b;
 #endif
   }
+  static inline void stream(void* p, const H& h) { _mm_stream_si128(static_cast<__m128i*>(p), (__m128i)h); }
+  static inline void stream_fence() { _mm_sfence(); }
   __attribute__((target("avx2,fma"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
   }
@@ -225,6 +233,19 @@ ZERO_FORCE_INLINE void store_u16_narrowed(void* p, const typename Isa::U& u) {
   const typename Isa::H h = __builtin_convertvector(u, typename Isa::H);
   std::memcpy(p, &h, sizeof h);
 }
+// Streaming (non-temporal) stores of a 16-bit copy: for large write-only
+// arrays, skipping the read-for-ownership of each line saves its traffic.
+// p must be aligned to the pack's size; call Isa::stream_fence() after.
+template <class Isa, class T>
+ZERO_FORCE_INLINE void stream_store(T* p, const Pack<Isa>& x) {
+  typename Isa::U u;
+  if constexpr (std::is_same_v<T, bf16>)
+    u = zero::detail::float_to_bf16_bits_generic<typename Isa::U>(x.v);
+  else
+    u = zero::detail::float_to_half_bits_generic<typename Isa::U>(x.v);
+  Isa::stream(p, __builtin_convertvector(u, typename Isa::H));
+}
+
 template <class Isa>
 ZERO_FORCE_INLINE void store(bf16* p, const Pack<Isa>& x) {
   store_u16_narrowed<Isa>(p, zero::detail::float_to_bf16_bits_generic<typename Isa::U>(x.v));
