@@ -5,14 +5,7 @@
 // MPI's own message, never as an abort without explanation.
 #pragma once
 
-// Only MPI's C API is used; its deprecated C++ bindings add nothing but warnings.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include "zero/comm/mpi_c_api.hpp"
 
 #include <cstring>
 #include <string>

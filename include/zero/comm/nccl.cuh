@@ -39,13 +39,7 @@
 #include <nccl.h>
 
 #if defined(ZERO_NCCL_WITH_MPI)
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include "zero/comm/mpi_c_api.hpp"
 #endif
 
 #include <cerrno>
@@ -214,6 +208,10 @@ class Nccl {
 
   static ncclComm_t init_rank(const ncclUniqueId& id, int rank, int nranks, std::chrono::milliseconds timeout,
                               const char* how);
+  // Rank 0's part of every bootstrap: a fresh unique id.
+  static ncclUniqueId new_unique_id();
+  // Wraps a communicator the bootstrap created (owned), destroying it if that fails.
+  static Nccl own(ncclComm_t comm, const Options& options);
 
   using clock = std::chrono::steady_clock;
 
@@ -513,6 +511,24 @@ inline ncclComm_t Nccl::init_rank(const ncclUniqueId& id, int rank, int nranks, 
                                        ") failed: ", ncclGetErrorString(r), " ", last != nullptr ? last : ""));
 }
 
+inline ncclUniqueId Nccl::new_unique_id() {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess)
+    throw CommError(zero::detail::concat("comm::Nccl rank 0: ncclGetUniqueId failed: ", ncclGetErrorString(r)));
+  return id;
+}
+
+inline Nccl Nccl::own(ncclComm_t comm, const Options& options) {
+  try {
+    return Nccl(std::make_unique<State>(comm, zero::cuda::current_stream(), options, true));
+  } catch (...) {
+    ncclCommDestroy(comm);
+    throw;
+  }
+}
+
 inline Nccl Nccl::from_unique_id_file(const std::string& path, int rank, int nranks, std::chrono::milliseconds wait,
                                       Options options) {
   require(nranks >= 1 && rank >= 0 && rank < nranks, "comm::Nccl::from_unique_id_file: rank ", rank, " of ", nranks,
@@ -522,9 +538,7 @@ inline Nccl Nccl::from_unique_id_file(const std::string& path, int rank, int nra
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (rank == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess)
-      throw CommError(zero::detail::concat("comm::Nccl rank 0: ncclGetUniqueId failed: ", ncclGetErrorString(r)));
+    id = new_unique_id();
     const std::string tmp = path + ".tmp";
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     bool ok = f != nullptr && std::fwrite(&id, sizeof id, 1, f) == 1 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
@@ -554,12 +568,7 @@ inline Nccl Nccl::from_unique_id_file(const std::string& path, int rank, int nra
   // Every rank has joined, so every rank has read the file: remove it so a
   // later run cannot pick up this id.
   if (rank == 0) std::remove(path.c_str());
-  try {
-    return Nccl(std::make_unique<State>(comm, zero::cuda::current_stream(), options, true));
-  } catch (...) {
-    ncclCommDestroy(comm);
-    throw;
-  }
+  return own(comm, options);
 }
 
 #if defined(ZERO_NCCL_WITH_MPI)
@@ -569,20 +578,11 @@ inline Nccl Nccl::from_mpi(MPI_Comm mpi, Options options) {
   MPI_Comm_size(mpi, &nranks);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
-  if (rank == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess)
-      throw CommError(zero::detail::concat("comm::Nccl rank 0: ncclGetUniqueId failed: ", ncclGetErrorString(r)));
-  }
+  if (rank == 0) id = new_unique_id();
   if (MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, mpi) != MPI_SUCCESS)
     throw CommError(zero::detail::concat("comm::Nccl rank ", rank, ": MPI_Bcast of the NCCL unique id failed"));
   const ncclComm_t comm = init_rank(id, rank, nranks, options.timeout, "MPI bootstrap");
-  try {
-    return Nccl(std::make_unique<State>(comm, zero::cuda::current_stream(), options, true));
-  } catch (...) {
-    ncclCommDestroy(comm);
-    throw;
-  }
+  return own(comm, options);
 }
 #endif
 
