@@ -353,7 +353,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
     // Converted on the host, then uploaded (values are fp32 host memory).
     std::vector<float> owned(values + (lo - p.offset), values + (hi - p.offset));
     Ops::upload(master_ptr(u) + (lo - begin), owned.data(), owned.size());
-    if constexpr (separate_master) {
+    if constexpr (separate_master && stage == 3) {  // stages 0-2: the full copy below covers it
       std::vector<param_type> low(owned.size());
       for (std::size_t i = 0; i < owned.size(); ++i) low[i] = from_float<param_type>(owned[i]);
       Ops::upload(param_ptr(u) + (lo - begin), low.data(), low.size());
