@@ -1,7 +1,7 @@
 // The umbrella header: everything that compiles with a plain C++20 host
-// compiler. CUDA pieces (zero/backend/cuda.cuh, zero/comm/nccl.cuh,
-// zero/kernels/cuda_step.cuh) and MPI (zero/comm/mpi.hpp) are included
-// separately, so this header needs neither nvcc nor mpi.h.
+// compiler. CUDA pieces (zero/zero_cuda.cuh; zero/comm/nccl.cuh, which needs
+// -lnccl) and MPI (zero/comm/mpi.hpp) are included separately, so this header
+// needs neither nvcc nor mpi.h.
 #pragma once
 
 #include "zero/backend/host.hpp"

@@ -1,8 +1,13 @@
 // The CUDA umbrella header: everything in zero/zero.hpp plus the device
-// pieces (CUDA backend, fused kernels, in-process device ranks and, where
-// nccl.h is available, the NCCL communicator). Include it from .cu files
-// compiled by nvcc; host-only code keeps including zero/zero.hpp, which
-// needs only a C++20 compiler.
+// pieces (CUDA backend, fused kernels, in-process device ranks). Include it
+// from .cu files compiled by nvcc; host-only code keeps including
+// zero/zero.hpp, which needs only a C++20 compiler.
+//
+// The NCCL communicator is not included here even where nccl.h is visible:
+// at -O2 and above the host compiler speculatively devirtualises the stream
+// watchers' poll() (cuda/stream.cuh) to the one override it can see, so a
+// translation unit that merely includes zero/comm/nccl.cuh references NCCL's
+// functions and must link -lnccl. Include it yourself where you use comm::Nccl.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -18,7 +23,3 @@
 #include "zero/kernels/cuda_elementwise.cuh"
 #include "zero/kernels/cuda_launch.cuh"
 #include "zero/kernels/cuda_step.cuh"
-
-#if __has_include(<nccl.h>)
-#include "zero/comm/nccl.cuh"
-#endif
