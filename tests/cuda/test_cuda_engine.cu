@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -399,16 +400,36 @@ RunResult train_device(Comm& comm, const typename Opt::Hyper& hyper, const zero:
   return zero::test::train<Opt>(comm, hyper, options, spec);
 }
 
+// A compute stream apart from the communicator's, current for its lifetime:
+// the engine then overlaps (Ops<Cuda>::Overlap) and every missing event
+// between the two streams is a race this test can catch.
+struct SeparateComputeStream {
+  cudaStream_t compute = nullptr;
+  std::optional<zero::cuda::CurrentStreamScope> scope;
+  SeparateComputeStream() {
+    ZERO_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    scope.emplace(compute);
+  }
+  ~SeparateComputeStream() {
+    cudaStreamSynchronize(compute);
+    scope.reset();
+    cudaStreamDestroy(compute);
+  }
+};
+
 // `ranks` ranks on one GPU; rank 0's result, after checking that every rank
-// ended with the same bits.
+// ended with the same bits. `overlap`: the engine computes on a stream of its
+// own, the communicator enqueues on the rank's stream.
 template <class Opt>
 RunResult train_local_device(int ranks, const typename Opt::Hyper& hyper, const zero::Options& options, int steps,
-                             int parts, bool sum_all_parts, const std::string& label) {
+                             int parts, bool sum_all_parts, const std::string& label, bool overlap = false) {
   std::vector<RunResult> results(static_cast<std::size_t>(ranks));
   zero::comm::LocalGroup::Options lo;
   lo.timeout = std::chrono::seconds(120);
   zero::comm::LocalGroup group(ranks, lo);
   zero::comm::LocalDevice::run(group, [&](zero::comm::LocalDevice& c) {
+    std::optional<SeparateComputeStream> compute;
+    if (overlap) compute.emplace();
     results[static_cast<std::size_t>(c.rank())] = train_device<Opt>(c, hyper, options, steps, parts, sum_all_parts);
   });
   for (int r = 1; r < ranks; ++r) {
@@ -447,9 +468,13 @@ void equivalence_config() {
     const char* name;
     int accumulation;
     double clip;
+    bool overlap;  // compute and communication on separate streams, one unit per bucket
   };
-  const Variant variants[] = {{"plain", 1, 0.0}, {"accumulate 3 + clip", 3, 0.05}};
+  const Variant variants[] = {{"plain", 1, 0.0, false},
+                              {"accumulate 3 + clip", 3, 0.05, false},
+                              {"overlap, accumulate 2", 2, 0.0, true}};
   for (const int ranks : {1, 2, 4}) {
+    std::uint64_t plain_comm_buffers = 0;
     for (const Variant& v : variants) {
       if (g_quick && (ranks != 2 || v.accumulation == 1)) continue;
       const std::string label =
@@ -459,8 +484,16 @@ void equivalence_config() {
         options.grad_accumulation_steps = v.accumulation;
         options.clip_norm = v.clip;
         options.loss_scale.initial_scale = 256;  // keeps the scaled test gradients inside fp16's range
+        if (v.overlap) options.bucket_bytes = 1;  // every unit its own bucket: both staging sets in use
         const int steps = 5;
-        const RunResult got = train_local_device<Opt>(ranks, hyper, options, steps, ranks, false, label);
+        const RunResult got = train_local_device<Opt>(ranks, hyper, options, steps, ranks, false, label, v.overlap);
+        if (!v.overlap && v.accumulation == 1) plain_comm_buffers = got.memory.communication_buffers;
+        // Two staging sets when overlapping (stages 2 and 3 always stage).
+        if (v.overlap && S >= 2 && plain_comm_buffers != 0)
+          CHECK(got.memory.communication_buffers > plain_comm_buffers,
+                label + fmt(": %llu bytes of communication buffers, no more than without overlap (%llu)",
+                            static_cast<unsigned long long>(got.memory.communication_buffers),
+                            static_cast<unsigned long long>(plain_comm_buffers)));
         const RunResult want = zero::test::reference_train<P, O>(ranks, hyper, options, steps);
         if (CHECK(got.steps.size() == want.steps.size(), label + ": number of steps")) {
           for (std::size_t i = 0; i < got.steps.size(); ++i) {
@@ -693,12 +726,23 @@ void nccl_tests() {
       // An adopted communicator (ncclCommInitAll, one rank on device 0).
       ncclComm_t comm = one_rank_comm();
       {
-        zero::comm::Nccl nccl(comm);  // this thread's stream: Ops<Cuda>::stream()
-        CHECK(nccl.rank() == 0 && nccl.size() == 1 && nccl.stream() == DeviceOps::stream(), "adopted communicator");
+        zero::comm::Nccl nccl(comm);  // a stream of its own: the engine overlaps
+        CHECK(nccl.rank() == 0 && nccl.size() == 1 && nccl.stream() != DeviceOps::stream(), "adopted communicator");
         nccl_engine<2, zero::precision::Mixed<bf16>, zero::optim::AdamW>(nccl, "adopted", zero::ReduceDType::same_as_grad);
         nccl_engine<3, zero::precision::Mixed<fp16>, zero::optim::Adam>(nccl, "adopted", zero::ReduceDType::fp32);
         nccl_engine<3, zero::precision::Full<float>, zero::optim::Sgd>(nccl, "adopted", zero::ReduceDType::same_as_grad);
         nccl_engine<2, zero::precision::Mixed<fp16>, zero::optim::Sgd>(nccl, "adopted", zero::ReduceDType::same_as_grad);
+      }
+      {
+        // On the compute stream itself: nothing overlaps, the same results.
+        zero::comm::Nccl nccl(comm, DeviceOps::stream());
+        CHECK(nccl.stream() == DeviceOps::stream(), "communicator on the compute stream");
+        nccl_engine<2, zero::precision::Mixed<bf16>, zero::optim::AdamW>(nccl, "compute stream",
+                                                                         zero::ReduceDType::same_as_grad);
+        nccl_engine<3, zero::precision::Mixed<fp16>, zero::optim::Adam>(nccl, "compute stream", zero::ReduceDType::fp32);
+      }
+      {
+        zero::comm::Nccl nccl(comm);
 
         // Every element type, a group, and the byte counters of one rank.
         DeviceArray<double> d(4);

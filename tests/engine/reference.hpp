@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -197,6 +198,10 @@ struct TrainSpec {
   // Called before each grad_ready with (rank, step, micro, unit index, the
   // host copy of the unit's gradient); lets a test inject an inf.
   std::function<void(int, int, int, std::size_t, void*)> tamper;
+  // Every acquire_unit must return exactly the parameters gather_params()
+  // gave after set_param and after the last step (catches a stage-3 gather,
+  // or a stage 1/2 all-gather, read before it completed).
+  bool check_acquired = false;
 };
 
 // Drives one rank of a ZeroOptimizer through `spec.steps` optimizer steps,
@@ -225,16 +230,34 @@ RunResult train(Comm& comm, const typename Opt::Hyper& hyper, const Options& opt
     opt.set_param(ids[p], v.data());
   }
   const Layout& layout = opt.layout();
+  using P = typename Opt::param_type;
+  std::vector<P> expected, seen;
+  auto snapshot = [&] {
+    if (!spec.check_acquired) return;
+    expected.resize(layout.padded_total());
+    opt.gather_params(expected.data());
+  };
+  auto acquire = [&](UnitId u, const char* pass, int step) {
+    const P* got = opt.acquire_unit(u);
+    if (!spec.check_acquired) return;
+    const UnitInfo& info = layout.unit(u);
+    seen.resize(info.padded);
+    Ops::download(seen.data(), got, info.padded);
+    if (std::memcmp(seen.data(), expected.data() + info.full_offset, info.padded * sizeof(P)) != 0)
+      throw std::runtime_error(zero::detail::concat("rank ", comm.rank(), ", step ", step, ", ", pass, ": acquire_unit('",
+                                              info.name, "') returned parameters other than the gathered ones"));
+  };
+  snapshot();
   RunResult result;
   opt.reset_comm_counters();
   for (int step = 1; step <= spec.steps; ++step) {
     for (int micro = 0; micro < options.grad_accumulation_steps; ++micro) {
       for (const UnitId u : units) {  // forward
-        opt.acquire_unit(u);
+        acquire(u, "forward", step);
         opt.release_unit(u);
       }
       for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward
-        opt.acquire_unit(*it);
+        acquire(*it, "backward", step);
         G* g = opt.grad_buffer(*it);
         const float scale = static_cast<float>(opt.loss_scale());
         const UnitInfo& unit = layout.unit(*it);
@@ -257,6 +280,7 @@ RunResult train(Comm& comm, const typename Opt::Hyper& hyper, const Options& opt
       }
       const StepResult r = opt.step();
       if (micro == options.grad_accumulation_steps - 1) result.steps.push_back(r);
+      if (r.stepped) snapshot();
     }
   }
   result.comm = opt.comm_report();

@@ -5,15 +5,16 @@
 // the fused step round exactly as the host does), so CPU and GPU runs, and
 // ZeRO-Offload's two halves, agree.
 //
-// Everything is ordered by ONE stream: every operation is enqueued on
-// Ops<Cuda>::stream(), the calling thread's current stream (zero/cuda/
-// stream.cuh; default a lazily created non-blocking stream, or one set with
-// set_stream). Stream order is what makes the engine correct without host
-// synchronisation: a communicator MUST enqueue its collectives on the same
-// stream (comm::Nccl and comm::LocalDevice take it at construction; by
-// default they take this one), and kernels the user runs on the engine's
-// buffers (forward, backward writing grad_buffer) belong on it too, or must
-// be ordered against it with events.
+// Ordering is by streams, never by host synchronisation. Every operation
+// here is enqueued on Ops<Cuda>::stream(), the calling thread's current
+// stream (zero/cuda/stream.cuh; default a lazily created non-blocking
+// stream, or one set with set_stream): the compute stream. Kernels the user
+// runs on the engine's buffers (forward, backward writing grad_buffer)
+// belong on it too, or must be ordered against it with events. The
+// communicator may enqueue on the same stream, or on its own (comm::Nccl by
+// default): then the engine runs its communication work on that stream and
+// orders the two with events (Ops<Cuda>::Overlap below), so collectives run
+// beside the user's kernels.
 //
 // The host waits only where it must: download, grad_stats and synchronize
 // return results to the host; upload returns when the host buffer may be
@@ -31,7 +32,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "zero/backend/host.hpp"
 #include "zero/cuda/check.cuh"
@@ -233,6 +236,94 @@ struct Ops<Cuda> {
 
   // Waits for everything enqueued on this thread's stream.
   static void synchronize() { zero::cuda::wait_stream(stream()); }
+
+  // Compute/communication overlap. When the communicator enqueues on a stream
+  // of its own (comm::Nccl or comm::LocalDevice built with a second stream),
+  // the engine runs its communication work (gradient buckets, stage-3
+  // gathers: the collectives and the copies around them) on that stream in a
+  // Lane, ordered after the compute stream's work so far, and the compute
+  // stream waits for numbered events only where it reads a result or reuses
+  // a buffer. In between, backward and forward kernels run beside the
+  // collectives. With one stream for both every call here is a no-op.
+  class Overlap {
+   public:
+    Overlap() = default;
+    // `comm_stream`: the communicator's stream (nullptr: it has none);
+    // `events`: how many numbered events mark() and wait() use.
+    Overlap(void* comm_stream, std::size_t events) {
+      const auto comm = static_cast<cudaStream_t>(comm_stream);
+      if (comm == nullptr || comm == stream()) return;  // one stream: nothing to order
+      events_.assign(events + first_numbered, nullptr);
+      try {
+        for (cudaEvent_t& e : events_) ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      } catch (...) {
+        destroy();
+        throw;
+      }
+      comm_ = comm;
+    }
+    Overlap(Overlap&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)), events_(std::exchange(o.events_, {})) {}
+    Overlap& operator=(Overlap&& o) noexcept {
+      if (this != &o) {
+        destroy();
+        comm_ = std::exchange(o.comm_, nullptr);
+        events_ = std::exchange(o.events_, {});
+      }
+      return *this;
+    }
+    Overlap(const Overlap&) = delete;
+    Overlap& operator=(const Overlap&) = delete;
+    ~Overlap() { destroy(); }
+
+    // Communication and compute run on different streams.
+    bool active() const { return comm_ != nullptr; }
+
+    // For its lifetime the communicator's stream is the thread's current
+    // stream (so Ops<Cuda> calls land on it too), and it starts after
+    // everything enqueued on the compute stream so far.
+    class Lane {
+     public:
+      Lane() = default;
+      Lane(cudaStream_t compute, cudaStream_t comm, cudaEvent_t fork) {
+        ZERO_CUDA_CHECK(cudaEventRecord(fork, compute));
+        ZERO_CUDA_CHECK(cudaStreamWaitEvent(comm, fork, 0));
+        scope_.emplace(comm);
+      }
+
+     private:
+      std::optional<zero::cuda::CurrentStreamScope> scope_;
+    };
+    Lane lane() {
+      if (!active() || stream() == comm_) return {};  // inactive, or already in a lane
+      return Lane(stream(), comm_, events_[fork_event]);
+    }
+    // Inside a lane: event k marks the communication work enqueued so far.
+    void mark(std::size_t k) {
+      if (active()) ZERO_CUDA_CHECK(cudaEventRecord(events_[first_numbered + k], comm_));
+    }
+    // Outside a lane: the compute stream waits for what event k marked
+    // (nothing if it was never marked).
+    void wait(std::size_t k) {
+      if (active()) ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream(), events_[first_numbered + k], 0));
+    }
+    // Outside a lane: the compute stream waits for all communication work
+    // enqueued so far.
+    void join() {
+      if (!active()) return;
+      ZERO_CUDA_CHECK(cudaEventRecord(events_[join_event], comm_));
+      ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream(), events_[join_event], 0));
+    }
+
+   private:
+    static constexpr std::size_t fork_event = 0, join_event = 1, first_numbered = 2;
+    void destroy() noexcept {
+      for (cudaEvent_t e : events_)
+        if (e != nullptr) cudaEventDestroy(e);
+      events_.clear();
+    }
+    cudaStream_t comm_ = nullptr;
+    std::vector<cudaEvent_t> events_;
+  };
 };
 
 }  // namespace zero::backend

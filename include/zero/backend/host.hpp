@@ -117,6 +117,23 @@ struct Ops<Host> {
     return kernels::host_grad_stats(grad, n);
   }
   static void synchronize() {}
+
+  // Compute/communication overlap (see Ops<Cuda>::Overlap). Host
+  // communicators run each collective to completion on the calling thread,
+  // in program order, so there is nothing to order and nothing overlaps.
+  class Overlap {
+   public:
+    Overlap() = default;
+    Overlap(void* /*comm_stream*/, std::size_t /*events*/) {}
+    struct Lane {
+      ~Lane() {}  // user-provided: an unused guard draws no warning
+    };
+    bool active() const { return false; }
+    Lane lane() { return {}; }
+    void mark(std::size_t /*event*/) {}
+    void wait(std::size_t /*event*/) {}
+    void join() {}
+  };
 };
 
 }  // namespace zero::backend

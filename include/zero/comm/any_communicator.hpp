@@ -25,6 +25,10 @@ class AnyCommunicator {
   // (NCCL groups); communicators without groups run them one by one.
   virtual void group_begin() {}
   virtual void group_end() {}
+  // The device stream the communicator enqueues on (a cudaStream_t), or
+  // nullptr for host communicators. A stream other than the backend's lets
+  // the engine overlap communication with compute (Ops<Cuda>::Overlap).
+  virtual void* stream_handle() const { return nullptr; }
 
   // Wraps a communicator the caller keeps alive for the optimizer's lifetime.
   template <Communicator C>
@@ -57,6 +61,12 @@ class CommunicatorRef final : public AnyCommunicator {
   }
   void group_end() override {
     if constexpr (requires { c_.group_end(); }) c_.group_end();
+  }
+  void* stream_handle() const override {
+    if constexpr (requires { c_.stream(); })
+      return static_cast<void*>(c_.stream());
+    else
+      return nullptr;
   }
 
  private:

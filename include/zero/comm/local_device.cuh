@@ -7,7 +7,9 @@
 // rank order in fp32 and rounds once, so results are the bits of the host
 // comm::Local (zero::comm::detail::reduce) and independent of thread timing.
 //
-// Ordering: each rank enqueues on its own stream. Before other ranks read a
+// Ordering: each rank enqueues on its own stream, after the work on the
+// caller's current stream when that is another one (as comm::Nccl does; the
+// engine then overlaps, see Ops<Cuda>::Overlap). Before other ranks read a
 // rank's buffers it records a "ready" event on its stream after everything
 // that wrote them, and readers make their streams wait for it
 // (cudaStreamWaitEvent), so the writes need no host wait. Before a collective
@@ -83,6 +85,8 @@ class LocalDevice {
 
   // Every rank has arrived and the work each enqueued before has finished.
   void barrier() {
+    const cudaStream_t caller = zero::cuda::current_stream();
+    if (caller != stream_) zero::cuda::wait_stream(caller);
     zero::cuda::wait_stream(stream_);
     group_->arrive_and_wait(rank_, "barrier");
   }
@@ -164,6 +168,11 @@ class LocalDevice {
   void publish(const void* send, void* recv, const char* what) {
     slot_.send = send;
     slot_.recv = recv;
+    const cudaStream_t caller = zero::cuda::current_stream();
+    if (caller != stream_) {  // the buffers may have been written on the caller's stream
+      ZERO_CUDA_CHECK(cudaEventRecord(slot_.ready, caller));
+      ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_, slot_.ready, 0));
+    }
     ZERO_CUDA_CHECK(cudaEventRecord(slot_.ready, stream_));
     // The previous collective's last rendezvous guarantees nobody still reads the table.
     group_->send_[static_cast<std::size_t>(rank_)] = &slot_;

@@ -1,9 +1,17 @@
 // Why: across GPUs and nodes the collectives are NCCL's. comm::Nccl adapts a
 // communicator to zero::comm::Communicator: it adopts a user's ncclComm_t or
 // bootstraps one (MPI, or a unique-id file on a shared filesystem for
-// multi-node runs without MPI), enqueues every collective on ONE stream (the
-// engine's: see zero/backend/cuda.cuh, stream order is what makes the engine
-// correct), and counts bytes with the same ring model as Local and Mpi.
+// multi-node runs without MPI), and counts bytes with the same ring model as
+// Local and Mpi.
+//
+// Streams: collectives run on the communicator's own stream (created with
+// the highest priority, or one the caller gives), ordered after the work
+// already enqueued on the calling thread's current stream, which in turn
+// waits for them: a call behaves as if it ran on the current stream. The
+// engine (ZeroOptimizer on backend::Cuda) instead issues its communication
+// with the communicator's stream current, so gradient buckets and stage-3
+// gathers run beside its compute (Ops<Cuda>::Overlap). A communicator built
+// on the compute stream itself overlaps nothing.
 //
 // A dead or diverging peer makes NCCL wait forever. comm::Nccl does not: each
 // collective records an event after it, and the communicator polls those
@@ -82,12 +90,12 @@ class Nccl {
   using Options = NcclOptions;
 
   // Adopts `comm` (not owned: the caller destroys it after this object,
-  // unless an error aborted it). Collectives go on `stream`.
+  // unless an error aborted it). Collectives go on `stream` (not owned).
   Nccl(ncclComm_t comm, cudaStream_t stream, Options options = {})
-      : s_(std::make_unique<State>(comm, stream, options, false)) {}
-  // As above, on this thread's current stream (Ops<Cuda>::stream()).
+      : s_(std::make_unique<State>(comm, stream, options, false, false)) {}
+  // As above, on a stream of its own: communication overlaps compute.
   explicit Nccl(ncclComm_t comm, Options options = {})
-      : Nccl(comm, zero::cuda::current_stream(), options) {}
+      : s_(std::make_unique<State>(comm, nullptr, options, false, true)) {}
 
   // Bootstraps a communicator of `nranks` processes through a file on a
   // filesystem every rank sees: rank 0 creates the NCCL unique id and writes
@@ -95,8 +103,8 @@ class Nccl {
   // wait up to `wait` for it to appear. Rank 0 removes the file once every
   // rank has joined. Use a path unique to the job: a stale file from an
   // earlier run would make ranks join the wrong communicator (they then time
-  // out with an error that says so). Collectives go on this thread's current
-  // stream; the current device must be the rank's GPU.
+  // out with an error that says so). Collectives go on a stream of the
+  // communicator's own; the current device must be the rank's GPU.
   static Nccl from_unique_id_file(const std::string& path, int rank, int nranks,
                                   std::chrono::milliseconds wait = std::chrono::minutes(5), Options options = {});
 
@@ -232,7 +240,9 @@ class Nccl {
       clock::time_point enqueued{};
     };
 
-    State(ncclComm_t c, cudaStream_t s, Options o, bool own) : comm(c), owned(own), stream(s), options(o) {
+    // `s`: the stream to use, unless `create_stream`; `own`: destroy `c` at the end.
+    State(ncclComm_t c, cudaStream_t s, Options o, bool own, bool create_stream)
+        : comm(c), owned(own), stream(s), options(o) {
       require(c != nullptr, "comm::Nccl: the ncclComm_t is null; create it with ncclCommInitRank (or use "
                             "Nccl::from_unique_id_file / from_mpi)");
       require(o.timeout.count() > 0, "comm::Nccl::Options::timeout is ", o.timeout.count(),
@@ -246,7 +256,16 @@ class Nccl {
               " but the communicator's is ", device, "; call cudaSetDevice(", device, ") on this thread first");
       ring.resize(ring_capacity);
       try {
+        if (create_stream) {
+          // The highest priority, so NCCL's kernels are scheduled ahead of
+          // the compute they overlap with (numerically lowest is highest).
+          int least = 0, greatest = 0;
+          ZERO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+          ZERO_CUDA_CHECK(cudaStreamCreateWithPriority(&owned_stream, cudaStreamNonBlocking, greatest));
+          stream = owned_stream;
+        }
         for (Record& r : ring) ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&r.event, cudaEventDisableTiming));
+        ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
         ZERO_CUDA_CHECK(cudaMalloc(&scratch, sizeof(float)));
         ZERO_CUDA_CHECK(cudaMemset(scratch, 0, sizeof(float)));
       } catch (...) {
@@ -292,8 +311,25 @@ class Nccl {
         now.count = count;
         now.dtype = t;
         now.call = ++calls;
+        follow_caller();
       }
       return lock;
+    }
+
+    // The collective about to be enqueued starts after the work on the
+    // caller's current stream (when that is not the communicator's own).
+    void follow_caller() {
+      caller = zero::cuda::current_stream();
+      if (caller == stream) return;
+      ZERO_CUDA_CHECK(cudaEventRecord(fork, caller));
+      ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream, fork, 0));
+      if (group_depth > 0) group_caller = caller;
+    }
+    // ... and the caller's stream waits for it (the event push() just recorded).
+    void caller_waits(cudaStream_t c) {
+      if (c == nullptr || c == stream) return;
+      const Record& last = ring[(head + pending + ring_capacity - 1) % ring_capacity];
+      ZERO_CUDA_CHECK(cudaStreamWaitEvent(c, last.event, 0));
     }
 
     // After a collective's NCCL call: record its event (or join the open
@@ -306,6 +342,7 @@ class Nccl {
         return;
       }
       push(now);
+      caller_waits(caller);
       if (wait) wait_all();
     }
 
@@ -313,9 +350,11 @@ class Nccl {
       if (group_count > 0) {
         group.group_size = group_count;
         push(group);
+        caller_waits(group_caller);
         const bool wait = group_wait;
         group_count = 0;
         group_wait = false;
+        group_caller = nullptr;
         if (wait) wait_all();
       }
     }
@@ -371,6 +410,10 @@ class Nccl {
     bool aborted = false;
     std::string abort_message;
     float* scratch = nullptr;  // barrier()'s one element
+    cudaEvent_t fork = nullptr;  // the caller's stream, before a collective
+    cudaStream_t caller = nullptr;  // the current stream of the collective being issued
+    cudaStream_t group_caller = nullptr;  // ... of the open group's collectives
+    cudaStream_t owned_stream = nullptr;  // created by the communicator
 
    private:
     static void check_plain(ncclResult_t r, const char* call) {
@@ -457,8 +500,12 @@ class Nccl {
       for (Record& r : ring)
         if (r.event != nullptr) cudaEventDestroy(r.event);
       ring.clear();
+      if (fork != nullptr) cudaEventDestroy(fork);
+      fork = nullptr;
       if (scratch != nullptr) cudaFree(scratch);
       scratch = nullptr;
+      if (owned_stream != nullptr) cudaStreamDestroy(owned_stream);  // after its work, which the destructor awaited
+      owned_stream = nullptr;
     }
 
     std::mutex mutex;
@@ -522,7 +569,7 @@ inline ncclUniqueId Nccl::new_unique_id() {
 
 inline Nccl Nccl::own(ncclComm_t comm, const Options& options) {
   try {
-    return Nccl(std::make_unique<State>(comm, zero::cuda::current_stream(), options, true));
+    return Nccl(std::make_unique<State>(comm, nullptr, options, true, true));
   } catch (...) {
     ncclCommDestroy(comm);
     throw;

@@ -1,10 +1,11 @@
-// Why: on the GPU the engine is correct because of stream order alone: the
-// backend's copies and kernels and the communicator's collectives are
-// enqueued on ONE stream per host thread, so each reads what the previous one
-// wrote without any host synchronisation. This header owns that per-thread
-// "current stream" (as c10's current stream does), so the backend
-// (zero/backend/cuda.cuh) and the communicators (zero/comm/nccl.cuh,
-// zero/comm/local_device.cuh) agree on it without including each other.
+// Why: on the GPU the engine is correct because of stream order: the
+// backend's copies and kernels run on the calling thread's current stream,
+// and communication either on the same stream or on the communicator's own,
+// ordered against it with events (Ops<Cuda>::Overlap), without host
+// synchronisation. This header owns that per-thread "current stream" (as
+// c10's current stream does), so the backend (zero/backend/cuda.cuh) and the
+// communicators (zero/comm/nccl.cuh, zero/comm/local_device.cuh) agree on it
+// without including each other.
 //
 // It also owns the one way the library waits for a stream on the host,
 // wait_stream(). A plain cudaStreamSynchronize would hang forever behind a
@@ -109,6 +110,27 @@ inline void reset_current_stream() {
   s.user = nullptr;
   s.user_set = false;
 }
+
+// Makes `stream` the thread's current stream for a scope and restores what
+// was current before (a user's stream or the lazily created one) at its end.
+class CurrentStreamScope {
+ public:
+  explicit CurrentStreamScope(cudaStream_t stream) : saved_user_(detail::thread_stream().user),
+                                                      saved_user_set_(detail::thread_stream().user_set) {
+    set_current_stream(stream);
+  }
+  CurrentStreamScope(const CurrentStreamScope&) = delete;
+  CurrentStreamScope& operator=(const CurrentStreamScope&) = delete;
+  ~CurrentStreamScope() {
+    detail::ThreadStream& s = detail::thread_stream();
+    s.user = saved_user_;
+    s.user_set = saved_user_set_;
+  }
+
+ private:
+  cudaStream_t saved_user_;
+  bool saved_user_set_;
+};
 
 // Registration of watchers (see StreamWatcher); a watcher unregisters itself
 // before it is destroyed.

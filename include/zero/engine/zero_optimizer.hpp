@@ -14,6 +14,11 @@
 // then opt.step(), which steps the optimizer every grad_accumulation_steps
 // micro-batches. Collective calls (finalize, acquire_unit at stage 3,
 // grad_ready, step, gather_*) must be made by every rank in the same order.
+//
+// On a GPU whose communicator has a stream of its own, communication
+// overlaps compute: gradient buckets are reduced and stage-3 units gathered
+// on the communicator's stream while the caller's kernels go on, and the
+// compute stream waits only where it reads their results (Ops<Cuda>::Overlap).
 #pragma once
 
 #include <algorithm>
@@ -202,6 +207,22 @@ class ZeroOptimizer {
             layout_.units().size(), " units)");
   }
 
+  // Runs f with the communicator's stream current, ordered after the compute
+  // work so far; the compute stream then waits for it (f's results are read next).
+  template <class F>
+  void communicate(F&& f) {
+    {
+      auto lane = overlap_.lane();
+      f();
+    }
+    overlap_.join();
+  }
+  // Events of Ops::Overlap: one per gradient staging set, one per gather slot.
+  static constexpr std::size_t staging_event(std::size_t set) { return set; }
+  static constexpr std::size_t slot_event(std::size_t slot) { return 2 + slot; }
+  // Position of a bucket's i-th unit in the staging buffers.
+  std::size_t staging_slot(std::size_t i) const { return set_ * bucket_units_ + i; }
+
   void check_layout_agreement();
   void account_memory();
   void zero_gaps(const UnitInfo& u, grad_type* staging);
@@ -231,6 +252,11 @@ class ZeroOptimizer {
   Buffer<float> reduce_staging_fp32_;       // a unit widened to fp32, when reducing 16-bit gradients in fp32
   Buffer<grad_type> shard_staging_;         // a reduce-scatter's result before accumulation
   std::size_t bucket_units_ = 1;            // units whose reductions are launched together
+  // With overlap, two staging sets: the caller writes one bucket while the
+  // previous one is reduced.
+  std::size_t staging_sets_ = 1;
+  std::size_t set_ = 0;                     // the set the current bucket uses
+  typename Ops::Overlap overlap_;
   std::size_t max_shard_ = 0;
   struct Pending {
     std::size_t unit;
@@ -261,6 +287,9 @@ template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, Ba
 void ZeroOptimizer<P, O, S, F, B>::finalize() {
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
   layout_.finalize();
+  const std::size_t gather_slots = stage == 3 ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
+  overlap_ = typename Ops::Overlap(comm_->stream_handle(), slot_event(gather_slots));
+  staging_sets_ = overlap_.active() ? 2 : 1;
   check_layout_agreement();
   const std::size_t full = layout_.padded_total(), shard = layout_.shard_total();
   const std::size_t owned = stage == 0 ? full : shard;
@@ -275,16 +304,16 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   // A bucket: as many units as fit in Options::bucket_bytes (at least one).
   bucket_units_ = std::clamp<std::size_t>(options_.bucket_bytes / (max_unit * sizeof(grad_type)), 1,
                                           layout_.units().size());
-  if (!takes_gradients_in_place()) grad_staging_ = Buffer<grad_type>(bucket_units_ * max_unit);
+  const std::size_t staged = staging_sets_ * bucket_units_;
+  if (!takes_gradients_in_place()) grad_staging_ = Buffer<grad_type>(staged * max_unit);
   if (options_.reduce_dtype == ReduceDType::fp32 && !std::is_same_v<grad_type, float>)
-    reduce_staging_fp32_ = Buffer<float>((stage == 1 ? 1 : bucket_units_) * max_unit);
-  if constexpr (stage >= 2) shard_staging_ = Buffer<grad_type>(bucket_units_ * max_shard_);
+    reduce_staging_fp32_ = Buffer<float>((stage == 1 ? 1 : staged) * max_unit);
+  if constexpr (stage >= 2) shard_staging_ = Buffer<grad_type>(staged * max_shard_);
   pending_.reserve(bucket_units_);
   if constexpr (stage == 3) {
-    const std::size_t slots = static_cast<std::size_t>(options_.prefetch_units) + 1;
-    gather_slots_ = Buffer<param_type>(slots * max_unit);
-    slot_unit_.assign(slots, npos);
-    slot_in_use_.assign(slots, false);
+    gather_slots_ = Buffer<param_type>(gather_slots * max_unit);
+    slot_unit_.assign(gather_slots, npos);
+    slot_in_use_.assign(gather_slots, false);
   }
   control_ = Buffer<double>(2);
   reduced_this_micro_.assign(layout_.units().size(), false);
@@ -301,10 +330,12 @@ void ZeroOptimizer<P, O, S, F, B>::check_layout_agreement() {
   const std::uint64_t mine = layout_.hash(salt);
   // Collectives take backend memory (device memory with NCCL): stage through it.
   Buffer<std::uint64_t> exchange(static_cast<std::size_t>(ranks()));
-  Ops::upload(exchange.data() + rank(), &mine, 1);
-  comm_->all_gather(exchange.data() + rank(), exchange.data(), 1, DType::u64, true);
   std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks()));
-  Ops::download(all.data(), exchange.data(), all.size());
+  communicate([&] {
+    Ops::upload(exchange.data() + rank(), &mine, 1);
+    comm_->all_gather(exchange.data() + rank(), exchange.data(), 1, DType::u64, true);
+    Ops::download(all.data(), exchange.data(), all.size());
+  });
   std::vector<int> differ;
   for (int r = 0; r < ranks(); ++r)
     if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
@@ -346,6 +377,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = layout_.units()[p.unit];
+  overlap_.join();  // communication in flight may still read the parameters
   // The part of the parameter inside this rank's updated range of the unit.
   const std::size_t begin = update_begin(u), end = begin + update_size(u);
   const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
@@ -372,12 +404,14 @@ void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
   require_finalized("gather_masters");
   // One unit at a time through a backend buffer (collectives take backend memory).
   Buffer<float> unit_buffer(layout_.max_unit());
-  for (const auto& u : layout_.units()) {
-    float* mine = unit_buffer.data() + update_begin(u);
-    Ops::copy(mine, master_ptr(u), update_size(u));
-    if (stage != 0) comm_->all_gather(mine, unit_buffer.data(), u.shard, DType::f32, true);
-    Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
-  }
+  communicate([&] {
+    for (const auto& u : layout_.units()) {
+      float* mine = unit_buffer.data() + update_begin(u);
+      Ops::copy(mine, master_ptr(u), update_size(u));
+      if (stage != 0) comm_->all_gather(mine, unit_buffer.data(), u.shard, DType::f32, true);
+      Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
+    }
+  });
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -387,12 +421,14 @@ void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
     Ops::download(out, params_.data(), layout_.padded_total());
   } else {
     Buffer<param_type> unit_buffer(layout_.max_unit());
-    for (const auto& u : layout_.units()) {
-      param_type* mine = unit_buffer.data() + static_cast<std::size_t>(rank()) * u.shard;
-      Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
-      comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<param_type>::dtype, true);
-      Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
-    }
+    communicate([&] {
+      for (const auto& u : layout_.units()) {
+        param_type* mine = unit_buffer.data() + static_cast<std::size_t>(rank()) * u.shard;
+        Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
+        comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<param_type>::dtype, true);
+        Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
+      }
+    });
   }
 }
 
@@ -428,8 +464,13 @@ int ZeroOptimizer<P, O, S, F, B>::gather_into_slot(std::size_t unit) {
   param_type* slot = gather_slots_.data() + static_cast<std::size_t>(free_slot) * layout_.max_unit();
   // In place: this rank's shard goes to its position, then the gather fills the rest.
   param_type* mine = slot + static_cast<std::size_t>(rank()) * u.shard;
-  Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
-  comm_->all_gather(mine, slot, u.shard, dtype_traits<param_type>::dtype, false);
+  {
+    // On the communication stream; acquire_unit waits for the slot's event.
+    auto lane = overlap_.lane();
+    Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
+    comm_->all_gather(mine, slot, u.shard, dtype_traits<param_type>::dtype, false);
+    overlap_.mark(slot_event(static_cast<std::size_t>(free_slot)));
+  }
   slot_unit_[static_cast<std::size_t>(free_slot)] = unit;
   return free_slot;
 }
@@ -462,7 +503,8 @@ auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* 
             " stage-3 gather slots hold acquired units; release_unit() the units you are done with, or raise "
             "Options::prefetch_units");
     slot_in_use_[static_cast<std::size_t>(slot)] = true;
-    prefetch_after(id.index);
+    prefetch_after(id.index);  // gathered while the caller computes with this unit
+    overlap_.wait(slot_event(static_cast<std::size_t>(slot)));
     return gather_slots_.data() + static_cast<std::size_t>(slot) * layout_.max_unit();
   }
 }
@@ -508,7 +550,9 @@ auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
       handed_ = grads_.data() + u.full_offset;
     } else {
       if (pending_.size() == bucket_units_) flush_gradients();  // every slot holds a pending gradient
-      handed_ = grad_staging_.data() + pending_.size() * layout_.max_unit();
+      // A new bucket reuses a staging set: its previous bucket must be reduced.
+      if (pending_.empty()) overlap_.wait(staging_event(set_));
+      handed_ = grad_staging_.data() + staging_slot(pending_.size()) * layout_.max_unit();
     }
     staging_unit_ = static_cast<int>(id.index);
   }
@@ -530,7 +574,7 @@ void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
           "') twice in one micro-batch; call step() after each micro-batch");
   const UnitInfo& u = layout_.units()[id.index];
   zero_gaps(u, handed_);
-  pending_.push_back(Pending{id.index, handed_, pending_.size()});
+  pending_.push_back(Pending{id.index, handed_, staging_slot(pending_.size())});
   // A full bucket is reduced now (while the caller's backward goes on, on a
   // GPU); the last one when step() is called.
   if (pending_.size() == bucket_units_) flush_gradients();
@@ -548,6 +592,10 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
   const bool in_fp32 = reduce_staging_fp32_.size() != 0;
   const std::size_t max_unit = layout_.max_unit();
   auto wide = [&](const Pending& p) { return reduce_staging_fp32_.data() + p.slot * max_unit; };
+  // All of it on the communication stream (no-op without overlap), after the
+  // backward that wrote these gradients; the caller's backward of the next
+  // units goes on meanwhile.
+  auto lane = overlap_.lane();
   // Three phases, so that a communicator may launch the bucket's collectives
   // as one group: what they read is prepared first, what reads their results
   // runs after.
@@ -599,6 +647,8 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
         Ops::accumulate(acc, shard_staging_.data() + p.slot * max_shard_, u.shard, first);
     }
   }
+  overlap_.mark(staging_event(set_));
+  set_ = (set_ + 1) % staging_sets_;
   pending_.clear();
 }
 
@@ -621,23 +671,26 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     return result;
   }
   micro_ = 0;
+  overlap_.join();  // the step reads the reduced gradients
 
   // Stage 1 reduce-scatters the accumulated gradient now, in place.
   if constexpr (stage == 1) {
     constexpr DType gdt = dtype_traits<grad_type>::dtype;
-    for (const auto& u : units) {
-      grad_type* g = grads_.data() + u.full_offset;
-      grad_type* mine = g + static_cast<std::size_t>(rank()) * u.shard;
-      if (reduce_staging_fp32_.size() != 0) {
-        float* wide = reduce_staging_fp32_.data();
-        Ops::convert(wide, g, u.padded);
-        float* wmine = wide + static_cast<std::size_t>(rank()) * u.shard;
-        comm_->reduce_scatter(wide, wmine, u.shard, DType::f32);
-        Ops::convert(mine, wmine, u.shard);
-      } else {
-        comm_->reduce_scatter(g, mine, u.shard, gdt);
+    communicate([&] {
+      for (const auto& u : units) {
+        grad_type* g = grads_.data() + u.full_offset;
+        grad_type* mine = g + static_cast<std::size_t>(rank()) * u.shard;
+        if (reduce_staging_fp32_.size() != 0) {
+          float* wide = reduce_staging_fp32_.data();
+          Ops::convert(wide, g, u.padded);
+          float* wmine = wide + static_cast<std::size_t>(rank()) * u.shard;
+          comm_->reduce_scatter(wide, wmine, u.shard, DType::f32);
+          Ops::convert(mine, wmine, u.shard);
+        } else {
+          comm_->reduce_scatter(g, mine, u.shard, gdt);
+        }
       }
-    }
+    });
   }
 
   // Global gradient statistics: squared norm and inf/NaN over the owned range.
@@ -651,9 +704,11 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   }
   if constexpr (stage >= 1) {
     double control[2] = {stats.sum_squares, stats.non_finite ? 1.0 : 0.0};
-    Ops::upload(control_.data(), control, 2);
-    comm_->all_reduce(control_.data(), 2, DType::f64, comm::ReduceOp::sum, true);
-    Ops::download(control, control_.data(), 2);
+    communicate([&] {
+      Ops::upload(control_.data(), control, 2);
+      comm_->all_reduce(control_.data(), 2, DType::f64, comm::ReduceOp::sum, true);
+      Ops::download(control, control_.data(), 2);
+    });
     stats.sum_squares = control[0];
     stats.non_finite = control[1] != 0.0;
   }
@@ -695,10 +750,12 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
 
   // Stages 1 and 2: every rank needs the full updated parameters again.
   if constexpr (stage == 1 || stage == 2) {
-    for (const auto& u : units) {
-      param_type* full = params_.data() + u.full_offset;
-      comm_->all_gather(full + update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);
-    }
+    communicate([&] {
+      for (const auto& u : units) {
+        param_type* full = params_.data() + u.full_offset;
+        comm_->all_gather(full + update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);
+      }
+    });
   }
   result.stepped = true;
   return result;
