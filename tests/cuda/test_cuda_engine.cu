@@ -464,32 +464,31 @@ template <int S, class P, class O>
 void equivalence_config() {
   using Opt = zero::ZeroOptimizer<P, O, zero::stage<S>, zero::offload::None, zero::backend::Cuda>;
   const auto hyper = zero::test::test_hyper<O>();
-  struct Variant {
-    const char* name;
-    int accumulation;
-    double clip;
-    bool overlap;  // compute and communication on separate streams, one unit per bucket
+  struct DeviceVariant {
+    zero::test::Variant v;
+    bool overlap;  // compute and communication on separate streams
   };
-  const Variant variants[] = {{"plain", 1, 0.0, false},
-                              {"accumulate 3 + clip", 3, 0.05, false},
-                              {"overlap, accumulate 2", 2, 0.0, true}};
+  using zero::ReduceDType;
+  using zero::test::one_unit_bucket;
+  using zero::test::whole_model_bucket;
+  const DeviceVariant variants[] = {
+      {{"plain", 1, 0.0, ReduceDType::same_as_grad, whole_model_bucket}, false},
+      {{"accumulate 3 + clip", 3, 0.05, ReduceDType::same_as_grad, whole_model_bucket}, false},
+      // every unit its own bucket: both staging sets in use
+      {{"overlap, accumulate 2, one unit per bucket", 2, 0.0, ReduceDType::same_as_grad, one_unit_bucket}, true}};
   for (const int ranks : {1, 2, 4}) {
     std::uint64_t plain_comm_buffers = 0;
-    for (const Variant& v : variants) {
+    for (const auto& [v, overlap] : variants) {
       if (g_quick && (ranks != 2 || v.accumulation == 1)) continue;
       const std::string label =
           fmt("stage %d %s %s, %d rank(s), %s", S, precision_name<P>(), O::name, ranks, v.name);
       try {
-        zero::Options options;
-        options.grad_accumulation_steps = v.accumulation;
-        options.clip_norm = v.clip;
-        options.loss_scale.initial_scale = 256;  // keeps the scaled test gradients inside fp16's range
-        if (v.overlap) options.bucket_bytes = 1;  // every unit its own bucket: both staging sets in use
+        const zero::Options options = v.options();
         const int steps = 5;
-        const RunResult got = train_local_device<Opt>(ranks, hyper, options, steps, ranks, false, label, v.overlap);
-        if (!v.overlap && v.accumulation == 1) plain_comm_buffers = got.memory.communication_buffers;
+        const RunResult got = train_local_device<Opt>(ranks, hyper, options, steps, ranks, false, label, overlap);
+        if (!overlap && v.accumulation == 1) plain_comm_buffers = got.memory.communication_buffers;
         // Two staging sets when overlapping (stages 2 and 3 always stage).
-        if (v.overlap && S >= 2 && plain_comm_buffers != 0)
+        if (overlap && S >= 2 && plain_comm_buffers != 0)
           CHECK(got.memory.communication_buffers > plain_comm_buffers,
                 label + fmt(": %llu bytes of communication buffers, no more than without overlap (%llu)",
                             static_cast<unsigned long long>(got.memory.communication_buffers),

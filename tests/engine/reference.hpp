@@ -204,6 +204,28 @@ struct TrainSpec {
   bool check_acquired = false;
 };
 
+// One way of running the engine in the equivalence tests.
+inline constexpr std::size_t whole_model_bucket = std::size_t{32} << 20, one_unit_bucket = 1;
+struct Variant {
+  const char* name;
+  int accumulation = 1;
+  double clip = 0.0;
+  ReduceDType reduce = ReduceDType::same_as_grad;
+  std::size_t bucket_bytes = whole_model_bucket;
+  int prefetch = 1;
+
+  Options options() const {
+    Options o;
+    o.grad_accumulation_steps = accumulation;
+    o.clip_norm = clip;
+    o.reduce_dtype = reduce;
+    o.bucket_bytes = bucket_bytes;
+    o.prefetch_units = prefetch;
+    o.loss_scale.initial_scale = 256;  // keeps the scaled test gradients inside fp16's range
+    return o;
+  }
+};
+
 // Drives one rank of a ZeroOptimizer through `spec.steps` optimizer steps,
 // exactly as a trainer would. Gradients are made on the host and uploaded
 // through the optimizer's backend (a copy on Host, host-to-device on CUDA).

@@ -33,27 +33,18 @@ TEMPLATE_LIST_TEST_CASE("N ranks train exactly like one rank on the whole batch"
   using Opt = zero::ZeroOptimizer<typename TestType::Precision, typename TestType::Optimizer,
                                   zero::stage<ZERO_TEST_STAGE>, zero::offload::None, zero::backend::Host>;
   const auto hyper = zero::test::test_hyper<typename TestType::Optimizer>();
-  struct Variant {
-    const char* name;
-    int accumulation;
-    double clip;
-    zero::ReduceDType reduce;
-    std::size_t bucket_bytes;
-  };
-  constexpr std::size_t whole_model = std::size_t{32} << 20, one_unit = 1;
-  const Variant variants[] = {{"plain", 1, 0.0, zero::ReduceDType::same_as_grad, whole_model},
-                              {"accumulate 3 + clip, one unit per bucket", 3, 0.05, zero::ReduceDType::same_as_grad, one_unit},
-                              {"accumulate 2, reduce in fp32", 2, 0.0, zero::ReduceDType::fp32, whole_model},
-                              {"reduce in fp32, one unit per bucket", 1, 0.0, zero::ReduceDType::fp32, one_unit}};
+  using zero::ReduceDType;
+  using zero::test::one_unit_bucket;
+  using zero::test::whole_model_bucket;
+  const zero::test::Variant variants[] = {
+      {"plain", 1, 0.0, ReduceDType::same_as_grad, whole_model_bucket},
+      {"accumulate 3 + clip, one unit per bucket", 3, 0.05, ReduceDType::same_as_grad, one_unit_bucket},
+      {"accumulate 2, reduce in fp32", 2, 0.0, ReduceDType::fp32, whole_model_bucket},
+      {"reduce in fp32, one unit per bucket", 1, 0.0, ReduceDType::fp32, one_unit_bucket}};
   for (const int ranks : {1, 2, 3, 4, 7}) {
-    for (const Variant& v : variants) {
+    for (const auto& v : variants) {
       INFO("ranks " << ranks << ", " << v.name);
-      zero::Options options;
-      options.grad_accumulation_steps = v.accumulation;
-      options.clip_norm = v.clip;
-      options.reduce_dtype = v.reduce;
-      options.bucket_bytes = v.bucket_bytes;
-      options.loss_scale.initial_scale = 256;  // keeps the scaled test gradients inside fp16's range
+      const zero::Options options = v.options();
       zero::test::TrainSpec spec;
       spec.steps = 5;
       spec.parts = ranks;

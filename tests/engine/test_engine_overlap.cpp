@@ -184,7 +184,9 @@ class DeferredComm {
   explicit DeferredComm(comm::Local& c) : c_(c) {}
   int rank() const { return c_.rank(); }
   int size() const { return c_.size(); }
-  void* stream() const { return const_cast<DeferredComm*>(this); }  // any non-null handle
+  // Any non-null handle; `moved_to` stands for the communicator being replaced.
+  void* stream() const { return moved_to != nullptr ? moved_to : const_cast<DeferredComm*>(this); }
+  void* moved_to = nullptr;
   const comm::ByteCounters& counters() const { return c_.counters(); }
   void reset_counters() { c_.reset_counters(); }
   void all_reduce(void* buf, std::size_t n, DType t, comm::ReduceOp op, bool control) {
@@ -238,34 +240,22 @@ TEMPLATE_LIST_TEST_CASE("a late communication lane trains exactly like the refer
   using Opt = zero::ZeroOptimizer<typename TestType::Precision, typename TestType::Optimizer,
                                   zero::stage<TestType::stage>, zero::offload::None, zero::backend::DeferredLane>;
   const auto hyper = zero::test::test_hyper<typename TestType::Optimizer>();
-  struct Variant {
-    const char* name;
-    int accumulation;
-    double clip;
-    zero::ReduceDType reduce;
-    std::size_t bucket_bytes;
-    int prefetch;
-  };
-  constexpr std::size_t whole_model = std::size_t{32} << 20, one_unit = 1;
-  const Variant variants[] = {
-      {"one unit per bucket, accumulate 3 + clip", 3, 0.05, zero::ReduceDType::same_as_grad, one_unit, 1},
-      {"whole model per bucket", 1, 0.0, zero::ReduceDType::same_as_grad, whole_model, 1},
-      {"one unit per bucket, reduce in fp32, prefetch 2", 2, 0.0, zero::ReduceDType::fp32, one_unit, 2},
-      {"one unit per bucket, no prefetch", 1, 0.0, zero::ReduceDType::same_as_grad, one_unit, 0}};
+  using zero::ReduceDType;
+  using zero::test::one_unit_bucket;
+  using zero::test::whole_model_bucket;
+  const zero::test::Variant variants[] = {
+      {"one unit per bucket, accumulate 3 + clip", 3, 0.05, ReduceDType::same_as_grad, one_unit_bucket},
+      {"whole model per bucket", 1, 0.0, ReduceDType::same_as_grad, whole_model_bucket},
+      {"one unit per bucket, reduce in fp32, prefetch 2", 2, 0.0, ReduceDType::fp32, one_unit_bucket, 2},
+      {"one unit per bucket, no prefetch", 1, 0.0, ReduceDType::same_as_grad, one_unit_bucket, 0}};
   // Work of the lane that ran after compute work issued behind it. (Not in
   // every variant: a bucket flushed only at step() is joined at once, and a
   // stage-3 gather without prefetch is waited for at once.)
   std::size_t total_overtaken = 0;
   for (const int ranks : {1, 2, 3}) {
-    for (const Variant& v : variants) {
+    for (const auto& v : variants) {
       INFO("stage " << TestType::stage << ", " << ranks << " rank(s), " << v.name);
-      zero::Options options;
-      options.grad_accumulation_steps = v.accumulation;
-      options.clip_norm = v.clip;
-      options.reduce_dtype = v.reduce;
-      options.bucket_bytes = v.bucket_bytes;
-      options.prefetch_units = v.prefetch;
-      options.loss_scale.initial_scale = 256;  // keeps the scaled test gradients inside fp16's range
+      const zero::Options options = v.options();
       zero::test::TrainSpec spec;
       spec.steps = 4;
       spec.parts = ranks;
@@ -325,4 +315,30 @@ TEMPLATE_LIST_TEST_CASE("a late communication lane trains exactly like the refer
     }
   }
   CHECK(total_overtaken > 0);
+}
+
+TEST_CASE("a communicator whose stream changes after finalize() is a clear error", "[engine][overlap][errors]") {
+  using Opt = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::AdamW, zero::stage<2>, zero::offload::None,
+                                  zero::backend::DeferredLane>;
+  std::string message;
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& local) {  // (no Catch2 assertions on this thread)
+    zero::test::lane_queue() = {};
+    zero::test::DeferredComm comm(local);
+    zero::Options options;
+    options.bucket_bytes = 1;  // grad_ready flushes at once
+    Opt opt(comm, zero::optim::AdamW::Hyper{}, options);
+    const zero::UnitId u = opt.add_unit("layer");
+    opt.add_param(u, "w", 100);
+    opt.finalize();
+    int elsewhere = 0;
+    comm.moved_to = &elsewhere;
+    try {
+      opt.grad_buffer(u);
+      opt.grad_ready(u);
+    } catch (const zero::Error& e) {
+      message = e.what();
+    }
+  });
+  CHECK_THAT(message, Catch::Contains("the communicator's stream changed after finalize()"));
 }

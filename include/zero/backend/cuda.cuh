@@ -293,7 +293,7 @@ struct Ops<Cuda> {
      private:
       std::optional<zero::cuda::CurrentStreamScope> scope_;
     };
-    Lane lane() {
+    [[nodiscard]] Lane lane() {
       if (!active() || stream() == comm_) return {};  // inactive, or already in a lane
       return Lane(stream(), comm_, events_[fork_event]);
     }

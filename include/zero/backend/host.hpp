@@ -129,7 +129,7 @@ struct Ops<Host> {
       ~Lane() {}  // user-provided: an unused guard draws no warning
     };
     bool active() const { return false; }
-    Lane lane() { return {}; }
+    [[nodiscard]] Lane lane() { return {}; }
     void mark(std::size_t /*event*/) {}
     void wait(std::size_t /*event*/) {}
     void join() {}

@@ -11,7 +11,10 @@
 // engine (ZeroOptimizer on backend::Cuda) instead issues its communication
 // with the communicator's stream current, so gradient buckets and stage-3
 // gathers run beside its compute (Ops<Cuda>::Overlap). A communicator built
-// on the compute stream itself overlaps nothing.
+// on the compute stream itself overlaps nothing. Its own stream also means
+// its collectives may run concurrently with those of other NCCL
+// communicators the program drives; NCCL warns that this can deadlock, so
+// such programs give every communicator the same stream.
 //
 // A dead or diverging peer makes NCCL wait forever. comm::Nccl does not: each
 // collective records an event after it, and the communicator polls those
@@ -50,6 +53,7 @@
 #include "zero/comm/mpi_c_api.hpp"
 #endif
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -93,7 +97,11 @@ class Nccl {
   // unless an error aborted it). Collectives go on `stream` (not owned).
   Nccl(ncclComm_t comm, cudaStream_t stream, Options options = {})
       : s_(std::make_unique<State>(comm, stream, options, false, false)) {}
-  // As above, on a stream of its own: communication overlaps compute.
+  // As above, on a stream of its own: communication overlaps compute. If
+  // the program drives other NCCL communicators too (tensor parallelism,
+  // metrics), their collectives may now run concurrently with this one's,
+  // which NCCL warns can deadlock (its kernels block, and some CUDA calls
+  // synchronise the device): then pass the stream those use instead.
   explicit Nccl(ncclComm_t comm, Options options = {})
       : s_(std::make_unique<State>(comm, nullptr, options, false, true)) {}
 
@@ -266,6 +274,7 @@ class Nccl {
         }
         for (Record& r : ring) ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&r.event, cudaEventDisableTiming));
         ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        group_callers.reserve(8);
         ZERO_CUDA_CHECK(cudaMalloc(&scratch, sizeof(float)));
         ZERO_CUDA_CHECK(cudaMemset(scratch, 0, sizeof(float)));
       } catch (...) {
@@ -318,16 +327,22 @@ class Nccl {
 
     // The collective about to be enqueued starts after the work on the
     // caller's current stream (when that is not the communicator's own).
+    // (A stream handle may be nullptr: the legacy default stream, which a
+    // non-blocking stream does not synchronise with. So "another stream" is
+    // a flag, never a null handle.)
     void follow_caller() {
-      caller = zero::cuda::current_stream();
-      if (caller == stream) return;
+      const cudaStream_t current = zero::cuda::current_stream();
+      caller_is_other = current != stream;
+      if (!caller_is_other) return;
+      caller = current;
       ZERO_CUDA_CHECK(cudaEventRecord(fork, caller));
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream, fork, 0));
-      if (group_depth > 0) group_caller = caller;
+      if (group_depth > 0 &&
+          std::find(group_callers.begin(), group_callers.end(), caller) == group_callers.end())
+        group_callers.push_back(caller);
     }
     // ... and the caller's stream waits for it (the event push() just recorded).
     void caller_waits(cudaStream_t c) {
-      if (c == nullptr || c == stream) return;
       const Record& last = ring[(head + pending + ring_capacity - 1) % ring_capacity];
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(c, last.event, 0));
     }
@@ -342,7 +357,7 @@ class Nccl {
         return;
       }
       push(now);
-      caller_waits(caller);
+      if (caller_is_other) caller_waits(caller);
       if (wait) wait_all();
     }
 
@@ -350,11 +365,11 @@ class Nccl {
       if (group_count > 0) {
         group.group_size = group_count;
         push(group);
-        caller_waits(group_caller);
+        for (cudaStream_t c : group_callers) caller_waits(c);
         const bool wait = group_wait;
         group_count = 0;
         group_wait = false;
-        group_caller = nullptr;
+        group_callers.clear();
         if (wait) wait_all();
       }
     }
@@ -411,8 +426,9 @@ class Nccl {
     std::string abort_message;
     float* scratch = nullptr;  // barrier()'s one element
     cudaEvent_t fork = nullptr;  // the caller's stream, before a collective
-    cudaStream_t caller = nullptr;  // the current stream of the collective being issued
-    cudaStream_t group_caller = nullptr;  // ... of the open group's collectives
+    bool caller_is_other = false;  // the collective being issued comes from another current stream,
+    cudaStream_t caller = nullptr;  // ... this one
+    std::vector<cudaStream_t> group_callers;  // the open group's other current streams (capacity reserved)
     cudaStream_t owned_stream = nullptr;  // created by the communicator
 
    private:

@@ -147,6 +147,14 @@ class ZeroOptimizer {
   // Collective. Call once per micro-batch; steps every grad_accumulation_steps.
   StepResult step();
 
+  // Blocks until everything the optimizer enqueued, compute and
+  // communication, has finished (before timing a step, say). On the host
+  // there is nothing to wait for.
+  void synchronize() {
+    overlap_.join();
+    Ops::synchronize();
+  }
+
   double loss_scale() const { return scaler_.scale(); }
   Hyper& hyper() { return hyper_; }  // e.g. hyper().lr = schedule(step)
   const Options& options() const { return options_; }
@@ -212,10 +220,18 @@ class ZeroOptimizer {
   template <class F>
   void communicate(F&& f) {
     {
-      auto lane = overlap_.lane();
+      auto lane = comm_lane();
       f();
     }
     overlap_.join();
+  }
+  // The communication lane (Ops::Overlap), after checking that the
+  // communicator still enqueues where it did at finalize().
+  [[nodiscard]] typename Ops::Overlap::Lane comm_lane() {
+    require(comm_->stream_handle() == comm_stream_,
+            "ZeroOptimizer: the communicator's stream changed after finalize() (was the communicator reassigned?); "
+            "keep the communicator the optimizer was built with alive and unchanged while the optimizer is used");
+    return overlap_.lane();
   }
   // Events of Ops::Overlap: one per gradient staging set, one per gather slot.
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
@@ -257,6 +273,7 @@ class ZeroOptimizer {
   std::size_t staging_sets_ = 1;
   std::size_t set_ = 0;                     // the set the current bucket uses
   typename Ops::Overlap overlap_;
+  void* comm_stream_ = nullptr;             // the communicator's stream at finalize()
   std::size_t max_shard_ = 0;
   struct Pending {
     std::size_t unit;
@@ -288,7 +305,8 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
   layout_.finalize();
   const std::size_t gather_slots = stage == 3 ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
-  overlap_ = typename Ops::Overlap(comm_->stream_handle(), slot_event(gather_slots));
+  comm_stream_ = comm_->stream_handle();
+  overlap_ = typename Ops::Overlap(comm_stream_, slot_event(gather_slots));
   staging_sets_ = overlap_.active() ? 2 : 1;
   check_layout_agreement();
   const std::size_t full = layout_.padded_total(), shard = layout_.shard_total();
@@ -466,7 +484,7 @@ int ZeroOptimizer<P, O, S, F, B>::gather_into_slot(std::size_t unit) {
   param_type* mine = slot + static_cast<std::size_t>(rank()) * u.shard;
   {
     // On the communication stream; acquire_unit waits for the slot's event.
-    auto lane = overlap_.lane();
+    auto lane = comm_lane();
     Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
     comm_->all_gather(mine, slot, u.shard, dtype_traits<param_type>::dtype, false);
     overlap_.mark(slot_event(static_cast<std::size_t>(free_slot)));
@@ -595,7 +613,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
   // All of it on the communication stream (no-op without overlap), after the
   // backward that wrote these gradients; the caller's backward of the next
   // units goes on meanwhile.
-  auto lane = overlap_.lane();
+  auto lane = comm_lane();
   // Three phases, so that a communicator may launch the bucket's collectives
   // as one group: what they read is prepared first, what reads their results
   // runs after.
