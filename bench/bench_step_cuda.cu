@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "probe_policy.hpp"
 #include "zero/cuda/check.cuh"
 #include "zero/kernels/cuda_step.cuh"
@@ -266,67 +267,28 @@ void run_reference(const Options& o, const Device& dev, cudaStream_t stream) {
   cudaFree(dst);
 }
 
-std::size_t parse_count(const char* s) {
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  double scale = 1.0;
-  if (end != nullptr && *end != '\0') {
-    switch (*end) {
-      case 'k':
-      case 'K':
-        scale = 1024.0;
-        break;
-      case 'm':
-      case 'M':
-        scale = 1024.0 * 1024.0;
-        break;
-      case 'g':
-      case 'G':
-        scale = 1024.0 * 1024.0 * 1024.0;
-        break;
-      default:
-        return 0;
-    }
-  }
-  return v > 0 ? static_cast<std::size_t>(v * scale) : 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--n") {
-      o.n = parse_count(value());
-    } else if (a == "--reps") {
-      o.reps = std::atoi(value());
-    } else if (a == "--trials") {
-      o.trials = std::atoi(value());
-    } else if (a == "--json") {
+  zero::bench::Args args(argc, argv,
+                         "[--n PARAMS (K/M/G suffixes)] [--reps R] [--trials T] [--json] [--threads T] "
+                         "[--blocks-per-sm B]");
+  while (args.next()) {
+    if (args.is("--n"))
+      o.n = args.count();
+    else if (args.is("--reps"))
+      o.reps = args.positive();
+    else if (args.is("--trials"))
+      o.trials = args.positive();
+    else if (args.is("--json"))
       o.json = true;
-    } else if (a == "--threads") {
-      o.launch.threads = std::atoi(value());
-    } else if (a == "--blocks-per-sm") {
-      o.launch.blocks_per_sm = std::atoi(value());
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--n PARAMS (K/M/G suffixes)] [--reps R] [--trials T] [--json] [--threads T] "
-                   "[--blocks-per-sm B]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  if (o.n == 0 || o.reps < 1 || o.trials < 1) {
-    std::fprintf(stderr, "--n, --reps and --trials must be positive\n");
-    return 2;
+    else if (args.is("--threads"))
+      o.launch.threads = args.positive();
+    else if (args.is("--blocks-per-sm"))
+      o.launch.blocks_per_sm = args.positive();
+    else
+      args.usage();
   }
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);

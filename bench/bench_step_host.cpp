@@ -2,15 +2,15 @@
 // bandwidth limit of the same access pattern (ProbePolicy through the same
 // kernel, same threads, timed interleaved with the real step in this run).
 //
-//   bench_step_host [--n N] [--reps R] [--json] [--isa portable|avx2|avx512]
+//   bench_step_host [--n N (K/M/G suffixes)] [--reps R] [--json] [--isa portable|avx2|avx512]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "probe_policy.hpp"
 #include "zero/kernels/host_step.hpp"
 #include "zero/optim/adam.hpp"
@@ -92,27 +92,18 @@ void run(const char* label, const typename Opt::Hyper& hyper, const Options& o) 
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--n")
-      o.n = std::strtoull(value(), nullptr, 10);
-    else if (a == "--reps")
-      o.reps = std::atoi(value());
-    else if (a == "--json")
+  zero::bench::Args args(argc, argv, "[--n PARAMS (K/M/G suffixes)] [--reps R] [--json] [--isa portable|avx2|avx512]");
+  while (args.next()) {
+    if (args.is("--n"))
+      o.n = args.count();
+    else if (args.is("--reps"))
+      o.reps = args.positive();
+    else if (args.is("--json"))
       o.json = true;
-    else if (a == "--isa")
-      zero::simd::force_isa(zero::simd::detail::parse_isa(value(), "--isa"));
-    else {
-      std::fprintf(stderr, "usage: %s [--n PARAMS] [--reps R] [--json] [--isa portable|avx2|avx512]\n", argv[0]);
-      return 2;
-    }
+    else if (args.is("--isa"))
+      zero::simd::force_isa(zero::simd::detail::parse_isa(args.value(), "--isa"));
+    else
+      args.usage();
   }
   zero::optim::AdamW::Hyper adamw;
   zero::optim::Sgd::Hyper sgd;

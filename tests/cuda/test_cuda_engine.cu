@@ -591,7 +591,6 @@ void report_tests() {
 template <int S, class P>
 void no_allocation(int ranks) {
   using Opt = zero::ZeroOptimizer<P, zero::optim::AdamW, zero::stage<S>, zero::offload::None, zero::backend::Cuda>;
-  using G = typename Opt::grad_type;
   const std::string label = fmt("allocation stage %d %s, %d ranks", S, precision_name<P>(), ranks);
   std::atomic<long> buffers_during_steps{-1};
   try {
@@ -599,39 +598,14 @@ void no_allocation(int ranks) {
     lo.timeout = std::chrono::seconds(60);
     zero::comm::LocalGroup group(ranks, lo);
     zero::comm::LocalDevice::run(group, [&](zero::comm::LocalDevice& c) {
-      zero::Options o;
-      o.grad_accumulation_steps = 2;
-      o.clip_norm = 1.0;
-      Opt opt(c, {}, o);
-      std::vector<zero::UnitId> units;
-      for (int u = 0; u < 3; ++u) {
-        units.push_back(opt.add_unit("u" + std::to_string(u)));
-        opt.add_param(units.back(), "w" + std::to_string(u), 1000 + 77 * u);
-      }
-      opt.finalize();
-      std::vector<G> host(opt.layout().max_unit());
-      auto micro_batch = [&] {
-        for (auto u : units) {
-          opt.acquire_unit(u);
-          opt.release_unit(u);
-        }
-        for (auto it = units.rbegin(); it != units.rend(); ++it) {
-          opt.acquire_unit(*it);
-          G* g = opt.grad_buffer(*it);
-          const std::size_t n = opt.layout().unit(*it).numel;
-          for (std::size_t i = 0; i < n; ++i) host[i] = zero::from_float<G>(0.01f * static_cast<float>(i % 7));
-          DeviceOps::upload(g, host.data(), n);
-          opt.grad_ready(*it);
-          opt.release_unit(*it);
-        }
-        opt.step();
-      };
-      micro_batch();  // warm-up: the thread's grad-stats workspace, launch-shape caches
-      micro_batch();
+      Opt opt(c, {}, zero::test::steady_state_options());
+      zero::test::SteadyStateRun<Opt> run(opt);
+      run.micro_batch();  // warm-up: the thread's grad-stats workspace, launch-shape caches
+      run.micro_batch();
       c.barrier();
       const auto buffers = DeviceOps::allocation_count();
       c.barrier();
-      for (int i = 0; i < 6; ++i) micro_batch();
+      for (int i = 0; i < 6; ++i) run.micro_batch();
       c.barrier();
       if (c.rank() == 0) buffers_during_steps = static_cast<long>(DeviceOps::allocation_count() - buffers);
       c.barrier();

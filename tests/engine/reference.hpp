@@ -204,6 +204,53 @@ struct TrainSpec {
   bool check_acquired = false;
 };
 
+// The steady-state allocation tests' run (host and CUDA): three units of
+// 1000, 1077 and 1154 elements, two micro-batches per step with clipping, and
+// micro-batches whose gradients arrive through the backend's upload. Every
+// buffer it needs is allocated before the first micro-batch.
+inline Options steady_state_options() {
+  Options o;
+  o.grad_accumulation_steps = 2;
+  o.clip_norm = 1.0;
+  return o;
+}
+
+template <class Opt>
+class SteadyStateRun {
+ public:
+  explicit SteadyStateRun(Opt& opt) : opt_(opt) {
+    for (int u = 0; u < 3; ++u) {
+      units_.push_back(opt_.add_unit("u" + std::to_string(u)));
+      opt_.add_param(units_.back(), "w" + std::to_string(u), static_cast<std::size_t>(1000 + 77 * u));
+    }
+    opt_.finalize();
+    host_.resize(opt_.layout().max_unit());
+  }
+
+  void micro_batch() {
+    using G = typename Opt::grad_type;
+    for (const UnitId u : units_) {
+      opt_.acquire_unit(u);
+      opt_.release_unit(u);
+    }
+    for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
+      opt_.acquire_unit(*it);
+      G* g = opt_.grad_buffer(*it);
+      const std::size_t n = opt_.layout().unit(*it).numel;
+      for (std::size_t i = 0; i < n; ++i) host_[i] = from_float<G>(0.01f * static_cast<float>(i % 7));
+      backend::Ops<typename Opt::backend_policy>::upload(g, host_.data(), n);
+      opt_.grad_ready(*it);
+      opt_.release_unit(*it);
+    }
+    opt_.step();
+  }
+
+ private:
+  Opt& opt_;
+  std::vector<UnitId> units_;
+  std::vector<typename Opt::grad_type> host_;
+};
+
 // One way of running the engine in the equivalence tests.
 inline constexpr std::size_t whole_model_bucket = std::size_t{32} << 20, one_unit_bucket = 1;
 struct Variant {

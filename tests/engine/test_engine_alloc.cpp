@@ -29,42 +29,19 @@ void check_no_allocation(int ranks) {
   INFO("stage " << S << ", ranks " << ranks);
   using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<S>, zero::offload::None,
                                   zero::backend::Host>;
-  using G = typename Opt::grad_type;
   std::atomic<long> news_during_steps{0};
   std::atomic<long> buffers_during_steps{0};
   zero::comm::LocalGroup group(ranks);
   group.run([&](zero::comm::Local& c) {
-    zero::Options o;
-    o.grad_accumulation_steps = 2;
-    o.clip_norm = 1.0;
-    Opt opt(c, {}, o);
-    std::vector<zero::UnitId> units;
-    for (int u = 0; u < 3; ++u) {
-      units.push_back(opt.add_unit("u" + std::to_string(u)));
-      opt.add_param(units.back(), "w" + std::to_string(u), 1000 + 77 * u);
-    }
-    opt.finalize();
-    auto micro_batch = [&] {
-      for (auto u : units) {
-        opt.acquire_unit(u);
-        opt.release_unit(u);
-      }
-      for (auto it = units.rbegin(); it != units.rend(); ++it) {
-        opt.acquire_unit(*it);
-        G* g = opt.grad_buffer(*it);
-        for (std::size_t i = 0; i < opt.layout().unit(*it).numel; ++i) g[i] = zero::from_float<G>(0.01f * (i % 7));
-        opt.grad_ready(*it);
-        opt.release_unit(*it);
-      }
-      opt.step();
-    };
-    micro_batch();  // warm-up: first use of thread pools and scratch space
-    micro_batch();
+    Opt opt(c, {}, zero::test::steady_state_options());
+    zero::test::SteadyStateRun<Opt> run(opt);
+    run.micro_batch();  // warm-up: first use of thread pools and scratch space
+    run.micro_batch();
     c.barrier();
     const long news = g_news.load();
     const auto buffers = zero::backend::Ops<zero::backend::Host>::allocation_count();
     c.barrier();
-    for (int i = 0; i < 6; ++i) micro_batch();
+    for (int i = 0; i < 6; ++i) run.micro_batch();
     c.barrier();
     if (c.rank() == 0) {
       news_during_steps = g_news.load() - news;
