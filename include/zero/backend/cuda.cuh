@@ -285,8 +285,7 @@ struct Ops<Cuda> {
      public:
       Lane() = default;
       Lane(cudaStream_t compute, cudaStream_t comm, cudaEvent_t fork) {
-        ZERO_CUDA_CHECK(cudaEventRecord(fork, compute));
-        ZERO_CUDA_CHECK(cudaStreamWaitEvent(comm, fork, 0));
+        zero::cuda::order_after(comm, compute, fork);
         scope_.emplace(comm);
       }
 
@@ -309,9 +308,7 @@ struct Ops<Cuda> {
     // Outside a lane: the compute stream waits for all communication work
     // enqueued so far.
     void join() {
-      if (!active()) return;
-      ZERO_CUDA_CHECK(cudaEventRecord(events_[join_event], comm_));
-      ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream(), events_[join_event], 0));
+      if (active()) zero::cuda::order_after(stream(), comm_, events_[join_event]);
     }
 
    private:

@@ -169,10 +169,8 @@ class LocalDevice {
     slot_.send = send;
     slot_.recv = recv;
     const cudaStream_t caller = zero::cuda::current_stream();
-    if (caller != stream_) {  // the buffers may have been written on the caller's stream
-      ZERO_CUDA_CHECK(cudaEventRecord(slot_.ready, caller));
-      ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_, slot_.ready, 0));
-    }
+    // The buffers may have been written on the caller's stream.
+    if (caller != stream_) zero::cuda::order_after(stream_, caller, slot_.ready);
     ZERO_CUDA_CHECK(cudaEventRecord(slot_.ready, stream_));
     // The previous collective's last rendezvous guarantees nobody still reads the table.
     group_->send_[static_cast<std::size_t>(rank_)] = &slot_;

@@ -335,8 +335,7 @@ class Nccl {
       caller_is_other = current != stream;
       if (!caller_is_other) return;
       caller = current;
-      ZERO_CUDA_CHECK(cudaEventRecord(fork, caller));
-      ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream, fork, 0));
+      zero::cuda::order_after(stream, caller, fork);
       if (group_depth > 0 &&
           std::find(group_callers.begin(), group_callers.end(), caller) == group_callers.end())
         group_callers.push_back(caller);

@@ -111,6 +111,14 @@ inline void reset_current_stream() {
   s.user_set = false;
 }
 
+// Work enqueued on `waiter` from now on starts after all work enqueued on
+// `producer` so far (through `event`, which is re-recorded; the wait captures
+// this record, so the event may be reused at once). No host wait.
+inline void order_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t event) {
+  ZERO_CUDA_CHECK(cudaEventRecord(event, producer));
+  ZERO_CUDA_CHECK(cudaStreamWaitEvent(waiter, event, 0));
+}
+
 // Makes `stream` the thread's current stream for a scope and restores what
 // was current before (a user's stream or the lazily created one) at its end.
 class CurrentStreamScope {

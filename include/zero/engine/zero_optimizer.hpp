@@ -236,8 +236,16 @@ class ZeroOptimizer {
   // Events of Ops::Overlap: one per gradient staging set, one per gather slot.
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
   static constexpr std::size_t slot_event(std::size_t slot) { return 2 + slot; }
+  // With overlap, two staging sets: the caller writes one bucket while the
+  // previous one is reduced.
+  std::size_t staging_sets() const { return overlap_.active() ? 2 : 1; }
   // Position of a bucket's i-th unit in the staging buffers.
   std::size_t staging_slot(std::size_t i) const { return set_ * bucket_units_ + i; }
+
+  // Collective: every unit, padded, into host memory `out`, from each rank's
+  // updated range of it (owned(u): where that range lives on this rank).
+  template <class T, class Owned>
+  void gather_units(T* out, Owned owned);
 
   void check_layout_agreement();
   void account_memory();
@@ -268,10 +276,7 @@ class ZeroOptimizer {
   Buffer<float> reduce_staging_fp32_;       // a unit widened to fp32, when reducing 16-bit gradients in fp32
   Buffer<grad_type> shard_staging_;         // a reduce-scatter's result before accumulation
   std::size_t bucket_units_ = 1;            // units whose reductions are launched together
-  // With overlap, two staging sets: the caller writes one bucket while the
-  // previous one is reduced.
-  std::size_t staging_sets_ = 1;
-  std::size_t set_ = 0;                     // the set the current bucket uses
+  std::size_t set_ = 0;                     // the staging set the current bucket uses
   typename Ops::Overlap overlap_;
   void* comm_stream_ = nullptr;             // the communicator's stream at finalize()
   std::size_t max_shard_ = 0;
@@ -307,7 +312,6 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   const std::size_t gather_slots = stage == 3 ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
   comm_stream_ = comm_->stream_handle();
   overlap_ = typename Ops::Overlap(comm_stream_, slot_event(gather_slots));
-  staging_sets_ = overlap_.active() ? 2 : 1;
   check_layout_agreement();
   const std::size_t full = layout_.padded_total(), shard = layout_.shard_total();
   const std::size_t owned = stage == 0 ? full : shard;
@@ -322,7 +326,7 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   // A bucket: as many units as fit in Options::bucket_bytes (at least one).
   bucket_units_ = std::clamp<std::size_t>(options_.bucket_bytes / (max_unit * sizeof(grad_type)), 1,
                                           layout_.units().size());
-  const std::size_t staged = staging_sets_ * bucket_units_;
+  const std::size_t staged = staging_sets() * bucket_units_;
   if (!takes_gradients_in_place()) grad_staging_ = Buffer<grad_type>(staged * max_unit);
   if (options_.reduce_dtype == ReduceDType::fp32 && !std::is_same_v<grad_type, float>)
     reduce_staging_fp32_ = Buffer<float>((stage == 1 ? 1 : staged) * max_unit);
@@ -420,16 +424,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
   require_finalized("gather_masters");
-  // One unit at a time through a backend buffer (collectives take backend memory).
-  Buffer<float> unit_buffer(layout_.max_unit());
-  communicate([&] {
-    for (const auto& u : layout_.units()) {
-      float* mine = unit_buffer.data() + update_begin(u);
-      Ops::copy(mine, master_ptr(u), update_size(u));
-      if (stage != 0) comm_->all_gather(mine, unit_buffer.data(), u.shard, DType::f32, true);
-      Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
-    }
-  });
+  gather_units(out, [this](const UnitInfo& u) { return master_ptr(u); });
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -438,16 +433,23 @@ void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
   if constexpr (stage <= 2) {
     Ops::download(out, params_.data(), layout_.padded_total());
   } else {
-    Buffer<param_type> unit_buffer(layout_.max_unit());
-    communicate([&] {
-      for (const auto& u : layout_.units()) {
-        param_type* mine = unit_buffer.data() + static_cast<std::size_t>(rank()) * u.shard;
-        Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
-        comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<param_type>::dtype, true);
-        Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
-      }
-    });
+    gather_units(out, [this](const UnitInfo& u) { return param_ptr(u); });
   }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+template <class T, class Owned>
+void ZeroOptimizer<P, O, S, F, B>::gather_units(T* out, Owned owned) {
+  // One unit at a time through a backend buffer (collectives take backend memory).
+  Buffer<T> unit_buffer(layout_.max_unit());
+  communicate([&] {
+    for (const auto& u : layout_.units()) {
+      T* mine = unit_buffer.data() + update_begin(u);
+      Ops::copy(mine, owned(u), update_size(u));
+      if (stage != 0) comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<T>::dtype, true);
+      Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
+    }
+  });
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -666,7 +668,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
     }
   }
   overlap_.mark(staging_event(set_));
-  set_ = (set_ + 1) % staging_sets_;
+  set_ = (set_ + 1) % staging_sets();
   pending_.clear();
 }
 
