@@ -12,7 +12,9 @@
 //   zero_plan --unit-sizes 1000,1077,37+1 --stage 2 --json
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -25,31 +27,20 @@ namespace {
 
 namespace plan = zero::plan;
 
-// "7B", "1.5M", "350K", "2T", "124439808": a count of parameters (powers of 1000).
-std::uint64_t parse_count(const std::string& text, const std::string& option) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  double scale = 1;
-  const std::string rest = text.substr(used);
-  if (rest == "K" || rest == "k") scale = 1e3;
-  else if (rest == "M") scale = 1e6;
-  else if (rest == "B" || rest == "G") scale = 1e9;
-  else if (rest == "T") scale = 1e12;
-  else if (!rest.empty()) used = 0;
-  const double n = std::round(value * scale);
-  if (used == 0 || !(n >= 1) || n > 1e15)
-    throw CLI::ValidationError(option, "'" + text + "' is not a count; write a positive number with an optional "
-                                       "K/M/B/T suffix (powers of 1000), e.g. 7B or 350M");
-  return static_cast<std::uint64_t>(n);
-}
+// A number with an optional suffix, in powers of `base`: counts of
+// parameters in powers of 1000 ("7B", "1.5M", "350K"), bytes in powers of
+// 1024 ("80G", "80GiB", "512M").
+struct Scale {
+  double base;
+  const char* suffixes;  // the i-th stands for base^(i+1)
+  const char* what;      // for the error message
+};
+constexpr Scale count_scale{1000, "KMBT", "a count; write a positive number with an optional K/M/B/T suffix (powers "
+                                          "of 1000), e.g. 7B or 350M"};
+constexpr Scale byte_scale{1024, "KMGT", "a size; write a positive number of bytes with an optional K/M/G/T suffix "
+                                         "(powers of 1024), e.g. 80G or 512M"};
 
-// "80G", "80GiB", "512M", "1T", "4096": bytes (powers of 1024).
-std::uint64_t parse_bytes(const std::string& text, const std::string& option) {
+std::uint64_t parse_scaled(const std::string& text, const std::string& option, const Scale& scale) {
   std::size_t used = 0;
   double value = 0;
   try {
@@ -58,18 +49,18 @@ std::uint64_t parse_bytes(const std::string& text, const std::string& option) {
     used = 0;
   }
   std::string rest = text.substr(used);
-  if (rest.ends_with("iB")) rest.resize(rest.size() - 2);  // 80GiB
-  else if (rest.ends_with("B")) rest.resize(rest.size() - 1);  // 80GB (read as GiB), 4096B
-  double scale = 1;
-  if (rest == "K" || rest == "k") scale = 1024.0;
-  else if (rest == "M") scale = 1024.0 * 1024;
-  else if (rest == "G") scale = 1024.0 * 1024 * 1024;
-  else if (rest == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (!rest.empty()) used = 0;
-  const double n = std::round(value * scale);
+  if (&scale == &byte_scale) {
+    if (rest.ends_with("iB")) rest.resize(rest.size() - 2);        // 80GiB
+    else if (rest.ends_with("B")) rest.resize(rest.size() - 1);    // 80GB (read as GiB), 4096B
+  }
+  if (!rest.empty()) {
+    const char* at = rest.size() == 1 ? std::strchr(scale.suffixes, std::toupper(rest[0])) : nullptr;
+    if (at == nullptr || *at == '\0') used = 0;
+    else value *= std::pow(scale.base, static_cast<double>(at - scale.suffixes + 1));
+  }
+  const double n = std::round(value);
   if (used == 0 || !(n >= 1) || n > 1e18)
-    throw CLI::ValidationError(option, "'" + text + "' is not a size; write a positive number of bytes with an "
-                                       "optional K/M/G/T suffix (powers of 1024), e.g. 80G or 512M");
+    throw CLI::ValidationError(option, "'" + text + "' is not " + scale.what);
   return static_cast<std::uint64_t>(n);
 }
 
@@ -83,7 +74,7 @@ plan::Model parse_units(const std::string& text) {
     std::size_t p = start;
     while (p <= comma) {
       const std::size_t plus = std::min(text.find('+', p), comma);
-      u.params.push_back(static_cast<std::size_t>(parse_count(text.substr(p, plus - p), "--unit-sizes")));
+      u.params.push_back(static_cast<std::size_t>(parse_scaled(text.substr(p, plus - p), "--unit-sizes", count_scale)));
       p = plus + 1;
     }
     m.units.push_back(std::move(u));
@@ -93,39 +84,31 @@ plan::Model parse_units(const std::string& text) {
   return m;
 }
 
-// Binary units; a dash for nothing in tables (`dash`), "0 B" in sentences.
-std::string bytes_text(std::uint64_t b, bool dash = true) {
-  if (b == 0) return dash ? "-" : "0 B";
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(b);
-  int i = 0;
-  while (v >= 1024 && i < 5) {
-    v /= 1024;
-    ++i;
-  }
-  char s[32];
-  std::snprintf(s, sizeof s, i == 0 ? "%.0f %s" : "%.2f %s", v, units[i]);
-  return s;
-}
-
-std::string count_text(std::uint64_t n) {
-  const char* units[] = {"", " K", " M", " B", " T"};
+// n in the largest of `units` (powers of `base`) that keeps it >= 1.
+template <std::size_t K>
+std::string scaled_text(std::uint64_t n, double base, const char* const (&units)[K]) {
   double v = static_cast<double>(n);
-  int i = 0;
-  while (v >= 1000 && i < 4) {
-    v /= 1000;
-    ++i;
-  }
+  std::size_t i = 0;
+  for (; v >= base && i + 1 < K; ++i) v /= base;
   char s[32];
   std::snprintf(s, sizeof s, i == 0 ? "%.0f%s" : "%.2f%s", v, units[i]);
   return s;
+}
+// Binary units; a dash for nothing in tables (`dash`), "0 B" in sentences.
+std::string bytes_text(std::uint64_t b, bool dash = true) {
+  static const char* const units[] = {" B", " KiB", " MiB", " GiB", " TiB", " PiB"};
+  return b == 0 && dash ? "-" : scaled_text(b, 1024, units);
+}
+std::string count_text(std::uint64_t n) {
+  static const char* const units[] = {"", " K", " M", " B", " T"};
+  return scaled_text(n, 1000, units);
 }
 
 void print_table(const plan::Plan& p) {
   const plan::Config& c = p.config;
   const std::size_t pb = plan::element_bytes(c.precision);
   const std::uint64_t k = (c.precision != plan::Precision::fp32 ? 4 : 0) + 4 * static_cast<std::uint64_t>(c.state_slots);
-  std::printf("model: %s = %s parameters (%llu; %llu with padding) in %zu unit(s)\n", c.model.description.c_str(),
+  std::printf("model: %s; %s parameters (%llu; %llu with padding) in %zu unit(s)\n", c.model.description.c_str(),
               count_text(p.param_elements).c_str(), static_cast<unsigned long long>(p.param_elements),
               static_cast<unsigned long long>(p.padded_elements), c.model.units.size());
   std::printf("run: %d rank(s) (%d per node x %d node(s)), stage %d, %s, %s (K = %llu bytes/parameter), offload %s\n",
@@ -226,17 +209,24 @@ void print_verdict(std::FILE* out, const plan::Plan& p, const Limits& limits) {
     }
     if (found) break;
   }
-  if (c.stage >= 1)  // stage 0 keeps everything whole: more ranks do not help
-    for (int nodes = c.nodes * 2; nodes <= c.nodes * 4096; nodes *= 2) {
+  // More nodes: at this stage, else at stage 3 (stage 0 keeps everything
+  // whole, and stages 1-2 keep whole parameters: more ranks may not help).
+  for (const int s : {c.stage, 3}) {
+    bool found = false;
+    for (int nodes = c.nodes * 2; s >= 1 && nodes <= c.nodes * 4096 && !found; nodes *= 2) {
       plan::Config t = c;
+      t.stage = s;
       t.nodes = nodes;
       const plan::Plan q = plan::make_plan(t);
       if (limits.fit(q)) {
-        fixes.push_back("--nodes " + std::to_string(nodes) + " (" + std::to_string(q.config.ranks()) + " ranks, " +
-                        footprint(q) + ")");
-        break;
+        fixes.push_back((s != c.stage ? "--stage " + std::to_string(s) + " " : std::string()) + "--nodes " +
+                        std::to_string(nodes) + " (" + std::to_string(q.config.ranks()) + " ranks, " + footprint(q) +
+                        ")");
+        found = true;
       }
     }
+    if (found) break;
+  }
   std::string advice;
   for (const auto& f : fixes) advice += (advice.empty() ? "" : ", or ") + f;
   std::fprintf(out, "verdict: does not fit: %s; %s\n", over.c_str(),
@@ -307,7 +297,7 @@ int main(int argc, char** argv) {
   app.add_option("--reduce-dtype", reduce, "Options::reduce_dtype: grad (the gradient type) or fp32")
       ->check(CLI::IsMember({"grad", "fp32"}));
   app.add_flag("--overlap,!--no-overlap", config.overlap,
-               "Communication on its own stream (NCCL's default): gradient staging double-buffered");
+               "Communication on its own stream (default on, as comm::Nccl on GPUs): gradient staging double-buffered; --no-overlap for host communicators (Local, Mpi)");
   app.add_option("--nvme-window-shards", config.nvme_window_shards,
                  "--offload nvme: unit shards of master + states staged in pinned host memory")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
@@ -321,9 +311,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (!params_text.empty()) {
-      config.model = plan::uniform_model(parse_count(params_text, "--params"), units);
-      config.model.description = count_text(config.model.param_count()) + " parameters in " + std::to_string(units) +
-                                 " equal unit(s)";
+      config.model = plan::uniform_model(parse_scaled(params_text, "--params", count_scale), units);
+      config.model.description = "--params " + params_text + " in " + std::to_string(units) + " equal unit(s)";
     } else if (layers_opt->count() > 0) {
       if (heads != 0 && width % heads != 0)
         throw CLI::ValidationError("--heads", std::to_string(heads) + " does not divide --width " +
@@ -346,10 +335,10 @@ int main(int argc, char** argv) {
                                                                                          : plan::Precision::bf16;
     config.optimizer = optimizer;
     config.state_slots = optimizer == "sgd" ? 1 : 2;
-    config.options.bucket_bytes = parse_bytes(bucket_text, "--bucket-bytes");
+    config.options.bucket_bytes = parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
     config.options.reduce_dtype = reduce == "fp32" ? zero::ReduceDType::fp32 : zero::ReduceDType::same_as_grad;
-    if (!device_text.empty()) limits.device = parse_bytes(device_text, "--device-memory");
-    if (!host_text.empty()) limits.host = parse_bytes(host_text, "--host-memory");
+    if (!device_text.empty()) limits.device = parse_scaled(device_text, "--device-memory", byte_scale);
+    if (!host_text.empty()) limits.host = parse_scaled(host_text, "--host-memory", byte_scale);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     std::fprintf(stderr, "zero_plan: %s\nRun zero_plan --help for the options and their defaults.\n", e.what());

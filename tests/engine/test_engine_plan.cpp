@@ -32,13 +32,6 @@ using Configs = std::tuple<Config<0, Full<float>, Sgd>, Config<0, Mixed<bf16>, A
                            Config<1, Full<float>, Sgd>, Config<2, Mixed<bf16>, Sgd>, Config<2, Full<float>, AdamW>,
                            Config<3, Mixed<bf16>, AdamW>, Config<3, Mixed<fp16>, Sgd>>;
 
-template <class P>
-plan::Precision precision_of() {
-  if constexpr (std::is_same_v<P, Full<float>>) return plan::Precision::fp32;
-  else if constexpr (std::is_same_v<typename P::param_type, bf16>) return plan::Precision::bf16;
-  else return plan::Precision::fp16;
-}
-
 struct Measured {
   zero::MemoryReport memory;
   zero::CommReport comm;
@@ -114,24 +107,18 @@ TEMPLATE_LIST_TEST_CASE("the planner's bytes and traffic equal what real optimiz
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
-  const plan::Precision config_precision = precision_of<typename TestType::Precision>();
   for (const auto& model : models)
     for (const int ranks : {1, 2, 3, 4, 7})
       for (const auto& v : variants) {
-        INFO("stage " << TestType::stage << ", " << plan::name(config_precision) << ", " << TestType::Optimizer::name << ", " << ranks << " rank(s), " << v.name
+        INFO("stage " << TestType::stage << ", " << plan::name(plan::precision_of<typename TestType::Precision>()) << ", " << TestType::Optimizer::name << ", " << ranks << " rank(s), " << v.name
                       << ", model " << model.units.size() << " units");
-        plan::Config config;
-        config.model = model;
-        config.ranks_per_node = ranks;
-        config.stage = TestType::stage;
-        config.precision = config_precision;
-        config.optimizer = TestType::Optimizer::name;
-        config.state_slots = TestType::Optimizer::state_slots;
-        config.overlap = false;  // host communicators do not overlap
-        config.options.grad_accumulation_steps = v.accumulation;
-        config.options.bucket_bytes = v.bucket_bytes;
-        config.options.prefetch_units = v.prefetch;
-        config.options.reduce_dtype = v.reduce;
+        zero::Options options;
+        options.grad_accumulation_steps = v.accumulation;
+        options.bucket_bytes = v.bucket_bytes;
+        options.prefetch_units = v.prefetch;
+        options.reduce_dtype = v.reduce;
+        // Host communicators do not overlap: one staging set.
+        const plan::Config config = plan::config_for<Opt>(model, ranks, options, false);
         const plan::Plan p = plan::make_plan(config);
         const auto measured = measure<Opt>(model, ranks, config.options, steps);
         for (const auto& [m, c] : measured) {

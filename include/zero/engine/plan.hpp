@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/communicator.hpp"
@@ -29,6 +31,7 @@
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/error.hpp"
+#include "zero/precision/types.hpp"
 
 namespace zero::plan {
 
@@ -53,6 +56,14 @@ inline const char* name(Offload o) {
 }
 // Bytes of a parameter or gradient element (the engine keeps both in one type).
 inline std::size_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+
+// The planner's name for a precision policy (zero/policies.hpp).
+template <class PrecisionPolicy>
+constexpr Precision precision_of() {
+  if constexpr (!PrecisionPolicy::mixed) return Precision::fp32;
+  else if constexpr (std::is_same_v<typename PrecisionPolicy::param_type, bf16>) return Precision::bf16;
+  else return Precision::fp16;
+}
 
 // A model as the engine sees it: units (what stage 3 gathers at once), each a
 // list of parameter sizes in registration order (each parameter starts on an
@@ -136,6 +147,22 @@ struct Config {
     options.validate();
   }
 };
+
+// The configuration of an optimizer type (precision, optimizer, stage) on
+// `ranks` ranks of one node, as ZeroOptimizer<...> would run it.
+template <class Opt>
+Config config_for(Model model, int ranks, const Options& options, bool overlap) {
+  Config c;
+  c.model = std::move(model);
+  c.ranks_per_node = ranks;
+  c.stage = Opt::stage;
+  c.precision = precision_of<typename Opt::precision_policy>();
+  c.optimizer = Opt::optimizer_policy::name;
+  c.state_slots = Opt::state_slots;
+  c.options = options;
+  c.overlap = overlap;
+  return c;
+}
 
 // One kind of buffer, in bytes per rank by where it lives.
 struct Line {
