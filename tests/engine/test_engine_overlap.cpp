@@ -311,6 +311,13 @@ TEMPLATE_LIST_TEST_CASE("a late communication lane trains exactly like the refer
           overlapped_staging = overlapped.memory_report().communication_buffers;
         });
         CHECK(overlapped_staging > plain_staging);
+        // Exactly the double-buffered sizes the planner predicts (engine/plan.hpp).
+        zero::plan::Model model;
+        model.units = {{"u", {1000}}};
+        CHECK(plain_staging ==
+              zero::plan::make_plan(zero::plan::config_for<Plain>(model, 1, options, false)).communication_buffers());
+        CHECK(overlapped_staging ==
+              zero::plan::make_plan(zero::plan::config_for<Opt>(model, 1, options, true)).communication_buffers());
       }
     }
   }

@@ -4,6 +4,8 @@
 // tests can hold the code to the paper's formulas.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -27,6 +29,15 @@ struct MemoryReport {
   std::uint64_t communication_buffers = 0;
 
   std::uint64_t model_states() const { return params + grads + master + optimizer_states; }
+
+  // The padding share of `bytes` of model-state buffers: the fraction of the
+  // padded elements that belong to no parameter (the same in each buffer).
+  static std::uint64_t padding_share(std::uint64_t param_elements, std::uint64_t padded_elements,
+                                     std::uint64_t bytes) {
+    const double fraction =
+        1.0 - static_cast<double>(param_elements) / static_cast<double>(std::max<std::uint64_t>(1, padded_elements));
+    return static_cast<std::uint64_t>(std::llround(fraction * static_cast<double>(bytes)));
+  }
   std::uint64_t total() const { return model_states() + communication_buffers; }
 
   std::string to_json() const {

@@ -33,6 +33,7 @@
 #include "zero/backend/host.hpp"
 #include "zero/comm/any_communicator.hpp"
 #include "zero/comm/communicator.hpp"
+#include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
@@ -252,7 +253,7 @@ class ZeroOptimizer {
   void zero_gaps(const UnitInfo& u, grad_type* staging);
   // Stages 0 and 1 without accumulation take the caller's gradient straight
   // into the full gradient buffer (no staging, no copy).
-  bool takes_gradients_in_place() const { return stage <= 1 && options_.grad_accumulation_steps == 1; }
+  bool takes_gradients_in_place() const { return gradients_in_place(stage, options_); }
   // Launches the reductions of every pending gradient (see grad_ready).
   void flush_gradients();
   int gather_into_slot(std::size_t unit);
@@ -313,31 +314,25 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   comm_stream_ = comm_->stream_handle();
   overlap_ = typename Ops::Overlap(comm_stream_, slot_event(gather_slots));
   check_layout_agreement();
-  const std::size_t full = layout_.padded_total(), shard = layout_.shard_total();
-  const std::size_t owned = stage == 0 ? full : shard;
-
-  params_ = Buffer<param_type>(stage == 3 ? shard : full);
-  grads_ = Buffer<grad_type>(stage >= 2 ? shard : full);
-  if constexpr (separate_master) master_ = Buffer<float>(owned);
-  for (int k = 0; k < state_slots; ++k) states_[k] = Buffer<float>(owned);
-
-  const std::size_t max_unit = layout_.max_unit();
-  for (const auto& u : layout_.units()) max_shard_ = std::max(max_shard_, u.shard);
-  // A bucket: as many units as fit in Options::bucket_bytes (at least one).
-  bucket_units_ = std::clamp<std::size_t>(options_.bucket_bytes / (max_unit * sizeof(grad_type)), 1,
-                                          layout_.units().size());
-  const std::size_t staged = staging_sets() * bucket_units_;
-  if (!takes_gradients_in_place()) grad_staging_ = Buffer<grad_type>(staged * max_unit);
-  if (options_.reduce_dtype == ReduceDType::fp32 && !std::is_same_v<grad_type, float>)
-    reduce_staging_fp32_ = Buffer<float>((stage == 1 ? 1 : staged) * max_unit);
-  if constexpr (stage >= 2) shard_staging_ = Buffer<grad_type>(staged * max_shard_);
+  // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
+  const BufferSizes sizes = buffer_sizes(
+      layout_, BufferSpec{stage, separate_master, sizeof(grad_type), state_slots, overlap_.active()}, options_);
+  params_ = Buffer<param_type>(sizes.params);
+  grads_ = Buffer<grad_type>(sizes.grads);
+  if constexpr (separate_master) master_ = Buffer<float>(sizes.master);
+  for (int k = 0; k < state_slots; ++k) states_[k] = Buffer<float>(sizes.state_per_slot);
+  max_shard_ = sizes.max_shard;
+  bucket_units_ = sizes.bucket_units;
+  grad_staging_ = Buffer<grad_type>(sizes.grad_staging);
+  reduce_staging_fp32_ = Buffer<float>(sizes.reduce_staging_fp32);
+  shard_staging_ = Buffer<grad_type>(sizes.shard_staging);
   pending_.reserve(bucket_units_);
   if constexpr (stage == 3) {
-    gather_slots_ = Buffer<param_type>(gather_slots * max_unit);
+    gather_slots_ = Buffer<param_type>(sizes.gather_slots);
     slot_unit_.assign(gather_slots, npos);
     slot_in_use_.assign(gather_slots, false);
   }
-  control_ = Buffer<double>(2);
+  control_ = Buffer<double>(sizes.control);
   reduced_this_micro_.assign(layout_.units().size(), false);
   account_memory();
   finalized_ = true;
@@ -384,10 +379,7 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
   m.grads = grads_.bytes();
   m.master = master_.bytes();
   for (int k = 0; k < state_slots; ++k) m.optimizer_states += states_[k].bytes();
-  // Padding share of the model-state buffers (same fraction in each).
-  const double pad_fraction =
-      1.0 - static_cast<double>(m.param_elements) / static_cast<double>(std::max<std::uint64_t>(1, m.padded_elements));
-  m.padding = static_cast<std::uint64_t>(std::llround(pad_fraction * static_cast<double>(m.model_states())));
+  m.padding = MemoryReport::padding_share(m.param_elements, m.padded_elements, m.model_states());
   m.communication_buffers =
       grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gather_slots_.bytes();
   memory_ = m;

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Runs the built zero_plan as a user would: its --json output must follow the
+documented schema (the docs' plotting script reads it), add up, and agree
+with the ZeRO paper's formulas computed here; --help, bad input (exit 2,
+naming the option) and the --device-memory verdict are checked too.
+The byte-exact agreement with real optimizers is tests/engine/test_engine_plan.cpp.
+
+usage: check_plan.py ZERO_PLAN
+"""
+import json
+import subprocess
+import sys
+
+PLAN = sys.argv[1]
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def run(*args):
+    return subprocess.run([PLAN, *args], capture_output=True, text=True, timeout=60)
+
+
+def plan_json(*args):
+    r = run("--json", *args)
+    if r.returncode != 0:
+        raise SystemExit(f"zero_plan --json {' '.join(args)} exited {r.returncode}: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def check_schema(doc, what):
+    check(set(doc) == {"config", "lines", "total", "paper", "comm"}, f"{what}: top-level keys {sorted(doc)}")
+    for key in ("params", "ranks", "stage", "offload", "precision", "optimizer"):
+        check(key in doc["config"], f"{what}: config lacks {key}")
+    for line in doc["lines"]:
+        check(set(line) == {"name", "device", "host", "disk"}, f"{what}: line keys {sorted(line)}")
+        check(all(isinstance(line[k], int) and line[k] >= 0 for k in ("device", "host", "disk")),
+              f"{what}: line {line['name']} has a non-integer or negative byte count")
+    check(set(doc["total"]) == {"device", "host", "disk"}, f"{what}: total keys")
+    check(set(doc["paper"]) == {"model_state_bytes"}, f"{what}: paper keys")
+    check(set(doc["comm"]) == {"elements_per_step", "bytes_sent_per_step", "bytes_received_per_step"},
+          f"{what}: comm keys")
+    # Every line but padding (a share of the model-state lines) adds to the total.
+    for tier in ("device", "host", "disk"):
+        summed = sum(l[tier] for l in doc["lines"] if l["name"] != "padding")
+        check(summed == doc["total"][tier], f"{what}: {tier} lines add to {summed}, total says {doc['total'][tier]}")
+
+
+def paper_bytes(stage, phi, n, p, g, k):
+    return [(p + g + k) * phi, (p + g) * phi + k * phi // n, p * phi + (g + k) * phi // n,
+            (p + g + k) * phi // n][stage]
+
+
+# Units that split into aligned shards without padding: the plan's model
+# states are the paper's formula exactly; traffic 2Φ or 3Φ (N-1)/N elements.
+phi = 8 * 8 * 64 * 1000
+for stage in range(4):
+    for precision, p, k in (("bf16", 2, 12), ("fp32", 4, 8)):
+        for n in (1, 2, 8):
+            what = f"stage {stage}, {precision}, N {n}"
+            doc = plan_json("--params", str(phi), "--units", "8", "--stage", str(stage), "--precision", precision,
+                            "--ranks-per-node", str(n))
+            check_schema(doc, what)
+            c = doc["config"]
+            check((c["params"], c["ranks"], c["stage"], c["precision"], c["optimizer"], c["offload"]) ==
+                  (phi, n, stage, precision, "adamw", "none"), f"{what}: config {c}")
+            expected = paper_bytes(stage, phi, n, p, p, k)
+            check(doc["paper"]["model_state_bytes"] == expected, f"{what}: paper {doc['paper']} != {expected}")
+            states = sum(l["device"] for l in doc["lines"]
+                         if l["name"] in ("params", "grads", "master", "optimizer_states"))
+            check(states == expected, f"{what}: model states {states} != paper {expected}")
+            elements = (3 if stage == 3 else 2) * phi * (n - 1) // n
+            check(doc["comm"]["elements_per_step"] == elements, f"{what}: elements {doc['comm']}")
+            check(doc["comm"]["bytes_sent_per_step"] == p * elements, f"{what}: bytes sent {doc['comm']}")
+            check(doc["comm"]["bytes_received_per_step"] == p * elements, f"{what}: bytes received")
+
+# Parameter counts: suffixes, and GPT-2 small's published 124,439,808.
+check(plan_json("--params", "7B", "--units", "32")["config"]["params"] == 7_000_000_000, "--params 7B")
+check(plan_json("--params", "1.5M")["config"]["params"] == 1_500_000, "--params 1.5M")
+gpt2 = plan_json("--layers", "12", "--width", "768", "--vocab", "50257", "--context", "1024", "--heads", "12")
+check(gpt2["config"]["params"] == 124_439_808, f"GPT-2 small: {gpt2['config']['params']}")
+check(plan_json("--unit-sizes", "37+1,129+6,5+3,1")["config"]["params"] == 182, "--unit-sizes")
+
+# Offload: host and disk tiers used, device relieved.
+none = plan_json("--params", "7B", "--units", "32", "--stage", "2", "--ranks-per-node", "8")
+cpu = plan_json("--params", "7B", "--units", "32", "--stage", "2", "--ranks-per-node", "8", "--offload", "cpu")
+nvme = plan_json("--params", "7B", "--units", "32", "--stage", "2", "--ranks-per-node", "8", "--offload", "nvme")
+check_schema(cpu, "offload cpu")
+check_schema(nvme, "offload nvme")
+check(cpu["total"]["device"] < none["total"]["device"] and cpu["total"]["host"] > 0, "offload cpu tiers")
+disk = 12 * 7_000_000_000 // 8  # fp32 master, m and v of Φ/N, plus a little padding
+check(disk <= nvme["total"]["disk"] < disk * 1.001, f"offload nvme: disk {nvme['total']['disk']}, about {disk}")
+check(nvme["total"]["host"] < cpu["total"]["host"], "offload nvme needs less host memory than cpu")
+
+# --help lists the options with their defaults.
+h = run("--help")
+check(h.returncode == 0, "--help exits 0")
+for text in ("--params", "--unit-sizes", "--offload", "--bucket-bytes", "32M", "bf16", "adamw", "--device-memory"):
+    check(text in h.stdout, f"--help mentions {text}")
+
+# Bad input: exit 2 and a message that names the option.
+for args, option in ((["--params", "7X"], "--params"), (["--params", "7B", "--stage", "5"], "--stage"),
+                     (["--params", "7B", "--stage", "0", "--offload", "cpu"], "--offload"),
+                     (["--params", "7B", "--precision", "fp8"], "--precision"),
+                     (["--params", "7B", "--device-memory", "lots"], "--device-memory"),
+                     (["--layers", "2", "--width", "30", "--vocab", "5", "--context", "4", "--heads", "4"], "--heads"),
+                     (["--stage", "2"], "--params")):
+    r = run(*args)
+    check(r.returncode == 2, f"{args}: exit {r.returncode}, wanted 2")
+    check(option in r.stderr, f"{args}: stderr does not name {option}: {r.stderr!r}")
+
+# Verdicts: 7B with AdamW in bf16 is 16 bytes a parameter, 104 GiB at stage 0.
+r = run("--params", "7B", "--units", "32", "--stage", "0", "--ranks-per-node", "8", "--device-memory", "80G")
+verdict = [l for l in r.stdout.splitlines() if l.startswith("verdict:")]
+check(len(verdict) == 1 and "does not fit" in verdict[0] and "--stage 1" in verdict[0], f"verdict: {verdict}")
+r = run("--params", "7B", "--units", "32", "--stage", "3", "--ranks-per-node", "8", "--device-memory", "80G")
+check("verdict: fits" in r.stdout, f"stage 3 verdict: {r.stdout[-300:]}")
+r = run("--json", "--params", "7B", "--units", "32", "--stage", "0", "--device-memory", "80G")
+json.loads(r.stdout)  # the verdict goes to stderr with --json
+check("verdict: does not fit" in r.stderr and "--offload cpu" in r.stderr, f"json verdict: {r.stderr}")
+
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("zero_plan: schema, formulas, parsing, errors and verdicts as documented")
