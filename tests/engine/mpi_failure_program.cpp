@@ -73,8 +73,10 @@ void train(zero::comm::Mpi& comm, const std::string& scenario) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  zero::comm::MpiRuntime mpi(&argc, &argv);
   try {
+    // Inside the try, as in the example trainer: an exception unwinds past
+    // it before the catch path runs, and it must not finalise MPI then.
+    zero::comm::MpiRuntime mpi(&argc, &argv);
     if (argc != 3) throw zero::InvalidArgument("usage: mpi_failure_program SCENARIO TIMEOUT_MS");
     zero::comm::Mpi::Options options;
     options.timeout = std::chrono::milliseconds(std::atol(argv[2]));
