@@ -41,8 +41,9 @@ namespace zero::comm {
 // except while an exception unwinds past it: MPI_Finalize waits for every
 // rank (Open MPI synchronises them there), and the others may be waiting in a
 // collective for this one. MPI stays up for the catch path's abort_mpi_job();
-// a process that exits without it still ends an Open MPI job, because mpirun
-// aborts a job one of whose processes exits without finalising.
+// a catch path without it that returns a non-zero status still ends an Open
+// MPI job (mpirun aborts the others when a process exits with one), without
+// the message.
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv) : unwinding_at_start_(std::uncaught_exceptions()) {
