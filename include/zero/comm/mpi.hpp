@@ -222,13 +222,13 @@ class Mpi {
 
   Call start(const char* kind, std::size_t count, DType t) { return Call{kind, count, t, ++calls_, clock::now()}; }
 
-  // `issued`: what the MPI_I* function that started the call returned.
-  // Polls the call's request until it completes. MPI_Test also drives MPI's
-  // progress, so the first polls come back to back (a collective between
-  // ranks that arrive together completes within microseconds); a longer wait
-  // means a peer is still computing, and the rank sleeps between polls (up to
-  // a millisecond, a 16th of the time waited so far) so as not to take a
-  // core from it. Past the timeout the job ends (time_out).
+  // Waits for the call that an MPI_I* function (which returned `issued`)
+  // started. MPI_Test also drives MPI's progress, so for the first 50 us the
+  // polls only yield between them (ranks that arrive together finish a
+  // collective within microseconds); a longer wait means a peer is still
+  // computing, and the rank sleeps between polls (a 16th of the time waited,
+  // at most 1 ms) so as not to take a core from it. Past the timeout the job
+  // ends (time_out).
   void complete(Call& call, int issued, const char* function) {
     check(issued, function, &call);
     for (;;) {
