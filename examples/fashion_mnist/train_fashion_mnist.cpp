@@ -312,6 +312,9 @@ int main(int argc, char** argv) {
     std::printf("test_accuracy=%.4f\n", accuracy);
     return 0;
   } catch (const std::exception& e) {
+#if defined(ZERO_EXAMPLE_HAVE_MPI)
+    zero::comm::abort_mpi_job(e.what());  // in an MPI run: ends every rank, as the others may wait for this one
+#endif
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

@@ -7,8 +7,10 @@
 
 namespace {
 
+// A rank that fails ends the job within a minute (comm::Mpi's timeout), not
+// at the test's own timeout.
 zero::comm::Mpi& world() {
-  static zero::comm::Mpi comm;
+  static zero::comm::Mpi comm(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(60)});
   return comm;
 }
 
@@ -103,6 +105,12 @@ TEST_CASE("comm::Mpi collectives are exact for every element type", "[mpi][comm]
   check_collectives<zero::bf16>();
   check_collectives<zero::fp16>();
   check_collectives<double>();
+}
+
+TEST_CASE("comm::Mpi takes its timeout from Options and refuses one that is not positive", "[mpi][comm]") {
+  CHECK(world().options().timeout == std::chrono::seconds(60));
+  CHECK_THROWS_WITH(zero::comm::Mpi(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(0)}),
+                    Catch::Contains("comm::Mpi::Options::timeout is 0 ms; it must be positive"));
 }
 
 TEST_CASE("The engine over MPI matches the single-process reference", "[mpi][engine][equivalence]") {

@@ -15,7 +15,9 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::comm {
@@ -37,6 +39,18 @@ inline const char* collective_name(Collective c) {
     case Collective::control: return "control";
   }
   return "?";
+}
+
+// How error messages name one collective call: "all_gather #3 (1 element of
+// u64 per rank)". `call` numbers the communicator's collectives from 1, so two
+// ranks' messages show whether they were at the same call; reduce_scatter and
+// all_gather count one rank's block.
+inline std::string describe_collective(const char* kind, std::uint64_t call, std::size_t count, DType t) {
+  const std::string k = kind;
+  if (k == "barrier") return zero::detail::concat("barrier #", call);
+  const bool per_rank = k == "reduce_scatter" || k == "all_gather";
+  return zero::detail::concat(k, " #", call, " (", count, count == 1 ? " element of " : " elements of ", dtype_name(t),
+                              per_rank ? " per rank" : "", ")");
 }
 
 struct ByteCounters {

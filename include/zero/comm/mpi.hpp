@@ -3,12 +3,32 @@
 // buffers travel as 2-byte elements with a user-defined reduction that sums
 // in fp32 (zero/comm/reduce.hpp). Errors come back as zero::CommError with
 // MPI's own message, never as an abort without explanation.
+//
+// A rank that fails or makes different calls must not leave the others
+// waiting forever in a collective, and MPI cannot cancel one. So every
+// collective is non-blocking (MPI_Iallreduce, MPI_Ireduce_scatter_block,
+// MPI_Iallgather, MPI_Ibcast, MPI_Ibarrier), awaited by polling MPI_Test
+// with a back-off that leaves the cores to ranks still computing; one not
+// complete after Options::timeout ends the job as PyTorch's NCCL watchdog
+// does: the collective (kind, call number, element count and type), the rank
+// and the time waited go to stderr, then MPI_Abort. A rank that fails with an
+// exception ends the job itself, from its catch path, with abort_mpi_job();
+// MpiRuntime does not finalise MPI while an exception unwinds past it, since
+// MPI_Finalize would wait for ranks that wait for this one.
 #pragma once
 
 #include "zero/comm/mpi_c_api.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
+#include <string_view>
+#include <thread>
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/reduce.hpp"
@@ -17,10 +37,16 @@
 namespace zero::comm {
 
 // Initialises MPI for the process lifetime of this object (if the program
-// has not already), and finalises it at destruction if it initialised it.
+// has not already), and finalises it at destruction if it initialised it,
+// except while an exception unwinds past it: MPI_Finalize waits for every
+// rank (Open MPI synchronises them there), and the others may be waiting in a
+// collective for this one. MPI stays up for the catch path's abort_mpi_job();
+// a catch path without it that returns a non-zero status still ends an Open
+// MPI job (mpirun aborts the others when a process exits with one), without
+// the message.
 class MpiRuntime {
  public:
-  MpiRuntime(int* argc, char*** argv) {
+  MpiRuntime(int* argc, char*** argv) : unwinding_at_start_(std::uncaught_exceptions()) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -34,21 +60,67 @@ class MpiRuntime {
   ~MpiRuntime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
+    if (owns_ && !finalized && std::uncaught_exceptions() <= unwinding_at_start_) MPI_Finalize();
   }
 
  private:
   bool owns_ = false;
+  int unwinding_at_start_;  // exceptions in flight when constructed (inside a destructor run by unwinding)
+};
+
+// Ends every process of the MPI job: prints "comm::Mpi: rank r of n ends the
+// job (MPI_Abort): <reason>" to stderr and calls MPI_Abort(MPI_COMM_WORLD,
+// exit_code). Call it from the catch path of an MPI program, so that the
+// other ranks, which may be waiting in a collective for this one, end too
+// instead of waiting for comm::Mpi's timeout (or forever, in code that does
+// not go through comm::Mpi):
+//
+//   } catch (const std::exception& e) {
+//     zero::comm::abort_mpi_job(e.what());   // does not return in an MPI run
+//     std::fprintf(stderr, "error: %s\n", e.what());
+//     return 1;
+//   }
+//
+// Returns without doing anything when MPI is not running (never initialised,
+// or already finalised), so one catch path serves runs with and without MPI.
+inline void abort_mpi_job(std::string_view reason, int exit_code = 1) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::fprintf(stderr, "comm::Mpi: rank %d of %d ends the job (MPI_Abort): %.*s\n", rank, size,
+               static_cast<int>(reason.size()), reason.data());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this is for an implementation whose does
+}
+
+// comm::Mpi::Options (declared outside the class so that it can be a default
+// argument of the constructor).
+struct MpiOptions {
+  // A collective not complete this long after this rank started it is taken
+  // as hung (a peer failed, stopped, or made a different sequence of calls):
+  // the job is ended with MPI_Abort after printing which collective on which
+  // rank. The default is comm::LocalGroup's.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
 class Mpi {
  public:
+  using Options = MpiOptions;
+
   // Uses (does not own) `comm`; MPI must be initialised (see MpiRuntime).
-  explicit Mpi(MPI_Comm comm = MPI_COMM_WORLD) {
+  // The timeout: zero::comm::Mpi comm(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(30)});
+  explicit Mpi(MPI_Comm comm = MPI_COMM_WORLD, Options options = {}) : options_(options) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     require(initialized != 0, "comm::Mpi: MPI is not initialised; create a zero::comm::MpiRuntime (or call MPI_Init) "
             "first");
+    require(options.timeout.count() > 0, "comm::Mpi::Options::timeout is ", options.timeout.count(),
+            " ms; it must be positive (5 minutes is the default)");
     check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -77,29 +149,34 @@ class Mpi {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm native() const { return comm_; }
+  const Options& options() const { return options_; }
   const ByteCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
-  void barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() {
+    Call call = start("barrier", 0, DType::f32);
+    complete(call, MPI_Ibarrier(comm_, &call.request), "MPI_Ibarrier");
+  }
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(count), type(t), mpi_op(t, op), comm_), "MPI_Allreduce");
+    Call call = start("all_reduce", count, t);
+    complete(call, MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), type(t), mpi_op(t, op), comm_, &call.request),
+             "MPI_Iallreduce");
     counters_.count_all_reduce(count * dtype_bytes(t), size_, control);
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
     const std::size_t bytes = dtype_bytes(t);
     const char* own_block = static_cast<const char*>(send) + static_cast<std::size_t>(rank_) * recv_count * bytes;
-    if (recv == own_block) {
-      // In place: MPI leaves the result at the start of the buffer.
-      void* full = const_cast<void*>(send);
-      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, full, to_int(recv_count), type(t), mpi_op(t, ReduceOp::sum), comm_),
-            "MPI_Reduce_scatter_block");
-      if (rank_ != 0) std::memmove(recv, full, recv_count * bytes);
-    } else {
-      check(MPI_Reduce_scatter_block(send, recv, to_int(recv_count), type(t), mpi_op(t, ReduceOp::sum), comm_),
-            "MPI_Reduce_scatter_block");
-    }
+    // In place, MPI leaves the result at the start of the buffer.
+    const bool in_place = recv == own_block;
+    void* result = in_place ? const_cast<void*>(send) : recv;
+    Call call = start("reduce_scatter", recv_count, t);
+    complete(call,
+             MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : send, result, to_int(recv_count), type(t),
+                                       mpi_op(t, ReduceOp::sum), comm_, &call.request),
+             "MPI_Ireduce_scatter_block");
+    if (in_place && rank_ != 0) std::memmove(recv, result, recv_count * bytes);
     counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(size_) * bytes, size_);
   }
 
@@ -107,13 +184,17 @@ class Mpi {
     const std::size_t bytes = dtype_bytes(t);
     const char* own_block = static_cast<const char*>(recv) + static_cast<std::size_t>(rank_) * send_count * bytes;
     const void* src = send == own_block ? MPI_IN_PLACE : send;
-    check(MPI_Allgather(src, to_int(send_count), type(t), recv, to_int(send_count), type(t), comm_), "MPI_Allgather");
+    Call call = start("all_gather", send_count, t);
+    complete(call,
+             MPI_Iallgather(src, to_int(send_count), type(t), recv, to_int(send_count), type(t), comm_, &call.request),
+             "MPI_Iallgather");
     counters_.count_all_gather(send_count * static_cast<std::size_t>(size_) * bytes, size_, control);
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) {
     require(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of this communicator of ", size_);
-    check(MPI_Bcast(buf, to_int(count), type(t), root, comm_), "MPI_Bcast");
+    Call call = start("broadcast", count, t);
+    complete(call, MPI_Ibcast(buf, to_int(count), type(t), root, comm_, &call.request), "MPI_Ibcast");
     counters_.count_broadcast(count * dtype_bytes(t), size_);
   }
 
@@ -124,12 +205,70 @@ class Mpi {
     return static_cast<int>(n);
   }
 
-  void check(int code, const char* call) const {
+  using clock = std::chrono::steady_clock;
+
+  // One collective in flight: what it is (for messages), when it started,
+  // and its request.
+  struct Call {
+    const char* kind;
+    std::size_t count;
+    DType dtype;
+    std::uint64_t number;
+    clock::time_point started;
+    MPI_Request request = MPI_REQUEST_NULL;
+
+    std::string describe() const { return describe_collective(kind, number, count, dtype); }
+  };
+
+  Call start(const char* kind, std::size_t count, DType t) { return Call{kind, count, t, ++calls_, clock::now()}; }
+
+  // Waits for the call that an MPI_I* function (which returned `issued`)
+  // started. MPI_Test also drives MPI's progress, so for the first 50 us the
+  // polls only yield between them (ranks that arrive together finish a
+  // collective within microseconds); a longer wait means a peer is still
+  // computing, and the rank sleeps between polls (a 16th of the time waited,
+  // at most 1 ms) so as not to take a core from it. Past the timeout the job
+  // ends (time_out).
+  void complete(Call& call, int issued, const char* function) {
+    check(issued, function, &call);
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&call.request, &done, MPI_STATUS_IGNORE), "MPI_Test", &call);
+      if (done) return;
+      const auto waited = clock::now() - call.started;
+      if (waited >= options_.timeout) time_out(call, waited);
+      if (waited < std::chrono::microseconds(50))
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::min<clock::duration>(waited / 16, std::chrono::milliseconds(1)));
+    }
+  }
+
+  // MPI cannot cancel a collective, and a rank that returned from this one
+  // would wait in the next: as NCCL's watchdog in PyTorch, say what hung and
+  // end the job.
+  [[noreturn]] void time_out(const Call& call, clock::duration waited) const {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
+    std::fprintf(stderr,
+                 "comm::Mpi rank %d of %d: %s did not complete within %lld ms (waited %lld ms). A peer rank has "
+                 "probably failed, stopped, or made a different sequence of collective calls: check the other ranks' "
+                 "output; if it legitimately takes longer, raise comm::Mpi::Options::timeout. Ending the job with "
+                 "MPI_Abort.\n",
+                 rank_, size_, call.describe().c_str(), static_cast<long long>(options_.timeout.count()),
+                 static_cast<long long>(ms));
+    std::fflush(stderr);
+    MPI_Abort(comm_, 1);
+    std::_Exit(1);  // MPI_Abort does not return; this is for an implementation whose does
+  }
+
+  void check(int code, const char* function, const Call* call = nullptr) const {
     if (code == MPI_SUCCESS) return;
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(code, text, &len);
-    throw CommError(zero::detail::concat("comm::Mpi rank ", rank_, ": ", call, " failed: ", std::string(text, len)));
+    throw CommError(zero::detail::concat("comm::Mpi rank ", rank_, ": ", function,
+                                         call != nullptr ? " for " + call->describe() : std::string(), " failed: ",
+                                         std::string(text, len)));
   }
 
   MPI_Datatype type(DType t) const {
@@ -158,8 +297,10 @@ class Mpi {
   static void max_fp16(void* in, void* inout, int* len, MPI_Datatype* t) { reduce16<fp16, ReduceOp::max>(in, inout, len, t); }
   static void max_bf16(void* in, void* inout, int* len, MPI_Datatype* t) { reduce16<bf16, ReduceOp::max>(in, inout, len, t); }
 
+  Options options_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::uint64_t calls_ = 0;  // collectives started, numbering them in messages
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
   MPI_Op fp16_sum_ = MPI_OP_NULL, bf16_sum_ = MPI_OP_NULL, fp16_max_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
   ByteCounters counters_;

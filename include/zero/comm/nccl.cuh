@@ -444,11 +444,7 @@ class Nccl {
     }
 
     static std::string describe(const Record& r) {
-      if (std::strcmp(r.kind, "barrier") == 0) return zero::detail::concat("barrier #", r.call);
-      // reduce_scatter and all_gather are called with one rank's block
-      const bool per_rank = std::strcmp(r.kind, "reduce_scatter") == 0 || std::strcmp(r.kind, "all_gather") == 0;
-      std::string d = zero::detail::concat(r.kind, " #", r.call, " (", r.count, " elements of ", dtype_name(r.dtype),
-                                           per_rank ? " per rank" : "", ")");
+      std::string d = describe_collective(r.kind, r.call, r.count, r.dtype);
       if (r.group_size > 1)
         d = zero::detail::concat("a group of ", r.group_size, " collectives starting with ", d);
       return d;
