@@ -38,9 +38,11 @@
 #if defined(ZERO_TEST_WITH_NCCL)
 #include <unistd.h>
 
+#include "nccl_one_rank.cuh"
 #include "zero/comm/nccl.cuh"
 #endif
 
+#include "blocked_stream.cuh"
 #include "check_harness.hpp"
 
 namespace {
@@ -630,13 +632,7 @@ void allocation_tests() {
 
 #if defined(ZERO_TEST_WITH_NCCL)
 
-ncclComm_t one_rank_comm() {
-  ncclComm_t comm = nullptr;
-  const int device = 0;
-  const ncclResult_t r = ncclCommInitAll(&comm, 1, &device);
-  if (r != ncclSuccess) throw zero::BackendError(std::string("ncclCommInitAll: ") + ncclGetErrorString(r));
-  return comm;
-}
+using zero::test::one_rank_comm;
 
 template <int S, class P, class O>
 void nccl_engine(zero::comm::Nccl& nccl, const char* how, zero::ReduceDType reduce) {
@@ -661,34 +657,6 @@ void nccl_engine(zero::comm::Nccl& nccl, const char* how, zero::ReduceDType redu
     CHECK(false, label + ": exception: " + e.what());
   }
 }
-
-__global__ void spin_until(const volatile int* flag) {
-  while (*flag == 0) __nanosleep(1000);
-}
-
-// A stream blocked by a kernel that waits for the host, released after
-// `release_after` by a helper thread (so a failing test cannot hang).
-struct BlockedStream {
-  int* flag = nullptr;
-  std::thread releaser;
-  BlockedStream(cudaStream_t s, std::chrono::milliseconds release_after) {
-    ZERO_CUDA_CHECK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
-    *flag = 0;
-    int* device_flag = nullptr;
-    ZERO_CUDA_CHECK(cudaHostGetDevicePointer(&device_flag, flag, 0));
-    spin_until<<<1, 1, 0, s>>>(device_flag);
-    ZERO_CUDA_CHECK(cudaGetLastError());
-    releaser = std::thread([this, release_after] {
-      std::this_thread::sleep_for(release_after);
-      reinterpret_cast<std::atomic<int>*>(flag)->store(1);
-    });
-  }
-  ~BlockedStream() {
-    releaser.join();
-    cudaDeviceSynchronize();
-    cudaFreeHost(flag);
-  }
-};
 
 void nccl_tests() {
   const int p0 = g_passed, f0 = g_failed;
@@ -767,7 +735,7 @@ void nccl_tests() {
       DeviceArray<float> f(16);
       nccl.all_reduce(f.p, 16, zero::DType::f32);
       nccl.wait();
-      BlockedStream blocked(DeviceOps::stream(), std::chrono::seconds(3));
+      zero::test::BlockedStream blocked(DeviceOps::stream(), std::chrono::seconds(3));
       nccl.all_reduce(f.p, 0, zero::DType::bf16);
       const auto start = std::chrono::steady_clock::now();
       if (through_backend) {
