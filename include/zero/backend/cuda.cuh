@@ -2,8 +2,8 @@
 // zero/backend/host.hpp; this is their GPU implementation, so the same
 // ZeroOptimizer runs on device memory with zero::backend::Cuda. It mirrors
 // Ops<Host> function for function and bit for bit (convert, accumulate and
-// the fused step round exactly as the host does), so CPU and GPU runs, and
-// ZeRO-Offload's two halves, agree.
+// the fused step round exactly as the host does), so CPU and GPU runs agree,
+// as the two halves of the planned ZeRO-Offload will have to.
 //
 // Ordering is by streams, never by host synchronisation. Every operation
 // here is enqueued on Ops<Cuda>::stream(), the calling thread's current

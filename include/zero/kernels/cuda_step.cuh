@@ -4,7 +4,9 @@
 // indices (a shard can exceed 2^31 elements). The arithmetic is NOT written
 // here: every element goes through fused_step_element (zero/kernels/
 // fused_step.hpp), the same body as the host kernel, so the GPU and the CPU
-// (ZeRO-Offload) produce bit-identical master weights, states and copies.
+// produce bit-identical master weights, states and copies (as the planned
+// ZeRO-Offload needs; device code built with -ftz=true is refused for that,
+// zero/cuda/exact_math.cuh).
 // The gradient statistics (squared norm, inf/NaN) are a second, read-only
 // pass that the step needs before it can run; it is one launch too.
 #pragma once
