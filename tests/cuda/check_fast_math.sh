@@ -4,8 +4,9 @@
 # build unless the user accepts the difference with ZERO_ALLOW_FAST_MATH
 # (zero/cuda/exact_math.cuh). nvcc defines no macro for either flag, so the
 # refusal comes from ptxas; this checks it with the real compiler, on a file
-# that instantiates one library kernel (device code exists only for
-# instantiated templates). Compile-only: no GPU needed.
+# that instantiates one library kernel, the fused step, and includes no other
+# (device code exists only for kernels a translation unit refers to).
+# Compile-only: no GPU needed.
 #
 #   check_fast_math.sh NVCC INCLUDE_DIR ARCH      (ARCH as in -Dgpu_arch, e.g. 80)
 set -u
@@ -17,7 +18,8 @@ nvcc=$1 include=$2 arch=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cat >"$tmp/step.cu" <<'CU'
-#include "zero/zero_cuda.cuh"
+#include "zero/kernels/cuda_step.cuh"
+#include "zero/optim/adam.hpp"
 void step(const zero::kernels::FusedStepArgs<zero::optim::AdamW, zero::bf16, zero::bf16>& args) {
   zero::kernels::cuda_fused_step(args, nullptr);
 }
@@ -38,7 +40,7 @@ compile() {
   elif [ "$expect" = builds ] && [ $rc -eq 0 ]; then
     echo "ok: $label builds"
   else
-    echo "FAIL: $label: expected it to $expect, nvcc exited $rc:"
+    echo "FAIL: $label: expected \"$expect\", nvcc exited $rc:"
     echo "$out" | head -20
     failed=1
   fi

@@ -764,31 +764,13 @@ void nccl_tests() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string only;
-  const char* quick = std::getenv("ZERO_CUDA_TEST_QUICK");
-  g_quick = quick != nullptr && *quick != '\0' && std::strcmp(quick, "0") != 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      g_quick = true;
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only ops|collectives|engine|reports|alloc|nccl]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!only.empty() && only != "ops" && only != "collectives" && only != "engine" && only != "reports" &&
-      only != "alloc" && only != "nccl") {
-    std::fprintf(stderr, "--only %s: expected ops, collectives, engine, reports, alloc or nccl\n", only.c_str());
+  zero::test::TestArgs args;
+  if (!zero::test::parse_test_args(argc, argv, {"ops", "collectives", "engine", "reports", "alloc", "nccl"}, true,
+                                   args))
     return 2;
-  }
-  const auto runs = [&](const char* group) { return only.empty() || only == group; };
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
-    return 77;
-  }
+  g_quick = args.quick;
+  const auto runs = [&](const char* group) { return args.runs(group); };
+  if (zero::test::no_cuda_device()) return 77;
   const auto start = std::chrono::steady_clock::now();
   try {
     cudaDeviceProp prop{};

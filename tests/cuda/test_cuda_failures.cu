@@ -259,26 +259,10 @@ void device_tests() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--only group|stats|devices]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!only.empty() && only != "group" && only != "stats" && only != "devices") {
-    std::fprintf(stderr, "--only %s: expected group, stats or devices\n", only.c_str());
-    return 2;
-  }
-  const auto runs = [&](const char* group) { return only.empty() || only == group; };
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
-    return 77;
-  }
+  zero::test::TestArgs args;
+  if (!zero::test::parse_test_args(argc, argv, {"group", "stats", "devices"}, false, args)) return 2;
+  const auto runs = [&](const char* group) { return args.runs(group); };
+  if (zero::test::no_cuda_device()) return 77;
   const auto start = clock_type::now();
   try {
     if (runs("stats")) stats_tests();

@@ -197,7 +197,7 @@ class Nccl {
   void group_begin() {
     const State::Call call(*s_, nullptr, 0, DType::f32);
     s_->check(ncclGroupStart(), "ncclGroupStart");
-    ++s_->group_depth;
+    if (s_->group_depth++ == 0) s_->group_owner = std::this_thread::get_id();
   }
   void group_end() {
     const State::Call call(*s_, nullptr, 0, DType::f32);
@@ -451,11 +451,14 @@ class Nccl {
     }
 
     // StreamWatcher: called by zero::cuda::wait_stream from any thread; skips
-    // the poll when the owner is inside a call (it polls there itself).
+    // the poll when the owner is inside a call (it polls there itself), or
+    // has a group open on another thread (NCCL groups belong to a thread:
+    // only that one can end the group before an abort, at its next call).
     void poll() override {
       std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
       if (!lock.owns_lock()) return;
       if (aborted) throw CommError(abort_message);
+      if (group_depth > 0 && group_owner != std::this_thread::get_id()) return;
       poll_locked();
     }
 
@@ -481,6 +484,7 @@ class Nccl {
     int rank = 0, size = 1, device = 0;
     ByteCounters counters;
     int group_depth = 0;
+    std::thread::id group_owner{};  // the thread whose NCCL group is open (NCCL's group state is per thread)
     bool aborted = false;
     std::string abort_message;
     float* scratch = nullptr;  // barrier()'s one element
