@@ -62,6 +62,13 @@ inline std::string fmt(const char* format, ...) {
   return buffer;
 }
 
+// One line per group of checks: its name and how many passed and failed
+// since the counts `passed_before` and `failed_before`.
+inline void section(const char* name, int passed_before, int failed_before) {
+  std::printf("%-52s %5d passed, %d failed\n", name, g_passed - passed_before, g_failed - failed_before);
+  std::fflush(stdout);
+}
+
 // The command line of a CUDA test: [--quick] [--only GROUP]. --quick (or
 // ZERO_CUDA_TEST_QUICK=1, which the cuda-memcheck setup sets) asks for
 // smaller runs, in programs that have them.

@@ -58,19 +58,13 @@ using zero::test::bits_of;
 using zero::test::fmt;
 using zero::test::g_failed;
 using zero::test::g_passed;
+using zero::test::section;
 bool g_quick = false;
-
-
-void section(const char* name, int passed_before, int failed_before) {
-  std::printf("%-44s %5d passed, %d failed\n", name, g_passed - passed_before, g_failed - failed_before);
-  std::fflush(stdout);
-}
 
 template <class T>
 const char* type_name() {
   return zero::dtype_traits<T>::name;
 }
-
 
 // Bitwise equal, except that any two fp32 NaNs match (fp32 NaN payloads of an
 // add differ between x86 and the GPU; 16-bit NaNs are canonical on both).
@@ -454,7 +448,6 @@ void check_equivalent(const RunResult& got, const RunResult& want, const std::st
   CHECK(m.param_ulps <= 1, label + fmt(": low-precision copies differ by %lld ulp (limit 1)",
                                        static_cast<long long>(m.param_ulps)));
 }
-
 
 template <class P>
 const char* precision_name() {

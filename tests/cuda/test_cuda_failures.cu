@@ -45,15 +45,11 @@ using zero::test::BlockedStream;
 using zero::test::fmt;
 using zero::test::g_failed;
 using zero::test::g_passed;
+using zero::test::section;
 using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
-}
-
-void section(const char* name, int passed_before, int failed_before) {
-  std::printf("%-60s %d passed, %d failed\n", name, g_passed - passed_before, g_failed - failed_before);
-  std::fflush(stdout);
 }
 
 // ---- group: an exception inside an NCCL group ends it ------------------------------------

@@ -50,7 +50,6 @@ using zero::test::g_passed;
 
 using Options = zero::test::TestArgs;
 
-
 // ---- deterministic data, the same on host and device ---------------------
 // Uniform in [-1, 1) with 24 random bits: exact in float, so host and device
 // generators agree bit for bit.
@@ -89,7 +88,6 @@ T sentinel() {
     return T{0x5a5a};
   }
 }
-
 
 // ---- device memory -------------------------------------------------------
 template <class T>
