@@ -130,9 +130,11 @@ if run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buil
   -Dmpi=disabled -Dexamples=false -Dcuda=enabled "-Dgpu_arch=$ARCH"; then
   targets=(tests/cuda/test_cuda_kernels)
   # `meson test --no-rebuild` below runs every test of suite cuda: build each one's program.
-  if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^tests/cuda/test_cuda_engine:'; then
-    targets+=(tests/cuda/test_cuda_engine)
-  fi
+  for t in test_cuda_engine test_cuda_failures; do
+    if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^tests/cuda/$t:"; then
+      targets+=("tests/cuda/$t")
+    fi
+  done
   if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^bench/cuda/bench_step_cuda:'; then
     targets+=(bench/cuda/bench_step_cuda)
   fi
@@ -199,7 +201,8 @@ fi
   echo
   echo "test totals (each program's own count: the suite's programs, then memcheck --quick and racecheck --quick --only stats):"
   grep -hE '^[0-9]+ passed, [0-9]+ failed' "$TESTLOG" "$SANLOG" 2>/dev/null | sed 's/^/  /'
-  grep -hE '^(FAIL|SKIP)|ERROR SUMMARY|Device not supported' "$TESTLOG" "$SANLOG" 2>/dev/null | head -30 | sed 's/^/  /'
+  grep -hE '^(FAIL|SKIP)|NOT RUN|ERROR SUMMARY|Device not supported' "$TESTLOG" "$SANLOG" 2>/dev/null | head -30 |
+    sed 's/^ *//; s/^/  /'
   echo
   python3 - "$BENCHJSON" "$TORCHJSON" <<'EOF'
 import json, sys

@@ -54,13 +54,15 @@ struct None {
   static constexpr bool to_host = false;
   static constexpr const char* name = "none";
 };
-// ZeRO-Offload: fp32 master and state in pinned host memory, updated by the
-// CPU (the host fused step) while the GPU computes.
+// ZeRO-Offload (planned; rejected with a static_assert until it lands): fp32
+// master and state will live in pinned host memory, updated by the CPU (the
+// host fused step) while the GPU computes.
 struct Cpu {
   static constexpr bool to_host = true;
   static constexpr const char* name = "cpu";
 };
-// ZeRO-Infinity: as Cpu, with master and state streamed from disk.
+// ZeRO-Infinity (planned, likewise): as Cpu, with master and state streamed
+// from disk.
 struct Nvme {
   static constexpr bool to_host = true;
   static constexpr const char* name = "nvme";

@@ -18,7 +18,10 @@
 
 #include "zero/backend/cuda.cuh"
 #include "zero/comm/local_device.cuh"
+#include "zero/comm/reduce.cuh"
 #include "zero/cuda/check.cuh"
+#include "zero/cuda/device.cuh"
+#include "zero/cuda/exact_math.cuh"
 #include "zero/cuda/stream.cuh"
 #include "zero/kernels/cuda_elementwise.cuh"
 #include "zero/kernels/cuda_launch.cuh"

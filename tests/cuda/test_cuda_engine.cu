@@ -38,9 +38,11 @@
 #if defined(ZERO_TEST_WITH_NCCL)
 #include <unistd.h>
 
+#include "nccl_one_rank.cuh"
 #include "zero/comm/nccl.cuh"
 #endif
 
+#include "blocked_stream.cuh"
 #include "check_harness.hpp"
 
 namespace {
@@ -56,19 +58,13 @@ using zero::test::bits_of;
 using zero::test::fmt;
 using zero::test::g_failed;
 using zero::test::g_passed;
+using zero::test::section;
 bool g_quick = false;
-
-
-void section(const char* name, int passed_before, int failed_before) {
-  std::printf("%-44s %5d passed, %d failed\n", name, g_passed - passed_before, g_failed - failed_before);
-  std::fflush(stdout);
-}
 
 template <class T>
 const char* type_name() {
   return zero::dtype_traits<T>::name;
 }
-
 
 // Bitwise equal, except that any two fp32 NaNs match (fp32 NaN payloads of an
 // add differ between x86 and the GPU; 16-bit NaNs are canonical on both).
@@ -453,7 +449,6 @@ void check_equivalent(const RunResult& got, const RunResult& want, const std::st
                                        static_cast<long long>(m.param_ulps)));
 }
 
-
 template <class P>
 const char* precision_name() {
   if constexpr (!P::mixed) return "fp32";
@@ -630,13 +625,7 @@ void allocation_tests() {
 
 #if defined(ZERO_TEST_WITH_NCCL)
 
-ncclComm_t one_rank_comm() {
-  ncclComm_t comm = nullptr;
-  const int device = 0;
-  const ncclResult_t r = ncclCommInitAll(&comm, 1, &device);
-  if (r != ncclSuccess) throw zero::BackendError(std::string("ncclCommInitAll: ") + ncclGetErrorString(r));
-  return comm;
-}
+using zero::test::one_rank_comm;
 
 template <int S, class P, class O>
 void nccl_engine(zero::comm::Nccl& nccl, const char* how, zero::ReduceDType reduce) {
@@ -661,34 +650,6 @@ void nccl_engine(zero::comm::Nccl& nccl, const char* how, zero::ReduceDType redu
     CHECK(false, label + ": exception: " + e.what());
   }
 }
-
-__global__ void spin_until(const volatile int* flag) {
-  while (*flag == 0) __nanosleep(1000);
-}
-
-// A stream blocked by a kernel that waits for the host, released after
-// `release_after` by a helper thread (so a failing test cannot hang).
-struct BlockedStream {
-  int* flag = nullptr;
-  std::thread releaser;
-  BlockedStream(cudaStream_t s, std::chrono::milliseconds release_after) {
-    ZERO_CUDA_CHECK(cudaHostAlloc(&flag, sizeof(int), cudaHostAllocMapped));
-    *flag = 0;
-    int* device_flag = nullptr;
-    ZERO_CUDA_CHECK(cudaHostGetDevicePointer(&device_flag, flag, 0));
-    spin_until<<<1, 1, 0, s>>>(device_flag);
-    ZERO_CUDA_CHECK(cudaGetLastError());
-    releaser = std::thread([this, release_after] {
-      std::this_thread::sleep_for(release_after);
-      reinterpret_cast<std::atomic<int>*>(flag)->store(1);
-    });
-  }
-  ~BlockedStream() {
-    releaser.join();
-    cudaDeviceSynchronize();
-    cudaFreeHost(flag);
-  }
-};
 
 void nccl_tests() {
   const int p0 = g_passed, f0 = g_failed;
@@ -767,7 +728,7 @@ void nccl_tests() {
       DeviceArray<float> f(16);
       nccl.all_reduce(f.p, 16, zero::DType::f32);
       nccl.wait();
-      BlockedStream blocked(DeviceOps::stream(), std::chrono::seconds(3));
+      zero::test::BlockedStream blocked(DeviceOps::stream(), std::chrono::seconds(3));
       nccl.all_reduce(f.p, 0, zero::DType::bf16);
       const auto start = std::chrono::steady_clock::now();
       if (through_backend) {
@@ -796,31 +757,13 @@ void nccl_tests() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string only;
-  const char* quick = std::getenv("ZERO_CUDA_TEST_QUICK");
-  g_quick = quick != nullptr && *quick != '\0' && std::strcmp(quick, "0") != 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      g_quick = true;
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only ops|collectives|engine|reports|alloc|nccl]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!only.empty() && only != "ops" && only != "collectives" && only != "engine" && only != "reports" &&
-      only != "alloc" && only != "nccl") {
-    std::fprintf(stderr, "--only %s: expected ops, collectives, engine, reports, alloc or nccl\n", only.c_str());
+  zero::test::TestArgs args;
+  if (!zero::test::parse_test_args(argc, argv, {"ops", "collectives", "engine", "reports", "alloc", "nccl"}, true,
+                                   args))
     return 2;
-  }
-  const auto runs = [&](const char* group) { return only.empty() || only == group; };
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
-    return 77;
-  }
+  g_quick = args.quick;
+  const auto runs = [&](const char* group) { return args.runs(group); };
+  if (zero::test::no_cuda_device()) return 77;
   const auto start = std::chrono::steady_clock::now();
   try {
     cudaDeviceProp prop{};

@@ -48,12 +48,7 @@ using zero::test::fmt;
 using zero::test::g_failed;
 using zero::test::g_passed;
 
-struct Options {
-  bool quick = false;
-  std::string only;  // empty: every group
-  bool runs(const char* group) const { return only.empty() || only == group; }
-};
-
+using Options = zero::test::TestArgs;
 
 // ---- deterministic data, the same on host and device ---------------------
 // Uniform in [-1, 1) with 24 random bits: exact in float, so host and device
@@ -93,7 +88,6 @@ T sentinel() {
     return T{0x5a5a};
   }
 }
-
 
 // ---- device memory -------------------------------------------------------
 template <class T>
@@ -569,28 +563,8 @@ void error_tests(cudaStream_t stream) {
 
 int main(int argc, char** argv) {
   Options o;
-  const char* quick = std::getenv("ZERO_CUDA_TEST_QUICK");
-  o.quick = quick != nullptr && *quick != '\0' && std::strcmp(quick, "0") != 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      o.quick = true;
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      o.only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only errors|stats|step|large]\n", argv[0]);
-      return 2;
-    }
-  }
-  if (!o.only.empty() && o.only != "errors" && o.only != "stats" && o.only != "step" && o.only != "large") {
-    std::fprintf(stderr, "--only %s: expected errors, stats, step or large\n", o.only.c_str());
-    return 2;
-  }
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
-    return 77;
-  }
+  if (!zero::test::parse_test_args(argc, argv, {"errors", "stats", "step", "large"}, true, o)) return 2;
+  if (zero::test::no_cuda_device()) return 77;
   try {
     cudaDeviceProp prop{};
     ZERO_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -2,8 +2,8 @@
 // zero/backend/host.hpp; this is their GPU implementation, so the same
 // ZeroOptimizer runs on device memory with zero::backend::Cuda. It mirrors
 // Ops<Host> function for function and bit for bit (convert, accumulate and
-// the fused step round exactly as the host does), so CPU and GPU runs, and
-// ZeRO-Offload's two halves, agree.
+// the fused step round exactly as the host does), so CPU and GPU runs agree,
+// as the two halves of the planned ZeRO-Offload will have to.
 //
 // Ordering is by streams, never by host synchronisation. Every operation
 // here is enqueued on Ops<Cuda>::stream(), the calling thread's current
@@ -28,7 +28,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,6 +37,7 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/cuda/check.cuh"
+#include "zero/cuda/device.cuh"
 #include "zero/cuda/stream.cuh"
 #include "zero/kernels/cuda_elementwise.cuh"
 #include "zero/kernels/cuda_launch.cuh"
@@ -49,22 +49,21 @@ namespace zero::backend {
 
 namespace detail {
 
-inline std::atomic<std::uint64_t>& cuda_allocations() {
-  static std::atomic<std::uint64_t> n{0};
-  return n;
-}
-
-// Per-thread workspace of grad_stats: allocated on a thread's first call (and
-// again only if the thread moves to another device), never per step.
-struct CudaThreadWorkspace {
-  std::unique_ptr<kernels::CudaGradStats> stats;
-  kernels::GradStats* pinned = nullptr;  // where results land on the host
-  CudaThreadWorkspace() = default;
-  CudaThreadWorkspace(const CudaThreadWorkspace&) = delete;
-  CudaThreadWorkspace& operator=(const CudaThreadWorkspace&) = delete;
-  ~CudaThreadWorkspace() {
-    if (pinned != nullptr) cudaFreeHost(pinned);
+// Per-thread workspaces of grad_stats, one per device: allocated on a
+// thread's first call on a device and kept, so a thread that alternates
+// between GPUs allocates (and synchronises) nothing in its steady state.
+class CudaThreadWorkspace {
+ public:
+  kernels::CudaGradStats& stats(int device) {
+    if (static_cast<std::size_t>(device) >= per_device_.size())
+      per_device_.resize(static_cast<std::size_t>(device) + 1);
+    std::unique_ptr<kernels::CudaGradStats>& w = per_device_[static_cast<std::size_t>(device)];
+    if (!w) w = std::make_unique<kernels::CudaGradStats>();  // on `device`, the current one
+    return *w;
   }
+
+ private:
+  std::vector<std::unique_ptr<kernels::CudaGradStats>> per_device_;  // by device number
 };
 
 inline CudaThreadWorkspace& cuda_thread_workspace() {
@@ -100,7 +99,7 @@ class CudaBuffer {
       data_ = nullptr;
       zero::cuda::detail::throw_cuda_error(zeroed, "cudaMemsetAsync(buffer, 0, bytes, stream)", __FILE__, __LINE__);
     }
-    detail::cuda_allocations().fetch_add(1, std::memory_order_relaxed);
+    zero::cuda::count_device_allocations();
   }
   CudaBuffer(CudaBuffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)), device_(o.device_) {}
@@ -128,11 +127,10 @@ class CudaBuffer {
   // first. Errors are ignored: a destructor must not throw.
   void release() noexcept {
     if (data_ == nullptr) return;
-    int previous = -1;
-    const bool switched =
-        cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
-    cudaFree(data_);
-    if (switched) cudaSetDevice(previous);
+    {
+      const zero::cuda::DeviceScope owner(device_);
+      cudaFree(data_);
+    }
     data_ = nullptr;
     n_ = 0;
   }
@@ -147,8 +145,9 @@ struct Ops<Cuda> {
   template <class T>
   using Buffer = CudaBuffer<T>;
 
-  // Device buffers allocated so far by this backend (all threads).
-  static std::uint64_t allocation_count() { return detail::cuda_allocations().load(); }
+  // Device allocations made so far by the library, all threads: buffers
+  // and the gradient-statistics workspaces.
+  static std::uint64_t allocation_count() { return zero::cuda::device_allocation_count(); }
 
   // The stream of the calling thread that every operation below uses.
   static cudaStream_t stream() { return zero::cuda::current_stream(); }
@@ -207,31 +206,14 @@ struct Ops<Cuda> {
   }
 
   // Squared norm and inf/NaN of grad[0, n): waits for the stream and returns
-  // the result. Allocates only on a thread's first call (its workspace).
+  // the result. Allocates only on a thread's first call on each device (its
+  // workspace there).
   template <class Grad>
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
     if (n == 0) return {};
-    detail::CudaThreadWorkspace& w = detail::cuda_thread_workspace();
     int device = 0;
     ZERO_CUDA_CHECK(cudaGetDevice(&device));
-    if (!w.stats || w.stats->device() != device) {
-      w.stats = std::make_unique<kernels::CudaGradStats>();
-      // Its workspace is zeroed with cudaMemset on the default stream, which
-      // a non-blocking stream does not wait for: finish that first (once).
-      zero::cuda::wait_stream(cudaStreamLegacy);
-      zero::cuda::wait_stream(cudaStreamPerThread);
-    }
-    if (w.pinned == nullptr) {
-      void* p = nullptr;
-      ZERO_CUDA_CHECK(cudaMallocHost(&p, sizeof(kernels::GradStats)));
-      w.pinned = static_cast<kernels::GradStats*>(p);
-    }
-    const cudaStream_t s = stream();
-    w.stats->enqueue(grad, n, s);
-    ZERO_CUDA_CHECK(
-        cudaMemcpyAsync(w.pinned, w.stats->device_result(), sizeof(kernels::GradStats), cudaMemcpyDeviceToHost, s));
-    zero::cuda::wait_stream(s);
-    return *w.pinned;
+    return detail::cuda_thread_workspace().stats(device).compute(grad, n, stream());
   }
 
   // Waits for everything enqueued on this thread's stream.

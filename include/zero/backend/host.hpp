@@ -1,8 +1,8 @@
 // Why: the engine is written once against a small set of buffer operations;
-// this is the host implementation (CI runs the whole engine on it, and it is
-// the CPU side of ZeRO-Offload). Buffers are 64-byte aligned and allocated
-// only when the optimizer is finalized; the allocation counter lets tests
-// prove that steady-state steps allocate nothing.
+// this is the host implementation (CI runs the whole engine on it; the
+// planned ZeRO-Offload will run its CPU side on it too). Buffers are 64-byte
+// aligned and allocated only when the optimizer is finalized; the allocation
+// counter lets tests prove that steady-state steps allocate nothing.
 #pragma once
 
 #include <atomic>

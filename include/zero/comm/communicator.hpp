@@ -22,7 +22,8 @@
 
 namespace zero::comm {
 
-enum class ReduceOp : std::uint8_t { sum, max };
+// Declared beside DType (zero/precision/types.hpp); its name here too.
+using zero::ReduceOp;
 
 // What the engine sends, by purpose: bulk gradient and parameter traffic is
 // what the ZeRO paper's formulas describe; control traffic (norms, overflow

@@ -5,7 +5,8 @@
 // (a rank that throws or stops calling collectives releases the others with a
 // CommError), device-to-device copies, and a reduction kernel that sums in
 // rank order in fp32 and rounds once, so results are the bits of the host
-// comm::Local (zero::comm::detail::reduce) and independent of thread timing.
+// comm::Local (zero/comm/reduce.cuh, the twin of zero/comm/reduce.hpp) and
+// independent of thread timing.
 //
 // Ordering: each rank enqueues on its own stream, after the work on the
 // caller's current stream when that is another one (as comm::Nccl does; the
@@ -37,10 +38,10 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/local.hpp"
+#include "zero/comm/reduce.cuh"
 #include "zero/cuda/check.cuh"
 #include "zero/cuda/stream.cuh"
 #include "zero/error.hpp"
-#include "zero/kernels/cuda_elementwise.cuh"
 
 namespace zero::comm {
 
@@ -53,8 +54,8 @@ class LocalDevice {
   // (default: this thread's current stream, zero::cuda::current_stream(),
   // which is Ops<Cuda>::stream()).
   LocalDevice(Local& host, cudaStream_t stream) : group_(host.group_), rank_(host.rank_), stream_(stream) {
-    require(group_->ranks_ <= kernels::cuda_reduce_max_inputs, "comm::LocalDevice: ", group_->ranks_,
-            " ranks on one device; it supports at most ", kernels::cuda_reduce_max_inputs,
+    require(group_->ranks_ <= detail::cuda_reduce_max_inputs, "comm::LocalDevice: ", group_->ranks_,
+            " ranks on one device; it supports at most ", detail::cuda_reduce_max_inputs,
             " (use comm::Nccl across GPUs)");
     try {
       ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&slot_.ready, cudaEventDisableTiming));
@@ -99,7 +100,7 @@ class LocalDevice {
     // rank copies the other chunks from their owners.
     const std::size_t begin = chunk_begin(count, rank_, n), end = chunk_begin(count, rank_ + 1, n);
     for (int s = 0; s < n; ++s) inputs_[s] = static_cast<const char*>(peer(s).send) + begin * bytes;
-    kernels::cuda_reduce(t, static_cast<char*>(buf) + begin * bytes, inputs_, n, end - begin, op, stream_);
+    detail::cuda_reduce(t, static_cast<char*>(buf) + begin * bytes, inputs_, n, end - begin, op, stream_);
     phase(&Slot::mid, "all_reduce");
     for (int s = 0; s < n; ++s) {
       if (s == rank_) continue;
@@ -118,7 +119,7 @@ class LocalDevice {
       inputs_[s] = static_cast<const char*>(peer(s).send) + static_cast<std::size_t>(rank_) * recv_count * bytes;
     // Only this rank reads block `rank` of any buffer, so writing recv (which
     // may be that very block of our own send buffer) is safe.
-    kernels::cuda_reduce(t, recv, inputs_, n, recv_count, ReduceOp::sum, stream_);
+    detail::cuda_reduce(t, recv, inputs_, n, recv_count, ReduceOp::sum, stream_);
     finish("reduce_scatter");
     counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
   }
@@ -213,8 +214,8 @@ class LocalDevice {
   cudaStream_t stream_;
   Slot slot_;
   ByteCounters counters_;
-  const Slot* peers_[kernels::cuda_reduce_max_inputs] = {};  // every rank's slot, this collective
-  const void* inputs_[kernels::cuda_reduce_max_inputs] = {};
+  const Slot* peers_[detail::cuda_reduce_max_inputs] = {};  // every rank's slot, this collective
+  const void* inputs_[detail::cuda_reduce_max_inputs] = {};
 };
 
 template <class Fn>

@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -140,7 +141,7 @@ class Nccl {
   void reset_counters() { s_->counters = {}; }
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
-    auto lock = s_->enter("all_reduce", count, t);
+    const State::Call call(*s_, "all_reduce", count, t);
     if (count != 0)
       s_->check(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), s_->comm, s_->stream), "ncclAllReduce");
     s_->counters.count_all_reduce(count * dtype_bytes(t), s_->size, control);
@@ -149,7 +150,7 @@ class Nccl {
 
   // In place when recv == send + rank() * recv_count (NCCL's own rule).
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
-    auto lock = s_->enter("reduce_scatter", recv_count, t);
+    const State::Call call(*s_, "reduce_scatter", recv_count, t);
     if (recv_count != 0)
       s_->check(ncclReduceScatter(send, recv, recv_count, nccl_type(t), ncclSum, s_->comm, s_->stream),
                 "ncclReduceScatter");
@@ -159,7 +160,7 @@ class Nccl {
 
   // In place when send == recv + rank() * send_count (NCCL's own rule).
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
-    auto lock = s_->enter("all_gather", send_count, t);
+    const State::Call call(*s_, "all_gather", send_count, t);
     if (send_count != 0)
       s_->check(ncclAllGather(send, recv, send_count, nccl_type(t), s_->comm, s_->stream), "ncclAllGather");
     s_->counters.count_all_gather(send_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size,
@@ -168,8 +169,8 @@ class Nccl {
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) {
+    const State::Call call(*s_, "broadcast", count, t);
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this communicator of ", size());
-    auto lock = s_->enter("broadcast", count, t);
     if (count != 0)
       s_->check(ncclBroadcast(buf, buf, count, nccl_type(t), root, s_->comm, s_->stream), "ncclBroadcast");
     s_->counters.count_broadcast(count * dtype_bytes(t), s_->size);
@@ -179,8 +180,8 @@ class Nccl {
   // Returns when every rank has reached it and this rank's collectives
   // enqueued before it have finished (a one-element all-reduce, not counted).
   void barrier() {
+    const State::Call call(*s_, "barrier", 1, DType::f32);
     require(s_->group_depth == 0, "comm::Nccl::barrier() inside group_begin()/group_end(): end the group first");
-    auto lock = s_->enter("barrier", 1, DType::f32);
     s_->check(ncclAllReduce(s_->scratch, s_->scratch, 1, ncclFloat32, ncclSum, s_->comm, s_->stream),
               "ncclAllReduce (barrier)");
     s_->enqueued(true);
@@ -188,15 +189,20 @@ class Nccl {
 
   // Several collectives issued together (ncclGroupStart/End): NCCL launches
   // them as one. Nestable; control collectives inside a group are waited for
-  // at the outermost group_end().
+  // at the outermost group_end(). An exception from any call inside a group
+  // (a timeout, an asynchronous error, a bad argument) ends the whole group
+  // before it leaves the call, launching what the group holds so far: an
+  // open NCCL group would swallow the communicator's abort and every later
+  // NCCL call of this thread. Do not call group_end() for it.
   void group_begin() {
-    auto lock = s_->enter(nullptr, 0, DType::f32);
+    const State::Call call(*s_, nullptr, 0, DType::f32);
     s_->check(ncclGroupStart(), "ncclGroupStart");
-    ++s_->group_depth;
+    if (s_->group_depth++ == 0) s_->group_owner = std::this_thread::get_id();
   }
   void group_end() {
-    require(s_->group_depth > 0, "comm::Nccl::group_end() without group_begin()");
-    auto lock = s_->enter(nullptr, 0, DType::f32);
+    const State::Call call(*s_, nullptr, 0, DType::f32);
+    require(s_->group_depth > 0, "comm::Nccl::group_end() without an open group_begin() (an exception inside a "
+                                 "group ends the group itself)");
     --s_->group_depth;
     s_->check(ncclGroupEnd(), "ncclGroupEnd");
     if (s_->group_depth == 0) s_->close_group();
@@ -205,7 +211,7 @@ class Nccl {
   // Blocks until every collective enqueued so far has finished; throws
   // CommError (after aborting) on a timeout or an asynchronous NCCL error.
   void wait() {
-    auto lock = s_->enter(nullptr, 0, DType::f32);
+    const State::Call call(*s_, nullptr, 0, DType::f32);
     s_->wait_all();
   }
 
@@ -222,14 +228,38 @@ class Nccl {
   }
   static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
 
+  using clock = std::chrono::steady_clock;
+
+  // NCCL's asynchronous state of `comm`: ncclSuccess, ncclInProgress (a
+  // non-blocking initialisation or enqueue still under way), or the error it hit.
+  static ncclResult_t async_state(ncclComm_t comm) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+    return queried != ncclSuccess ? queried : state;
+  }
+  // Polls async_state until it is no longer ncclInProgress, or `timeout`
+  // passes (and then returns ncclInProgress).
+  static ncclResult_t settle(ncclComm_t comm, std::chrono::milliseconds timeout) {
+    const auto start = clock::now();
+    for (int spin = 0;; ++spin) {
+      const ncclResult_t state = async_state(comm);
+      if (state != ncclInProgress || clock::now() - start > timeout) return state;
+      backoff(spin);
+    }
+  }
+  static void backoff(int spin) {
+    if (spin < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 20 : 200));
+  }
+
   static ncclComm_t init_rank(const ncclUniqueId& id, int rank, int nranks, std::chrono::milliseconds timeout,
                               const char* how);
   // Rank 0's part of every bootstrap: a fresh unique id.
   static ncclUniqueId new_unique_id();
   // Wraps a communicator the bootstrap created (owned), destroying it if that fails.
   static Nccl own(ncclComm_t comm, const Options& options);
-
-  using clock = std::chrono::steady_clock;
 
   // Everything lives here, at a fixed address (registered as a watcher), so
   // the Nccl handle can move.
@@ -290,7 +320,8 @@ class Nccl {
       zero::cuda::unregister_watcher(this);
       {
         const std::lock_guard<std::mutex> lock(mutex);
-        if (!aborted && group_depth == 0) {
+        end_groups(true);  // else the destroy below would only join an open group
+        if (!aborted) {
           try {
             wait_all();  // aborts on timeout: never hangs
           } catch (...) {
@@ -301,10 +332,34 @@ class Nccl {
       release_cuda();
     }
 
-    // Start of every call: one caller at a time, no call after an abort, the
-    // right device, a non-blocking poll, and room in the ring.
-    std::unique_lock<std::mutex> enter(const char* kind, std::size_t count, DType t) {
-      std::unique_lock<std::mutex> lock(mutex);
+    // One public call, start to end: holds the lock, enters (see enter()),
+    // and if an exception leaves the call inside a group, ends the group
+    // first (the guard on every error path; see group_begin()).
+    class Call {
+     public:
+      Call(State& s, const char* kind, std::size_t count, DType t) : s_(s), lock_(s.mutex) {
+        try {
+          s.enter(kind, count, t);
+        } catch (...) {
+          s.end_groups(true);
+          throw;
+        }
+      }
+      Call(const Call&) = delete;
+      Call& operator=(const Call&) = delete;
+      ~Call() {
+        if (std::uncaught_exceptions() > uncaught_) s_.end_groups(true);
+      }
+
+     private:
+      State& s_;
+      std::unique_lock<std::mutex> lock_;  // released after the destructor's body
+      int uncaught_ = std::uncaught_exceptions();
+    };
+
+    // Start of every call: no call after an abort, the right device, a
+    // non-blocking poll, and room in the ring.
+    void enter(const char* kind, std::size_t count, DType t) {
       if (aborted) throw CommError(abort_message);
       int current = -1;
       ZERO_CUDA_CHECK(cudaGetDevice(&current));
@@ -322,7 +377,6 @@ class Nccl {
         now.call = ++calls;
         follow_caller();
       }
-      return lock;
     }
 
     // The collective about to be enqueued starts after the work on the
@@ -360,17 +414,32 @@ class Nccl {
       if (wait) wait_all();
     }
 
+    // After the outermost ncclGroupEnd: the group's collectives are tracked
+    // as one record, and waited for if one of them was a control collective.
     void close_group() {
-      if (group_count > 0) {
-        group.group_size = group_count;
-        push(group);
-        for (cudaStream_t c : group_callers) caller_waits(c);
-        const bool wait = group_wait;
-        group_count = 0;
-        group_wait = false;
-        group_callers.clear();
-        if (wait) wait_all();
+      const bool wait = group_wait;
+      record_group();
+      if (wait) wait_all();
+    }
+
+    // Ends every open group at NCCL, on the way out of an error or before an
+    // abort or destroy (which an open group would only queue); NCCL's results
+    // are ignored, the error under way is the one to report. With `track`,
+    // what the group launched is tracked like any collective (so wait() and
+    // the timeout still cover it), unless the communicator was aborted.
+    void end_groups(bool track) noexcept {
+      const bool open = group_depth > 0;
+      while (group_depth > 0) {
+        --group_depth;
+        ncclGroupEnd();
       }
+      try {
+        if (open && track && !aborted) record_group();
+      } catch (...) {  // it aborted: nothing left to track
+      }
+      group_count = 0;
+      group_wait = false;
+      group_callers.clear();
     }
 
     void wait_all() {
@@ -382,11 +451,14 @@ class Nccl {
     }
 
     // StreamWatcher: called by zero::cuda::wait_stream from any thread; skips
-    // the poll when the owner is inside a call (it polls there itself).
+    // the poll when the owner is inside a call (it polls there itself), or
+    // has a group open on another thread (NCCL groups belong to a thread:
+    // only that one can end the group before an abort, at its next call).
     void poll() override {
       std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
       if (!lock.owns_lock()) return;
       if (aborted) throw CommError(abort_message);
+      if (group_depth > 0 && group_owner != std::this_thread::get_id()) return;
       poll_locked();
     }
 
@@ -397,19 +469,10 @@ class Nccl {
       const bool group_call = std::strncmp(call, "ncclGroup", 9) == 0;
       const std::string what = group_call ? std::string(call) : zero::detail::concat(call, " for ", describe(now));
       if (result == ncclInProgress) {  // a non-blocking communicator: wait until it is enqueued
-        const auto start = clock::now();
-        for (int spin = 0;; ++spin) {
-          ncclResult_t state = ncclSuccess;
-          const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
-          if (queried != ncclSuccess) state = queried;
-          if (state == ncclSuccess) return;
-          if (state != ncclInProgress) {
-            fail(zero::detail::concat(what, " failed: ", nccl_error(state)));
-          }
-          if (clock::now() - start > options.timeout)
-            fail(zero::detail::concat(what, " was not enqueued within ", options.timeout.count(), " ms"));
-          backoff(spin);
-        }
+        result = settle(comm, options.timeout);
+        if (result == ncclSuccess) return;
+        if (result == ncclInProgress)
+          fail(zero::detail::concat(what, " was not enqueued within ", options.timeout.count(), " ms"));
       }
       fail(zero::detail::concat(what, " failed: ", nccl_error(result)));
     }
@@ -421,6 +484,7 @@ class Nccl {
     int rank = 0, size = 1, device = 0;
     ByteCounters counters;
     int group_depth = 0;
+    std::thread::id group_owner{};  // the thread whose NCCL group is open (NCCL's group state is per thread)
     bool aborted = false;
     std::string abort_message;
     float* scratch = nullptr;  // barrier()'s one element
@@ -467,9 +531,7 @@ class Nccl {
     // Retires finished collectives; aborts and throws on an asynchronous NCCL
     // error, a CUDA error, or an oldest collective past the timeout.
     void poll_locked() {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
-      if (queried != ncclSuccess) state = queried;
+      const ncclResult_t state = async_state(comm);
       if (state != ncclSuccess && state != ncclInProgress)
         fail(zero::detail::concat("NCCL reported an asynchronous error: ", nccl_error(state),
                                   pending > 0 ? " with " + describe(ring[head]) + " unfinished" : std::string()));
@@ -492,19 +554,13 @@ class Nccl {
 
     [[noreturn]] void fail(const std::string& what) {
       if (!aborted) {
+        end_groups(false);  // inside an open group, the abort would only be queued
         aborted = true;
         abort_message = zero::detail::concat("comm::Nccl rank ", rank, " of ", size, " (device ", device, "): ", what,
                                              ". The NCCL communicator was aborted; every later call on it fails");
         ncclCommAbort(comm);  // frees it, and releases kernels stuck in it
       }
       throw CommError(abort_message);
-    }
-
-    static void backoff(int spin) {
-      if (spin < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 20 : 200));
     }
 
     void release_cuda() noexcept {
@@ -517,6 +573,19 @@ class Nccl {
       scratch = nullptr;
       if (owned_stream != nullptr) cudaStreamDestroy(owned_stream);  // after its work, which the destructor awaited
       owned_stream = nullptr;
+    }
+
+    // The closed group's collectives, as one record in the ring.
+    void record_group() {
+      const int n = group_count;
+      group_count = 0;
+      group_wait = false;
+      if (n > 0) {
+        group.group_size = n;
+        push(group);
+        for (cudaStream_t c : group_callers) caller_waits(c);
+      }
+      group_callers.clear();
     }
 
     std::mutex mutex;
@@ -544,24 +613,14 @@ inline ncclComm_t Nccl::init_rank(const ncclUniqueId& id, int rank, int nranks, 
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
-  const auto start = clock::now();
-  for (int spin = 0; r == ncclInProgress || r == ncclSuccess; ++spin) {
-    ncclResult_t state = ncclSuccess;
-    r = ncclCommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) break;
-    if (state == ncclSuccess) return comm;
-    if (state != ncclInProgress) {
-      r = state;
-      break;
-    }
-    if (clock::now() - start > timeout) {
-      ncclCommAbort(comm);
-      throw CommError(zero::detail::concat(
-          "comm::Nccl rank ", rank, " of ", nranks, ": ncclCommInitRank (", how, ") did not complete within ",
-          timeout.count(), " ms: some rank did not join (not started, a different nranks, or a stale unique id); "
-          "start every rank with the same arguments"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(spin < 100 ? 1 : 10));
+  if (r == ncclSuccess || r == ncclInProgress) r = settle(comm, timeout);
+  if (r == ncclSuccess) return comm;
+  if (r == ncclInProgress) {
+    ncclCommAbort(comm);
+    throw CommError(zero::detail::concat(
+        "comm::Nccl rank ", rank, " of ", nranks, ": ncclCommInitRank (", how, ") did not complete within ",
+        timeout.count(), " ms: some rank did not join (not started, a different nranks, or a stale unique id); "
+        "start every rank with the same arguments"));
   }
   const char* last = comm != nullptr ? ncclGetLastError(comm) : "";
   if (comm != nullptr) ncclCommAbort(comm);

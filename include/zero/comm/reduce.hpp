@@ -1,7 +1,8 @@
 // Why: the in-process and MPI communicators reduce 16-bit floats themselves
 // (MPI has no bf16/fp16 sum). Summing in fp32 in a fixed rank order and
 // rounding once makes the result independent of thread timing, so tests are
-// reproducible bit for bit.
+// reproducible bit for bit. In-process ranks on one GPU reduce with the
+// device twin of this file, zero/comm/reduce.cuh, to the same bits.
 #pragma once
 
 #include <cstddef>

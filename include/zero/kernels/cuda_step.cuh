@@ -4,7 +4,9 @@
 // indices (a shard can exceed 2^31 elements). The arithmetic is NOT written
 // here: every element goes through fused_step_element (zero/kernels/
 // fused_step.hpp), the same body as the host kernel, so the GPU and the CPU
-// (ZeRO-Offload) produce bit-identical master weights, states and copies.
+// produce bit-identical master weights, states and copies (as the planned
+// ZeRO-Offload needs; device code built with -ftz=true is refused for that,
+// zero/cuda/exact_math.cuh).
 // The gradient statistics (squared norm, inf/NaN) are a second, read-only
 // pass that the step needs before it can run; it is one launch too.
 #pragma once
@@ -24,6 +26,9 @@
 
 #include "zero/config.hpp"
 #include "zero/cuda/check.cuh"
+#include "zero/cuda/device.cuh"
+#include "zero/cuda/exact_math.cuh"
+#include "zero/cuda/stream.cuh"
 #include "zero/error.hpp"
 #include "zero/kernels/cuda_launch.cuh"
 #include "zero/kernels/fused_step.hpp"
@@ -101,6 +106,7 @@ __device__ __forceinline__ void fused_step_vector(const FusedStepArgs<Opt, Grad,
 // [head, head + vectors*V) goes V at a time.
 template <int V, class Opt, class Grad, class Param>
 __global__ void fused_step_kernel(const FusedStepArgs<Opt, Grad, Param> a, std::size_t head, std::size_t vectors) {
+  cuda::require_exact_float_flags();
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (std::size_t c = first; c < vectors; c += stride) fused_step_vector<V>(a, head + c * V);
@@ -186,6 +192,7 @@ template <int Threads, class Grad>
 __global__ void __launch_bounds__(Threads)
     grad_stats_kernel(const Grad* g, std::size_t n, std::size_t head, std::size_t vectors, double* partial_sum,
                       int* partial_flag, unsigned int* blocks_done, GradStats* result, bool accumulate) {
+  cuda::require_exact_float_flags();
   constexpr int V = 16 / static_cast<int>(sizeof(Grad));
   constexpr int U = grad_stats_unroll;
   using Reduce = cub::BlockReduce<double, Threads>;
@@ -261,6 +268,8 @@ __global__ void __launch_bounds__(Threads)
 // construction: no allocation per call. One object serves one stream at a
 // time (its calls are ordered on that stream); results can accumulate over
 // several shards (the owned shards of every unit) before being fetched.
+// Every host wait (construction, fetch) goes through zero::cuda::wait_stream,
+// so a collective that will never finish is a CommError there, not a hang.
 //
 //   CudaGradStats stats;                       // on the device that holds the shards
 //   stats.enqueue(grad_a, n_a, stream);        // result = stats of a
@@ -285,14 +294,17 @@ class CudaGradStats {
       ZERO_CUDA_CHECK(cudaMalloc(&partial_sum_, sizeof(double) * static_cast<std::size_t>(max_blocks_)));
       ZERO_CUDA_CHECK(cudaMalloc(&partial_flag_, sizeof(int) * static_cast<std::size_t>(max_blocks_)));
       ZERO_CUDA_CHECK(cudaMalloc(&blocks_done_, sizeof(unsigned int)));
-      ZERO_CUDA_CHECK(cudaMemset(blocks_done_, 0, sizeof(unsigned int)));
       ZERO_CUDA_CHECK(cudaMalloc(&device_result_, sizeof(GradStats)));
-      ZERO_CUDA_CHECK(cudaMemset(device_result_, 0, sizeof(GradStats)));
       ZERO_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(GradStats)));
+      zero::cuda::count_device_allocations(4);  // the cudaMalloc calls above
       *host_result_ = GradStats{};
-      // The memsets above run on the legacy stream, which a non-blocking
-      // stream does not wait for: finish them before any kernel can run.
-      ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+      // Zeroed on this thread's stream and waited for there (watched), so
+      // that kernels on any stream find them zeroed; a plain
+      // cudaDeviceSynchronize would wait unwatched behind every collective.
+      const cudaStream_t stream = zero::cuda::current_stream();
+      ZERO_CUDA_CHECK(cudaMemsetAsync(blocks_done_, 0, sizeof(unsigned int), stream));
+      ZERO_CUDA_CHECK(cudaMemsetAsync(device_result_, 0, sizeof(GradStats), stream));
+      zero::cuda::wait_stream(stream);
     } catch (...) {
       release();
       throw;
@@ -360,11 +372,11 @@ class CudaGradStats {
   const GradStats* device_result() const { return device_result_; }
 
   // Copies the result to pinned host memory on `stream`, waits for the
-  // stream, and returns it.
+  // stream (zero::cuda::wait_stream), and returns it.
   GradStats fetch(cudaStream_t stream) {
     require(device_result_ != nullptr, "CudaGradStats: this object was moved from; use the one it was moved to");
     ZERO_CUDA_CHECK(cudaMemcpyAsync(host_result_, device_result_, sizeof(GradStats), cudaMemcpyDeviceToHost, stream));
-    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    zero::cuda::wait_stream(stream);
     return *host_result_;
   }
 
@@ -404,15 +416,14 @@ class CudaGradStats {
     if (partial_sum_ == nullptr && partial_flag_ == nullptr && blocks_done_ == nullptr && device_result_ == nullptr &&
         host_result_ == nullptr)
       return;
-    int previous = -1;
-    const bool switched =
-        cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
-    cudaFree(partial_sum_);
-    cudaFree(partial_flag_);
-    cudaFree(blocks_done_);
-    cudaFree(device_result_);
-    cudaFreeHost(host_result_);
-    if (switched) cudaSetDevice(previous);
+    {
+      const zero::cuda::DeviceScope owner(device_);
+      cudaFree(partial_sum_);
+      cudaFree(partial_flag_);
+      cudaFree(blocks_done_);
+      cudaFree(device_result_);
+      cudaFreeHost(host_result_);
+    }
     partial_sum_ = nullptr;
     partial_flag_ = nullptr;
     blocks_done_ = nullptr;

@@ -1,10 +1,12 @@
-// Why: whole buffers change precision on the host all the time in ZeRO-Offload
-// (fp32 masters to the bf16/fp16 copy sent back to the GPU, low-precision
-// gradient shards widened for the CPU step, checkpoints loaded in another
-// dtype). A scalar loop over from_float would be neither vectorised (no -march
-// in a user's build) nor threaded, so these converters reuse the host-kernel
-// machinery: one body written against SIMD packs, compiled per instruction set
-// and split across OpenMP threads (zero/simd/dispatch.hpp). They add no
+// Why: the Host backend changes the precision of whole buffers (16-bit
+// gradients widened for an fp32 reduction and rounded back, accumulated),
+// and the planned ZeRO-Offload and checkpoints will do so all the time (the
+// copy sent back to the GPU, gradient shards widened for the CPU step,
+// checkpoints loaded in another dtype). A scalar loop over from_float would
+// be neither vectorised (no -march in a user's build) nor threaded, so these
+// converters reuse the host-kernel machinery: one body written against SIMD
+// packs, compiled per instruction set and split across OpenMP threads
+// (zero/simd/dispatch.hpp). They add no
 // conversion math: the packs' loads and stores are the same exact algorithms
 // as zero::from_float / zero::to_float, so every path rounds like CUDA.
 #pragma once

@@ -1,7 +1,8 @@
 // Why: an optimizer is a policy, not a class hierarchy. The library's fused
 // step kernels (host SIMD and CUDA) are templates over the policy, so a
 // user's own optimizer (see examples/lion_optimizer.cpp) gets the same fused,
-// sharded, offloaded step without touching the library. This concept is the
+// sharded step (and, once ZeRO-Offload lands, the offloaded one) without
+// touching the library. This concept is the
 // whole contract; a type that misses a piece fails here with the missing
 // requirement named, not deep inside a kernel.
 #pragma once
@@ -15,7 +16,7 @@ namespace zero::optim {
 template <class Opt>
 concept Policy = requires(const typename Opt::Hyper& hyper, const typename Opt::Scalars& scalars, float& w,
                           const float& g, float* state, std::int64_t step) {
-  // A short lower-case name for reports and checkpoints ("adamw").
+  // A short lower-case name for reports (and the planned checkpoints): "adamw".
   { Opt::name } -> std::convertible_to<const char*>;
   // fp32 values kept per parameter (Adam: m and v; Sgd: the momentum buffer).
   { Opt::state_slots } -> std::convertible_to<int>;

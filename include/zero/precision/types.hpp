@@ -35,6 +35,11 @@ static_assert(std::is_trivially_copyable_v<fp16> && std::is_trivially_copyable_v
 // f64 and u64 are for the engine's own control messages (norms, hashes).
 enum class DType : std::uint8_t { f32, f16, bf16, f64, u64 };
 
+// How a reduction combines the ranks' elements: with DType, all that code
+// which describes a collective needs, without including a communicator.
+// zero::comm::ReduceOp names the same type.
+enum class ReduceOp : std::uint8_t { sum, max };
+
 template <class T>
 struct dtype_traits;  // primary left undefined: only the three storage types are element types
 
