@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Runs the programs behind the figures of docs/ and draws them into docs/images/.
+#
+#   bash docs/make_plots.sh [BUILD_DIR] [DATA_DIR]      (defaults: build, docs/plot-data)
+#   PARTS="step training" bash docs/make_plots.sh       (a subset of: memory step comm training)
+#
+# Every part runs only if its program is built (meson compile -C BUILD_DIR
+# zero_plan bench_step_host bench_comm train_fashion_mnist); the JSON lands in
+# DATA_DIR, next to machine.json (where it was measured), so a figure can be
+# redrawn, or checked, without running anything: /usr/bin/python3 docs/plots.py --data DATA_DIR
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-build}
+data=${2:-$here/plot-data}
+parts=${PARTS:-memory step comm training}
+python=/usr/bin/python3
+
+mkdir -p "$data"
+has_part() { [[ " $parts " == *" $1 "* ]]; }
+
+# Where the figures come from: written every run, read by plots.py for the titles.
+l3_bytes=$(getconf LEVEL3_CACHE_SIZE 2>/dev/null || echo 0)
+cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+cat >"$data/machine.json" <<EOF
+{"cpu": "${cpu:-unknown CPU}", "cores": $(nproc), "l3_bytes": ${l3_bytes:-0}, "date": "$(date -u +%Y-%m-%d)",
+ "compiler": "$(${CXX:-g++} --version 2>/dev/null | head -n 1)"}
+EOF
+
+# (1) Memory per rank against N, 7.5B parameters as in the ZeRO paper's example.
+if has_part memory; then
+  plan=$build/examples/zero_plan
+  if [[ -x $plan ]]; then
+    rm -rf "$data/plan" && mkdir -p "$data/plan"
+    for stage in 0 1 2 3; do
+      for n in 1 2 4 8 16 32 64 128 256 512 1024; do
+        if ((n <= 8)); then per_node=$n nodes=1; else per_node=8 nodes=$((n / 8)); fi
+        "$plan" --params 7.5B --ranks-per-node "$per_node" --nodes "$nodes" --stage "$stage" --precision fp16 \
+          --optimizer adam --json >"$data/plan/stage${stage}_n${n}.json"
+      done
+    done
+  else
+    echo "memory: $plan not built; plots.py draws the paper's formulas instead"
+  fi
+fi
+
+# (2) The host fused step against its bandwidth probe, 64K..64M parameters.
+if has_part step; then
+  bench=$build/bench/bench_step_host
+  if [[ -x $bench ]]; then
+    rm -rf "$data/step_host" && mkdir -p "$data/step_host"
+    for size in 64K 128K 256K 512K 1M 2M 4M 8M 16M 32M 64M; do
+      echo "bench_step_host --n $size"
+      "$bench" --json --n "$size" >"$data/step_host/n$size.json"
+    done
+  else
+    echo "step: $bench not built (meson compile -C $build bench_step_host); skipped"
+  fi
+fi
+
+# (3) Communicator bandwidth over message sizes.
+if has_part comm; then
+  bench=$build/bench/bench_comm
+  if [[ -x $bench ]]; then
+    rm -rf "$data/comm" && mkdir -p "$data/comm"
+    "$bench" --json >"$data/comm/local.json"
+    if command -v mpirun >/dev/null; then
+      # comm::Mpi rows, when the benchmark runs under mpirun (it says so in its --help).
+      if "$bench" --help 2>&1 | grep -q -- "--comm"; then
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe \
+          "$bench" --comm mpi --json >"$data/comm/mpi.json" || echo "comm: the mpirun run failed; Local rows only"
+      fi
+    fi
+  else
+    echo "comm: $bench not built; skipped"
+  fi
+fi
+
+# (4) The trainer's loss and test accuracy per epoch, stages 0-3 (4 in-process ranks, bf16, AdamW).
+if has_part training; then
+  trainer=$build/examples/train_fashion_mnist
+  if [[ -x $trainer ]]; then
+    rm -rf "$data/train" && mkdir -p "$data/train"
+    history=0
+    "$trainer" --help 2>&1 | grep -q -- "--history-json" && history=1
+    for stage in 0 1 2 3; do
+      echo "train_fashion_mnist --stage $stage"
+      if ((history)); then
+        "$trainer" --stage "$stage" --history-json "$data/train/stage$stage.json" | tee "$data/train/stage$stage.txt"
+      else
+        "$trainer" --stage "$stage" | tee "$data/train/stage$stage.txt"
+      fi
+    done
+  else
+    echo "training: $trainer not built (meson compile -C $build train_fashion_mnist); skipped"
+  fi
+fi
+
+only=$(echo "$parts" | tr ' ' ',')
+"$python" "$here/plots.py" --data "$data" --out "$here/images" --only "$only"
