@@ -3,6 +3,8 @@
 #
 #   bash docs/make_plots.sh [BUILD_DIR] [DATA_DIR]      (defaults: build, docs/plot-data)
 #   PARTS="step training" bash docs/make_plots.sh       (a subset of: memory step comm training)
+#   STEP_REPS=41 STEP_ROUNDS=5 ...                      (bench_step_host: repetitions per run, default 21;
+#                                                        passes over all sizes, default 3)
 #
 # Every part runs only if its program is built (meson compile -C BUILD_DIR
 # zero_plan bench_step_host bench_comm train_fashion_mnist); the JSON lands in
@@ -49,9 +51,13 @@ if has_part step; then
   bench=$build/bench/bench_step_host
   if [[ -x $bench ]]; then
     rm -rf "$data/step_host" && mkdir -p "$data/step_host"
-    for size in 64K 128K 256K 512K 1M 2M 4M 8M 16M 32M 64M; do
-      echo "bench_step_host --n $size"
-      "$bench" --json --n "$size" >"$data/step_host/n$size.json"
+    # Several passes over all sizes, so that the machine's drift hits every size; plots.py keeps the
+    # fastest step and the fastest probe of each size over all passes.
+    for round in $(seq "${STEP_ROUNDS:-3}"); do
+      for size in 64K 128K 256K 512K 1M 2M 4M 8M 16M 32M 64M; do
+        echo "bench_step_host --n $size (pass $round)"
+        "$bench" --json --n "$size" --reps "${STEP_REPS:-21}" >"$data/step_host/n${size}_pass$round.json"
+      done
     done
   else
     echo "step: $bench not built (meson compile -C $build bench_step_host); skipped"
