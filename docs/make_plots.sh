@@ -3,6 +3,7 @@
 #
 #   bash docs/make_plots.sh [BUILD_DIR] [DATA_DIR]      (defaults: build, docs/plot-data)
 #   PARTS="step training" bash docs/make_plots.sh       (a subset of: memory step comm training)
+#   IMAGES=/tmp/figures ...                             (draw elsewhere than docs/images)
 #   STEP_REPS=41 STEP_ROUNDS=5 ...                      (bench_step_host: repetitions per run, default 21;
 #                                                        passes over all sizes, default 3)
 #
@@ -16,6 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
 data=${2:-$here/plot-data}
 parts=${PARTS:-memory step comm training}
+images=${IMAGES:-$here/images}  # where the figures go
 python=/usr/bin/python3
 
 mkdir -p "$data"
@@ -70,12 +72,12 @@ if has_part comm; then
   if [[ -x $bench ]]; then
     rm -rf "$data/comm" && mkdir -p "$data/comm"
     "$bench" --json >"$data/comm/local.json"
-    if command -v mpirun >/dev/null; then
-      # comm::Mpi rows, when the benchmark runs under mpirun (it says so in its --help).
-      if "$bench" --help 2>&1 | grep -q -- "--comm"; then
-        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe \
-          "$bench" --comm mpi --json >"$data/comm/mpi.json" || echo "comm: the mpirun run failed; Local rows only"
-      fi
+    # comm::Mpi rows, when the benchmark takes --comm (its usage line says so) and mpirun exists.
+    usage=$("$bench" --help 2>&1 || true)
+    if command -v mpirun >/dev/null && [[ $usage == *--comm* ]]; then
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        mpirun -np 2 --oversubscribe "$bench" --comm mpi --json >"$data/comm/mpi.json" ||
+        { echo "comm: the mpirun run failed; Local rows only"; rm -f "$data/comm/mpi.json"; }
     fi
   else
     echo "comm: $bench not built; skipped"
@@ -87,11 +89,10 @@ if has_part training; then
   trainer=$build/examples/train_fashion_mnist
   if [[ -x $trainer ]]; then
     rm -rf "$data/train" && mkdir -p "$data/train"
-    history=0
-    "$trainer" --help 2>&1 | grep -q -- "--history-json" && history=1
+    usage=$("$trainer" --help 2>&1 || true)
     for stage in 0 1 2 3; do
       echo "train_fashion_mnist --stage $stage"
-      if ((history)); then
+      if [[ $usage == *--history-json* ]]; then
         "$trainer" --stage "$stage" --history-json "$data/train/stage$stage.json" | tee "$data/train/stage$stage.txt"
       else
         "$trainer" --stage "$stage" | tee "$data/train/stage$stage.txt"
@@ -103,4 +104,4 @@ if has_part training; then
 fi
 
 only=$(echo "$parts" | tr ' ' ',')
-"$python" "$here/plots.py" --data "$data" --out "$here/images" --only "$only"
+"$python" "$here/plots.py" --data "$data" --out "$images" --only "$only"

@@ -91,6 +91,16 @@ def paper_model_state_bytes(stage, phi, n, k=12):
     return [(2 + 2 + k) * phi, (2 + 2) * phi + k * phi / n, 2 * phi + (2 + k) * phi / n, (2 + 2 + k) * phi / n][stage]
 
 
+def human_count(n):
+    """7500000000 -> 7.5B (a string such as "7.5B" passes through)."""
+    if isinstance(n, str):
+        return n
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return "%.4g%s" % (n / scale, unit)
+    return "%d" % n
+
+
 def plan_ranks(config):
     for key in ("ranks", "world_size", "n"):
         if key in config:
@@ -111,7 +121,8 @@ def memory_from_plans(paths):
             series.setdefault(stage, []).append((plan_ranks(config), per_rank))
             if not described:
                 described = ", ".join(
-                    "%s %s" % (k, config[k]) for k in ("params", "precision", "optimizer", "offload") if k in config)
+                    "%s %s" % (k, human_count(config[k]) if k == "params" else config[k])
+                    for k in ("params", "precision", "optimizer", "offload") if k in config)
     return {s: sorted(v) for s, v in series.items()}, described
 
 
@@ -183,7 +194,7 @@ def plot_step(args, out):
     if not rows:
         print("step: no step_host/*.json in %s; skipped" % args.data)
         return
-    note, machine = machine_note(args.data)
+    note, _ = machine_note(args.data)
     configs = []
     for r in rows:
         if r["config"] not in configs:
@@ -201,28 +212,19 @@ def plot_step(args, out):
         ax_bw.plot(ns, [p[2] for p in pts], linestyle="--", color=color, alpha=0.7, label="%s: probe" % config)
         ax_ratio.plot(ns, [p[3] for p in pts], marker="o", color=color, label=config)
     ax_ratio.axhline(1.0, color="#999999", linewidth=1)
-    l3 = machine.get("l3_bytes")
     for ax in (ax_bw, ax_ratio):
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(binary_size))
         ax.set_xlabel("parameters per step (n)")
         ax.grid(True, which="both", alpha=0.3)
-        if l3:
-            # Where the arrays of fp32 AdamW (28 bytes per parameter) outgrow the last-level cache.
-            ax.axvline(l3 / 28.0, color="#bbbbbb", linestyle=":", linewidth=1.5)
-    if l3:
-        for ax in (ax_bw, ax_ratio):
-            ax.annotate("fp32 AdamW arrays\n= L3 (%d MiB)" % (l3 >> 20), xy=(l3 / 28.0, 0.97),
-                        xycoords=("data", "axes fraction"), xytext=(5, 0), textcoords="offset points", fontsize=8,
-                        color="#777777", va="top")
     ax_bw.set_yscale("log")
     ax_bw.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: "%g" % v))
     ax_bw.set_ylabel("memory traffic [GB/s] (log)")
     ax_bw.set_title("Fused step (solid) and its bandwidth probe (dashed)", fontsize=10)
-    ax_bw.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    ax_bw.legend(fontsize=8, loc="center right")
     ax_ratio.set_ylabel("probe time / step time (1 = at the bandwidth limit)")
     ax_ratio.set_title("Ratio to the probe", fontsize=10)
-    ax_ratio.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    ax_ratio.legend(fontsize=8, loc="upper right")
     threads = sorted({r["threads"] for r in rows})
     isas = sorted({r["isa"] for r in rows})
     fig.suptitle("Host fused optimizer step: bench_step_host --json --n SIZE (isa %s, %s threads, fastest of %d run%s)%s"
