@@ -31,7 +31,8 @@ cat >"$data/machine.json" <<EOF
  "compiler": "$(${CXX:-g++} --version 2>/dev/null | head -n 1)"}
 EOF
 
-# (1) Memory per rank against N, 7.5B parameters as in the ZeRO paper's example.
+# (1) Memory per rank against N, 7.5B parameters as in the ZeRO paper's example, in 32 units (layers)
+#     of 234M: the largest unit sizes stage 3's gather slots and the gradient staging.
 if has_part memory; then
   plan=$build/examples/zero_plan
   if [[ -x $plan ]]; then
@@ -39,7 +40,7 @@ if has_part memory; then
     for stage in 0 1 2 3; do
       for n in 1 2 4 8 16 32 64 128 256 512 1024; do
         if ((n <= 8)); then per_node=$n nodes=1; else per_node=8 nodes=$((n / 8)); fi
-        "$plan" --params 7.5B --ranks-per-node "$per_node" --nodes "$nodes" --stage "$stage" --precision fp16 \
+        "$plan" --params 7.5B --units 32 --ranks-per-node "$per_node" --nodes "$nodes" --stage "$stage" --precision fp16 \
           --optimizer adam --json >"$data/plan/stage${stage}_n${n}.json"
       done
     done

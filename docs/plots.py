@@ -111,19 +111,22 @@ def plan_ranks(config):
 
 
 def memory_from_plans(paths):
-    """{stage: [(N, bytes per rank on device + host + disk)]} and a description of the model."""
-    series, described = {}, ""
+    """{stage: [(N, bytes per rank on device + host + disk)]}, the same for the paper's model
+    states alone, and a description of the model."""
+    series, paper, described = {}, {}, ""
     for path in paths:
         for doc in load_json_objects(path):
             config, total = doc["config"], doc["total"]
-            stage = int(config["stage"])
+            stage, ranks = int(config["stage"]), plan_ranks(config)
             per_rank = total.get("device", 0) + total.get("host", 0) + total.get("disk", 0)
-            series.setdefault(stage, []).append((plan_ranks(config), per_rank))
+            series.setdefault(stage, []).append((ranks, per_rank))
+            if "model_state_bytes" in doc.get("paper", {}):
+                paper.setdefault(stage, []).append((ranks, doc["paper"]["model_state_bytes"]))
             if not described:
                 described = ", ".join(
                     "%s %s" % (k, human_count(config[k]) if k == "params" else config[k])
-                    for k in ("params", "precision", "optimizer", "offload") if k in config)
-    return {s: sorted(v) for s, v in series.items()}, described
+                    for k in ("params", "units", "precision", "optimizer", "offload") if k in config)
+    return {s: sorted(v) for s, v in series.items()}, {s: sorted(v) for s, v in paper.items()}, described
 
 
 def memory_from_formulas(phi):
@@ -133,9 +136,11 @@ def memory_from_formulas(phi):
 
 def plot_memory(args, out):
     paths = [] if args.formulas else files(args.data, "plan", "*.json")
+    paper = {}
     if paths:
-        series, described = memory_from_plans(paths)
-        title = "Memory per rank, from zero_plan --json\n(%s; device + host + disk)" % described
+        series, paper, described = memory_from_plans(paths)
+        title = ("Memory per rank from zero_plan --json (device + host + disk)\n"
+                 "model states + communication buffers; thin lines: the ZeRO paper's model states\n(%s)" % described)
     else:
         series = memory_from_formulas(args.formula_params)
         title = ("Model states per rank from the ZeRO paper's formulas (not zero_plan output)\n"
@@ -148,6 +153,9 @@ def plot_memory(args, out):
         gb = [b / 1e9 for _, b in series[stage]]
         marker, style = STAGE_STYLES[stage]
         ax.plot(ns, gb, marker=marker, linestyle=style, color=STAGE_COLORS[stage], label=STAGE_NAMES[stage])
+        if stage in paper:
+            ax.plot([n for n, _ in paper[stage]], [b / 1e9 for _, b in paper[stage]], linestyle=style, linewidth=0.9,
+                    color=STAGE_COLORS[stage], alpha=0.6)
         if 64 in ns:  # the paper's example point, labelled with its value
             ax.annotate("%.3g GB" % gb[ns.index(64)], xy=(64, gb[ns.index(64)]), xytext=(4, 6),
                         textcoords="offset points", fontsize=8, color=STAGE_COLORS[stage])
