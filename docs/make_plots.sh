@@ -31,77 +31,68 @@ cat >"$data/machine.json" <<EOF
  "compiler": "$(${CXX:-g++} --version 2>/dev/null | head -n 1)"}
 EOF
 
+# ready PART PROGRAM SUBDIR: true when PART was asked for and PROGRAM is built; DATA/SUBDIR is then emptied
+# for its new output. Otherwise says why the part is skipped.
+ready() {
+  has_part "$1" || return 1
+  if [[ ! -x $2 ]]; then
+    echo "$1: $2 is not built (meson compile -C $build $(basename "$2")); skipped"
+    return 1
+  fi
+  rm -rf "${data:?}/$3" && mkdir -p "$data/$3"
+}
+
 # (1) Memory per rank against N, 7.5B parameters as in the ZeRO paper's example, in 32 units (layers)
-#     of 234M: the largest unit sizes stage 3's gather slots and the gradient staging.
-if has_part memory; then
-  plan=$build/examples/zero_plan
-  if [[ -x $plan ]]; then
-    rm -rf "$data/plan" && mkdir -p "$data/plan"
-    for stage in 0 1 2 3; do
-      for n in 1 2 4 8 16 32 64 128 256 512 1024; do
-        if ((n <= 8)); then per_node=$n nodes=1; else per_node=8 nodes=$((n / 8)); fi
-        "$plan" --params 7.5B --units 32 --ranks-per-node "$per_node" --nodes "$nodes" --stage "$stage" --precision fp16 \
-          --optimizer adam --json >"$data/plan/stage${stage}_n${n}.json"
-      done
+#     of 234M: the largest unit sizes stage 3's gather slots and the gradient staging. Without zero_plan,
+#     plots.py draws the paper's formulas from any plan data already in DATA_DIR, or alone.
+plan=$build/examples/zero_plan
+if ready memory "$plan" plan; then
+  for stage in 0 1 2 3; do
+    for n in 1 2 4 8 16 32 64 128 256 512 1024; do
+      if ((n <= 8)); then per_node=$n nodes=1; else per_node=8 nodes=$((n / 8)); fi
+      "$plan" --params 7.5B --units 32 --ranks-per-node "$per_node" --nodes "$nodes" --stage "$stage" --precision fp16 \
+        --optimizer adam --json >"$data/plan/stage${stage}_n${n}.json"
     done
-  else
-    echo "memory: $plan not built; plots.py draws the paper's formulas instead"
+  done
+fi
+
+# (2) The host fused step against its bandwidth probe, 64K..64M parameters. Several passes over all
+#     sizes, so that the machine's drift hits every size; plots.py keeps the fastest step and the
+#     fastest probe of each size over all passes.
+bench=$build/bench/bench_step_host
+if ready step "$bench" step_host; then
+  for round in $(seq "${STEP_ROUNDS:-3}"); do
+    for size in 64K 128K 256K 512K 1M 2M 4M 8M 16M 32M 64M; do
+      echo "bench_step_host --n $size (pass $round)"
+      "$bench" --json --n "$size" --reps "${STEP_REPS:-21}" >"$data/step_host/n${size}_pass$round.json"
+    done
+  done
+fi
+
+# (3) Communicator bandwidth over message sizes: comm::Local, and comm::Mpi when the benchmark takes
+#     --comm (its usage line says so) and mpirun exists.
+bench=$build/bench/bench_comm
+if ready comm "$bench" comm; then
+  "$bench" --json >"$data/comm/local.json"
+  usage=$("$bench" --help 2>&1 || true)
+  if command -v mpirun >/dev/null && [[ $usage == *--comm* ]]; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+      mpirun -np 2 --oversubscribe "$bench" --comm mpi --json >"$data/comm/mpi.json" ||
+      { echo "comm: the mpirun run failed; Local rows only"; rm -f "$data/comm/mpi.json"; }
   fi
 fi
 
-# (2) The host fused step against its bandwidth probe, 64K..64M parameters.
-if has_part step; then
-  bench=$build/bench/bench_step_host
-  if [[ -x $bench ]]; then
-    rm -rf "$data/step_host" && mkdir -p "$data/step_host"
-    # Several passes over all sizes, so that the machine's drift hits every size; plots.py keeps the
-    # fastest step and the fastest probe of each size over all passes.
-    for round in $(seq "${STEP_ROUNDS:-3}"); do
-      for size in 64K 128K 256K 512K 1M 2M 4M 8M 16M 32M 64M; do
-        echo "bench_step_host --n $size (pass $round)"
-        "$bench" --json --n "$size" --reps "${STEP_REPS:-21}" >"$data/step_host/n${size}_pass$round.json"
-      done
-    done
-  else
-    echo "step: $bench not built (meson compile -C $build bench_step_host); skipped"
-  fi
-fi
-
-# (3) Communicator bandwidth over message sizes.
-if has_part comm; then
-  bench=$build/bench/bench_comm
-  if [[ -x $bench ]]; then
-    rm -rf "$data/comm" && mkdir -p "$data/comm"
-    "$bench" --json >"$data/comm/local.json"
-    # comm::Mpi rows, when the benchmark takes --comm (its usage line says so) and mpirun exists.
-    usage=$("$bench" --help 2>&1 || true)
-    if command -v mpirun >/dev/null && [[ $usage == *--comm* ]]; then
-      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
-        mpirun -np 2 --oversubscribe "$bench" --comm mpi --json >"$data/comm/mpi.json" ||
-        { echo "comm: the mpirun run failed; Local rows only"; rm -f "$data/comm/mpi.json"; }
-    fi
-  else
-    echo "comm: $bench not built; skipped"
-  fi
-fi
-
-# (4) The trainer's loss and test accuracy per epoch, stages 0-3 (4 in-process ranks, bf16, AdamW).
-if has_part training; then
-  trainer=$build/examples/train_fashion_mnist
-  if [[ -x $trainer ]]; then
-    rm -rf "$data/train" && mkdir -p "$data/train"
-    usage=$("$trainer" --help 2>&1 || true)
-    for stage in 0 1 2 3; do
-      echo "train_fashion_mnist --stage $stage"
-      if [[ $usage == *--history-json* ]]; then
-        "$trainer" --stage "$stage" --history-json "$data/train/stage$stage.json" | tee "$data/train/stage$stage.txt"
-      else
-        "$trainer" --stage "$stage" | tee "$data/train/stage$stage.txt"
-      fi
-    done
-  else
-    echo "training: $trainer not built (meson compile -C $build train_fashion_mnist); skipped"
-  fi
+# (4) The trainer's loss and test accuracy per epoch, stages 0-3 (4 in-process ranks, bf16, AdamW):
+#     its --history-json when it has one, its stdout in any case.
+trainer=$build/examples/train_fashion_mnist
+if ready training "$trainer" train; then
+  usage=$("$trainer" --help 2>&1 || true)
+  for stage in 0 1 2 3; do
+    echo "train_fashion_mnist --stage $stage"
+    history=()
+    [[ $usage == *--history-json* ]] && history=(--history-json "$data/train/stage$stage.json")
+    "$trainer" --stage "$stage" "${history[@]}" | tee "$data/train/stage$stage.txt"
+  done
 fi
 
 only=$(echo "$parts" | tr ' ' ',')
