@@ -36,7 +36,7 @@ inline const CLI::Validator kPositive(
         return text + " is not a number > 0";
       return {};
     },
-    "> 0", "POSITIVE");
+    "POSITIVE", "POSITIVE");
 
 inline const std::vector<std::string> kPrecisions{"fp32", "bf16", "fp16"};
 inline const std::vector<std::string> kOptimizers{"adamw", "adam", "sgd"};
