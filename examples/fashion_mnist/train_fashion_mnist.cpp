@@ -5,12 +5,15 @@
 //   train_fashion_mnist [--ranks 4] [--comm local|mpi] [--stage 3]
 //                       [--precision fp32|bf16|fp16] [--optimizer adamw|adam|sgd]
 //                       [--epochs 8] [--batch 256] [--lr 0.002] [--seed 1]
-//                       [--data DIR] [--report]
+//                       [--data DIR] [--report] [--history-json FILE]
 //
-// Per epoch it prints loss, test accuracy, samples/s and model-state bytes per
-// rank; the last line is `test_accuracy=<value>`. --report adds the memory and
-// communication reports as JSON.
+// (--help lists them with their defaults.) Per epoch it prints loss, test
+// accuracy, samples/s and model-state bytes per rank; the last line is
+// `test_accuracy=<value>`. --report adds the memory and communication reports
+// as JSON; --history-json writes the configuration and the per-epoch figures
+// as {"config":{...},"epochs":[{"epoch":1,"loss":...},...]} for plots.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 #include <cmath>
@@ -24,6 +27,8 @@
 
 #include "fashion_mnist/idx_dataset.hpp"
 #include "fashion_mnist/mlp.hpp"
+#include "common/cli.hpp"
+#include "common/optimizer_type.hpp"
 #include "zero/zero.hpp"
 
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
@@ -33,69 +38,65 @@
 namespace {
 
 struct Args {
-  int ranks = 4;
-  std::string comm = "local";
-  int stage = 3;
-  std::string precision = "bf16";
-  std::string optimizer = "adamw";
+  zero::examples::ZeroChoices zero;
+  zero::examples::LaunchChoices launch;
   int epochs = 8;
   int batch = 256;
   double lr = 2e-3;
   std::uint64_t seed = 1;
   std::string data = fashion_mnist::kDefaultDataDir;
   bool report = false;
+  std::string history_json;  // empty: none
 };
 
-[[noreturn]] void usage(const char* argv0, const std::string& problem) {
-  std::fprintf(stderr,
-               "%s%s"
-               "usage: %s [--ranks N] [--comm local|mpi] [--stage 0..3] [--precision fp32|bf16|fp16]\n"
-               "          [--optimizer adamw|adam|sgd] [--epochs E] [--batch B] [--lr X] [--seed S]\n"
-               "          [--data DIR] [--report]\n",
-               problem.c_str(), problem.empty() ? "" : "\n", argv0);
-  std::exit(2);
+void add_options(CLI::App& app, Args& a) {
+  zero::examples::add_launch_options(app, a.launch, {"local", "mpi"});
+  zero::examples::add_zero_options(app, a.zero);
+  app.add_option("--epochs", a.epochs, "passes over the 60000 training images")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  app.add_option("--batch", a.batch, "global batch (split evenly over the ranks)")
+      ->check(CLI::Range(1, 60000))
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate (cosine decay to 0 over the run)")
+      ->check(zero::examples::kPositive)
+      ->capture_default_str();
+  app.add_option("--seed", a.seed, "initial weights and shuffling (the same on every rank)")->capture_default_str();
+  app.add_option("--data", a.data, "folder of the Fashion-MNIST idx files")->type_name("DIR")->capture_default_str();
+  app.add_flag("--report", a.report, "print the memory and communication reports as JSON at the end");
+  app.add_option("--history-json", a.history_json,
+                 "write the configuration and per-epoch loss, test_accuracy, samples_per_s and seconds as JSON")
+      ->type_name("FILE");
+  app.callback([&a] {
+    if (a.launch.comm == "local" && a.batch % a.launch.ranks != 0)
+      throw CLI::ValidationError("--batch", std::to_string(a.batch) + " is not a multiple of --ranks " +
+                                                std::to_string(a.launch.ranks));
+  });
 }
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(argv[0], "error: " + k + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](const std::string& v) {
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0') usage(argv[0], "error: " + k + " expects a number, got '" + v + "'");
-      return d;
-    };
-    if (k == "--ranks") a.ranks = static_cast<int>(number(value()));
-    else if (k == "--comm") a.comm = value();
-    else if (k == "--stage") a.stage = static_cast<int>(number(value()));
-    else if (k == "--precision") a.precision = value();
-    else if (k == "--optimizer") a.optimizer = value();
-    else if (k == "--epochs") a.epochs = static_cast<int>(number(value()));
-    else if (k == "--batch") a.batch = static_cast<int>(number(value()));
-    else if (k == "--lr") a.lr = number(value());
-    else if (k == "--seed") a.seed = static_cast<std::uint64_t>(number(value()));
-    else if (k == "--data") a.data = value();
-    else if (k == "--report") a.report = true;
-    else if (k == "--help" || k == "-h") usage(argv[0], "");
-    else usage(argv[0], "error: unknown option '" + k + "'");
+// One epoch as --history-json records it.
+struct EpochRecord {
+  int epoch;
+  double loss, test_accuracy, samples_per_s, seconds;
+};
+
+void write_history(const std::string& path, const Args& a, int ranks, std::size_t parameters,
+                   const std::vector<EpochRecord>& epochs) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  zero::require(f != nullptr, "--history-json: cannot write '", path, "': ", std::strerror(errno));
+  std::fprintf(f,
+               "{\"config\":{\"model\":\"mlp-784-256-128-10\",\"parameters\":%zu,\"ranks\":%d,\"comm\":\"%s\","
+               "\"stage\":%d,\"precision\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%d,\"batch\":%d,"
+               "\"lr\":%.17g,\"seed\":%llu},\n \"epochs\":[",
+               parameters, ranks, a.launch.comm.c_str(), a.zero.stage, a.zero.precision.c_str(),
+               a.zero.optimizer.c_str(), a.epochs, a.batch, a.lr, static_cast<unsigned long long>(a.seed));
+  for (std::size_t i = 0; i < epochs.size(); ++i) {
+    const EpochRecord& e = epochs[i];
+    std::fprintf(f, "%s\n  {\"epoch\":%d,\"loss\":%.9g,\"test_accuracy\":%.9g,\"samples_per_s\":%.9g,\"seconds\":%.9g}",
+                 i == 0 ? "" : ",", e.epoch, e.loss, e.test_accuracy, e.samples_per_s, e.seconds);
   }
-  if (a.comm != "local" && a.comm != "mpi") usage(argv[0], "error: --comm must be local or mpi");
-  if (a.stage < 0 || a.stage > 3) usage(argv[0], "error: --stage must be 0, 1, 2 or 3");
-  if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
-    usage(argv[0], "error: --precision must be fp32, bf16 or fp16");
-  if (a.optimizer != "adamw" && a.optimizer != "adam" && a.optimizer != "sgd")
-    usage(argv[0], "error: --optimizer must be adamw, adam or sgd");
-  if (a.epochs < 1) usage(argv[0], "error: --epochs must be >= 1");
-  if (a.ranks < 1 || a.ranks > 64) usage(argv[0], "error: --ranks must be in [1, 64]");
-  if (a.batch < a.ranks || a.batch % a.ranks != 0)
-    usage(argv[0], "error: --batch must be a multiple of the number of ranks");
-  if (!(a.lr > 0)) usage(argv[0], "error: --lr must be > 0");
-  return a;
+  std::fprintf(f, "]}\n");
+  zero::require(std::fclose(f) == 0, "--history-json: writing '", path, "' failed: ", std::strerror(errno));
 }
 
 // One rank's training run. Every rank runs this in lockstep.
@@ -181,11 +182,12 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
   std::vector<int> predicted;
   double accuracy = 0;
   zero::CommReport last_train_comm;
+  std::vector<EpochRecord> history;
 
   if (lead)
     std::printf("zero: Fashion-MNIST MLP 784-256-128-10, %d ranks (%s), stage %d, %s, %s, batch %d, %d epochs, "
                 "%zu parameters\n",
-                ranks, args.comm.c_str(), Opt::stage, args.precision.c_str(), args.optimizer.c_str(), args.batch,
+                ranks, args.launch.comm.c_str(), Opt::stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(), args.batch,
                 args.epochs, model.num_params());
   for (int epoch = 1; epoch <= args.epochs; ++epoch) {
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -234,15 +236,20 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
     accuracy = totals[0] / static_cast<double>(data.test.count);
     if (lead) {
       const auto mem = opt.memory_report();
+      const EpochRecord record{epoch, totals[1] / static_cast<double>(static_cast<std::size_t>(ranks) * steps_per_epoch),
+                               accuracy,
+                               static_cast<double>(steps_per_epoch * static_cast<std::size_t>(args.batch)) / seconds,
+                               seconds};
+      history.push_back(record);
       std::printf("epoch %d/%d  loss %.4f  test_accuracy %.4f  %.0f samples/s  %.1f s  model states %.2f MiB/rank  "
                   "traffic %.2f MiB/rank/step  lr %.2e\n",
-                  epoch, args.epochs, totals[1] / static_cast<double>(ranks * steps_per_epoch), accuracy,
-                  static_cast<double>(steps_per_epoch * static_cast<std::size_t>(args.batch)) / seconds, seconds,
+                  epoch, args.epochs, record.loss, accuracy, record.samples_per_s, seconds,
                   static_cast<double>(mem.model_states()) / 1048576.0, last_train_comm.sent_per_step() / 1048576.0,
                   opt.hyper().lr);
       std::fflush(stdout);
     }
   }
+  if (lead && !args.history_json.empty()) write_history(args.history_json, args, ranks, model.num_params(), history);
   if (lead && args.report) {
     std::printf("%s\n%s\n", opt.memory_report().to_json().c_str(), last_train_comm.to_json().c_str());
   }
@@ -252,28 +259,8 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
 // Maps the runtime choices onto the optimizer types (each is its own instantiation).
 template <class Comm>
 double dispatch(Comm& comm, const Args& a, const fashion_mnist::FashionMnist& data) {
-  auto with_stage = [&]<class Precision, class Optimizer>() -> double {
-    switch (a.stage) {
-#define ZERO_EXAMPLE_STAGE(S)                                                                                  \
-  case S:                                                                                                      \
-    return train_rank<zero::ZeroOptimizer<Precision, Optimizer, zero::stage<S>, zero::offload::None,           \
-                                          zero::backend::Host>>(comm, a, data);
-      ZERO_EXAMPLE_STAGE(0)
-      ZERO_EXAMPLE_STAGE(1)
-      ZERO_EXAMPLE_STAGE(2)
-      ZERO_EXAMPLE_STAGE(3)
-#undef ZERO_EXAMPLE_STAGE
-    }
-    return 0;
-  };
-  auto with_precision = [&]<class Optimizer>() -> double {
-    if (a.precision == "fp32") return with_stage.template operator()<zero::precision::Full<float>, Optimizer>();
-    if (a.precision == "bf16") return with_stage.template operator()<zero::precision::Mixed<zero::bf16>, Optimizer>();
-    return with_stage.template operator()<zero::precision::Mixed<zero::fp16>, Optimizer>();
-  };
-  if (a.optimizer == "adamw") return with_precision.template operator()<zero::optim::AdamW>();
-  if (a.optimizer == "adam") return with_precision.template operator()<zero::optim::Adam>();
-  return with_precision.template operator()<zero::optim::Sgd>();
+  return zero::examples::with_optimizer_type<zero::offload::None, zero::backend::Host>(
+      a.zero, [&]<class Opt>() { return train_rank<Opt>(comm, a, data); });
 }
 
 }  // namespace
@@ -283,12 +270,22 @@ int main(int argc, char** argv) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
 #endif
-    Args args = parse(argc, argv);
+    Args args;
+    CLI::App app("Trains an MLP 784-256-128-10 on Fashion-MNIST with ZeRO on CPU ranks; prints one line per "
+                 "epoch and ends with test_accuracy=<value>.",
+                 "train_fashion_mnist");
+    add_options(app, args);
+    zero::examples::parse_or_exit(app, argc, argv);
+    if (!args.history_json.empty()) {  // fail now rather than after training
+      std::FILE* f = std::fopen(args.history_json.c_str(), "w");
+      if (f == nullptr) zero::examples::fail_option(app, "--history-json", "cannot write '" + args.history_json + "': " + std::strerror(errno));
+      std::fclose(f);
+    }
     const auto data = fashion_mnist::load_fashion_mnist(args.data);
     fashion_mnist::use_single_threaded_blas();
     double accuracy = 0;
-    if (args.comm == "local") {
-      zero::comm::LocalGroup group(args.ranks);
+    if (args.launch.comm == "local") {
+      zero::comm::LocalGroup group(args.launch.ranks);
       group.run([&](zero::comm::Local& comm) {
         const double acc = dispatch(comm, args, data);
         if (comm.rank() == 0) accuracy = acc;
@@ -297,16 +294,19 @@ int main(int argc, char** argv) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
       mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
       zero::comm::Mpi comm;
-      args.ranks = comm.size();
+      args.launch.ranks = comm.size();
 #if ZERO_HAS_OPENMP
       // Processes on one machine share its cores: split them, as LocalGroup does for threads.
       omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
 #endif
-      if (args.batch % comm.size() != 0) usage(argv[0], "error: --batch must be a multiple of the MPI world size");
+      if (args.batch % comm.size() != 0)
+        zero::examples::fail_option(app, "--batch", std::to_string(args.batch) +
+                                                        " is not a multiple of the MPI world size " +
+                                                        std::to_string(comm.size()));
       accuracy = dispatch(comm, args, data);
       if (comm.rank() != 0) return 0;
 #else
-      usage(argv[0], "error: this build has no MPI support (install libopenmpi-dev and reconfigure)");
+      zero::examples::fail_option(app, "--comm", "mpi: this build has no MPI support (install libopenmpi-dev and reconfigure)");
 #endif
     }
     std::printf("test_accuracy=%.4f\n", accuracy);

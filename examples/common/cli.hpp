@@ -1,0 +1,89 @@
+// Why: the example programs (the trainers, the zero_plan planner) take the
+// same ZeRO choices on their command lines. One place names those options,
+// checks their values, and makes --help and errors read the same in every
+// program: CLI11's format, --help listing each option with its default,
+// exit 0 for --help and 2 for any bad command line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zero::examples {
+
+// What picks the optimizer's type: ZeroOptimizer<precision, optimizer, stage<S>, ...>.
+struct ZeroChoices {
+  int stage = 3;
+  std::string precision = "bf16";
+  std::string optimizer = "adamw";
+};
+
+// How the data-parallel ranks run.
+struct LaunchChoices {
+  int ranks = 4;
+  std::string comm = "local";
+};
+
+// A finite number > 0 (CLI::PositiveNumber would print its range up to DBL_MAX in full).
+inline const CLI::Validator kPositive(
+    [](std::string& text) -> std::string {
+      double value = 0;
+      if (!CLI::detail::lexical_cast(text, value) || !(value > 0) || !std::isfinite(value))
+        return text + " is not a number > 0";
+      return {};
+    },
+    "POSITIVE", "POSITIVE");
+
+inline const std::vector<std::string> kPrecisions{"fp32", "bf16", "fp16"};
+inline const std::vector<std::string> kOptimizers{"adamw", "adam", "sgd"};
+
+// --stage 0..3, --precision fp32|bf16|fp16, --optimizer adamw|adam|sgd.
+inline void add_zero_options(CLI::App& app, ZeroChoices& choices) {
+  app.add_option("--stage", choices.stage,
+                 "ZeRO stage: 0 plain data parallel, 1 shards optimizer states, 2 also gradients, 3 also parameters")
+      ->check(CLI::Range(0, 3))
+      ->capture_default_str();
+  app.add_option("--precision", choices.precision,
+                 "parameters and gradients: fp32, or bf16/fp16 with fp32 master weights")
+      ->check(CLI::IsMember(kPrecisions))
+      ->capture_default_str();
+  app.add_option("--optimizer", choices.optimizer, "optimizer (torch.optim semantics)")
+      ->check(CLI::IsMember(kOptimizers))
+      ->capture_default_str();
+}
+
+// --ranks N (in-process ranks; 1..max_ranks) and --comm, one of `comms`
+// (the communicators this program was built with, the first the default).
+inline void add_launch_options(CLI::App& app, LaunchChoices& choices, std::vector<std::string> comms,
+                               int max_ranks = 64) {
+  app.add_option("--ranks", choices.ranks, "data-parallel ranks (threads of this process with --comm local)")
+      ->check(CLI::Range(1, max_ranks))
+      ->capture_default_str();
+  app.add_option("--comm", choices.comm, "communicator: local = ranks as threads, mpi = the processes of mpirun")
+      ->check(CLI::IsMember(std::move(comms)))
+      ->capture_default_str();
+}
+
+// Parses the command line, or ends the program: --help prints the options
+// and exits 0, a bad command line prints CLI11's message and exits 2. Checks
+// that span options belong in app.callback(), throwing CLI::ValidationError.
+inline void parse_or_exit(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
+  }
+}
+
+// For a problem with an option found after parsing (say, against the MPI
+// world size): the same message format and exit code as a parse error.
+[[noreturn]] inline void fail_option(CLI::App& app, const std::string& option, const std::string& problem) {
+  app.exit(CLI::ValidationError(option, problem));
+  std::exit(2);
+}
+
+}  // namespace zero::examples

@@ -1,0 +1,38 @@
+// Why: a program that takes the ZeRO choices at run time (--stage,
+// --precision, --optimizer) must still name one ZeroOptimizer type per
+// combination at compile time. This maps the choices onto that type once, for
+// every example program, instead of each spelling out the same switch.
+#pragma once
+
+#include <utility>
+
+#include "common/cli.hpp"
+#include "zero/zero.hpp"
+
+namespace zero::examples {
+
+// Calls run.template operator()<Opt>() with
+// Opt = ZeroOptimizer<precision, optimizer, stage<S>, Offload, Backend> as the
+// choices name them, and returns its result. All 36 combinations are
+// instantiated: run must compile for each.
+template <class Offload, class Backend, class Run>
+decltype(auto) with_optimizer_type(const ZeroChoices& choices, Run&& run) {
+  auto with_stage = [&]<class Precision, class Optimizer>() -> decltype(auto) {
+    switch (choices.stage) {
+      case 0: return run.template operator()<ZeroOptimizer<Precision, Optimizer, stage<0>, Offload, Backend>>();
+      case 1: return run.template operator()<ZeroOptimizer<Precision, Optimizer, stage<1>, Offload, Backend>>();
+      case 2: return run.template operator()<ZeroOptimizer<Precision, Optimizer, stage<2>, Offload, Backend>>();
+      default: return run.template operator()<ZeroOptimizer<Precision, Optimizer, stage<3>, Offload, Backend>>();
+    }
+  };
+  auto with_precision = [&]<class Optimizer>() -> decltype(auto) {
+    if (choices.precision == "fp32") return with_stage.template operator()<precision::Full<float>, Optimizer>();
+    if (choices.precision == "bf16") return with_stage.template operator()<precision::Mixed<bf16>, Optimizer>();
+    return with_stage.template operator()<precision::Mixed<fp16>, Optimizer>();
+  };
+  if (choices.optimizer == "adamw") return with_precision.template operator()<optim::AdamW>();
+  if (choices.optimizer == "adam") return with_precision.template operator()<optim::Adam>();
+  return with_precision.template operator()<optim::Sgd>();
+}
+
+}  // namespace zero::examples
