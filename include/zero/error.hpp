@@ -53,30 +53,31 @@ std::string concat(Parts&&... parts) {
 
 }  // namespace detail
 
+// Throws InvalidArgument built from the streamed parts when `condition` fails.
+template <class... Parts>
+inline void require(bool condition, Parts&&... parts) {
+  if (!condition) throw InvalidArgument(detail::concat(std::forward<Parts>(parts)...));
+}
+
 // a + b and a * b for sizes, or an InvalidArgument naming `what` when the
 // result does not fit in std::size_t (a size that wrapped would make buffers
 // too small, or a divisor zero).
+namespace detail {
+inline constexpr const char* size_overflow = " does not fit in 64 bits; the parameter is too large to partition";
+}  // namespace detail
 template <class... Parts>
 inline std::size_t checked_add(std::size_t a, std::size_t b, Parts&&... what) {
   std::size_t r;
-  if (__builtin_add_overflow(a, b, &r))
-    throw InvalidArgument(detail::concat(std::forward<Parts>(what)..., ": the size ", a, " + ", b,
-                                         " does not fit in 64 bits; the parameter is too large to partition"));
+  require(!__builtin_add_overflow(a, b, &r), std::forward<Parts>(what)..., ": the size ", a, " + ", b,
+          detail::size_overflow);
   return r;
 }
 template <class... Parts>
 inline std::size_t checked_mul(std::size_t a, std::size_t b, Parts&&... what) {
   std::size_t r;
-  if (__builtin_mul_overflow(a, b, &r))
-    throw InvalidArgument(detail::concat(std::forward<Parts>(what)..., ": the size ", a, " x ", b,
-                                         " does not fit in 64 bits; the parameter is too large to partition"));
+  require(!__builtin_mul_overflow(a, b, &r), std::forward<Parts>(what)..., ": the size ", a, " x ", b,
+          detail::size_overflow);
   return r;
-}
-
-// Throws InvalidArgument built from the streamed parts when `condition` fails.
-template <class... Parts>
-inline void require(bool condition, Parts&&... parts) {
-  if (!condition) throw InvalidArgument(detail::concat(std::forward<Parts>(parts)...));
 }
 
 }  // namespace zero

@@ -83,18 +83,26 @@ TEST_CASE("Ranks built with another precision, optimizer or options fail finaliz
   require_every_rank_says(finalize_errors<Bf16, Adam>(3, defaults, defaults),
                           "the optimizer: rank 0 has adamw, rank(s) 1, 2 differ");
 
+  // One Options field changed on ranks 1..: each is named with both values.
+  struct Edit {
+    std::function<void(zero::Options&)> change;
+    const char* expected;
+  };
+  const Edit edits[] = {
+      {[](zero::Options& o) { o.grad_accumulation_steps = 2; },
+       "Options::grad_accumulation_steps: rank 0 has 1, rank(s) 1 differ (rank 1 has 2)"},
+      {[](zero::Options& o) { o.reduce_dtype = zero::ReduceDType::fp32; },
+       "Options::reduce_dtype: rank 0 has same_as_grad, rank(s) 1 differ (rank 1 has fp32)"},
+      {[](zero::Options& o) { o.clip_norm = 0.5; },
+       "Options::clip_norm: rank 0 has 0, rank(s) 1 differ (rank 1 has 0.5)"},
+  };
+  for (const Edit& edit : edits) {
+    zero::Options changed;
+    edit.change(changed);
+    require_every_rank_says(finalize_errors<Bf16, Bf16>(2, defaults, changed), edit.expected);
+  }
   zero::Options accumulate;
   accumulate.grad_accumulation_steps = 2;
-  require_every_rank_says(finalize_errors<Bf16, Bf16>(2, defaults, accumulate),
-                          "Options::grad_accumulation_steps: rank 0 has 1, rank(s) 1 differ (rank 1 has 2)");
-  zero::Options wide;
-  wide.reduce_dtype = zero::ReduceDType::fp32;
-  require_every_rank_says(finalize_errors<Bf16, Bf16>(2, defaults, wide),
-                          "Options::reduce_dtype: rank 0 has same_as_grad, rank(s) 1 differ (rank 1 has fp32)");
-  zero::Options clip;
-  clip.clip_norm = 0.5;
-  require_every_rank_says(finalize_errors<Bf16, Bf16>(2, defaults, clip),
-                          "Options::clip_norm: rank 0 has 0, rank(s) 1 differ (rank 1 has 0.5)");
   // Several differences are all named; agreeing ranks pass.
   zero::Options both = accumulate;
   both.prefetch_units = 3;

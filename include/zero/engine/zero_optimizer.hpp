@@ -295,6 +295,10 @@ class ZeroOptimizer {
   // of the update rule with this step's hyper-parameters, and two flags.
   static constexpr std::uint64_t report_non_finite = 1, report_invalid_hyper = 2;
   std::uint64_t step_report(const typename Optimizer::Scalars* scalars, bool non_finite) const;
+  // Rank r's report after the control all-reduce.
+  std::uint64_t rank_report(int r) const {
+    return static_cast<std::uint64_t>(control_host_[1 + static_cast<std::size_t>(r)]);
+  }
   // Throws on every rank when a rank's hyper-parameters are invalid or differ
   // from rank 0's, or a gradient holds inf/NaN without loss scaling to skip it.
   void check_step_reports(const std::string& invalid_hyper, bool overflow);
@@ -850,11 +854,10 @@ std::uint64_t ZeroOptimizer<P, O, S, F, B>::step_report(const typename O::Scalar
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::check_step_reports(const std::string& invalid_hyper, bool overflow) {
-  auto report = [&](int r) { return static_cast<std::uint64_t>(control_host_[1 + static_cast<std::size_t>(r)]); };
   auto ranks_where = [&](auto&& pred) {
     std::string list;
     for (int r = 0; r < ranks(); ++r)
-      if (pred(report(r))) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      if (pred(rank_report(r))) list += (list.empty() ? "" : ", ") + std::to_string(r);
     return list;
   };
   const std::int64_t step = steps_ + 1;
@@ -866,7 +869,7 @@ void ZeroOptimizer<P, O, S, F, B>::check_step_reports(const std::string& invalid
     throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step,
                                          ": the hyper-parameters of rank(s) ", invalid,
                                          " are invalid (their error names the field); nothing was updated"));
-  const std::uint64_t rank0 = report(0) >> 2;
+  const std::uint64_t rank0 = rank_report(0) >> 2;
   const std::string differ = ranks_where([&](std::uint64_t v) { return (v >> 2) != rank0; });
   if (!differ.empty())
     throw CommError(detail::concat(
@@ -967,7 +970,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   if constexpr (stage >= 1) stats.sum_squares = control_host_[0];
   bool overflow = false;
   for (int r = 0; r < ranks(); ++r)
-    overflow = overflow || (static_cast<std::uint64_t>(control_host_[1 + static_cast<std::size_t>(r)]) & report_non_finite);
+    overflow = overflow || (rank_report(r) & report_non_finite) != 0;
   check_step_reports(invalid_hyper, overflow);
   const double scale = scaler_.scale();
   if (scaler_.update(overflow)) {
