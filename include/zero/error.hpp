@@ -4,6 +4,7 @@
 // through flags that host code turns into these exceptions.
 #pragma once
 
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,13 @@ class BackendError : public Error {
   using Error::Error;
 };
 
+// A buffer could not be allocated; the message names the buffer, its bytes,
+// the rank and the option or stage that makes it smaller.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 template <class... Parts>
@@ -49,6 +57,27 @@ std::string concat(Parts&&... parts) {
 template <class... Parts>
 inline void require(bool condition, Parts&&... parts) {
   if (!condition) throw InvalidArgument(detail::concat(std::forward<Parts>(parts)...));
+}
+
+// a + b and a * b for sizes, or an InvalidArgument naming `what` when the
+// result does not fit in std::size_t (a size that wrapped would make buffers
+// too small, or a divisor zero).
+namespace detail {
+inline constexpr const char* size_overflow = " does not fit in 64 bits; the parameter is too large to partition";
+}  // namespace detail
+template <class... Parts>
+inline std::size_t checked_add(std::size_t a, std::size_t b, Parts&&... what) {
+  std::size_t r;
+  require(!__builtin_add_overflow(a, b, &r), std::forward<Parts>(what)..., ": the size ", a, " + ", b,
+          detail::size_overflow);
+  return r;
+}
+template <class... Parts>
+inline std::size_t checked_mul(std::size_t a, std::size_t b, Parts&&... what) {
+  std::size_t r;
+  require(!__builtin_mul_overflow(a, b, &r), std::forward<Parts>(what)..., ": the size ", a, " x ", b,
+          detail::size_overflow);
+  return r;
 }
 
 }  // namespace zero

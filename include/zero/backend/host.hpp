@@ -38,6 +38,7 @@ class HostBuffer {
   HostBuffer() = default;
   explicit HostBuffer(std::size_t n) : n_(n) {
     if (n == 0) return;
+    if (n > (static_cast<std::size_t>(-1) - 63) / sizeof(T)) throw std::bad_alloc();  // bytes would wrap
     const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
     data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
     if (data_ == nullptr) throw std::bad_alloc();

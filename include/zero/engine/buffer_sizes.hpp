@@ -45,7 +45,7 @@ struct BufferSizes {
   std::size_t shard_staging = 0;   // gradient type: a reduce-scatter's result before accumulation
   std::size_t gather_slots = 0;    // stage 3, parameter type: (prefetch + 1) whole units
   std::size_t gather_slot_count = 0;
-  std::size_t control = 2;         // doubles: the step's [sum of squares, overflow flag]
+  std::size_t control = 0;         // doubles: the step's [sum of squares, one report per rank]
   std::size_t max_unit = 0;        // largest padded unit
   std::size_t max_shard = 0;       // largest shard
 };
@@ -64,19 +64,25 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   s.max_unit = layout.max_unit();
   for (const auto& u : layout.units()) s.max_shard = std::max(s.max_shard, u.shard);
   // A bucket: as many units as fit in Options::bucket_bytes (at least one).
-  s.bucket_units = std::clamp<std::size_t>(options.bucket_bytes / (s.max_unit * spec.grad_bytes), 1,
-                                           layout.units().size());
+  s.bucket_units = std::clamp<std::size_t>(
+      options.bucket_bytes / checked_mul(s.max_unit, spec.grad_bytes, "the largest unit's gradient"), 1,
+      layout.units().size());
   s.staging_sets = spec.overlap ? 2 : 1;
   const std::size_t staged = s.staging_sets * s.bucket_units;
-  if (!gradients_in_place(spec.stage, options)) s.grad_staging = staged * s.max_unit;
+  // Products of a slot count and a unit size: checked, a huge unit must not wrap.
+  auto slots = [](std::size_t count, std::size_t per_slot, const char* what) {
+    return checked_mul(count, per_slot, "finalize(): the ", what, " (", count, " slots)");
+  };
+  if (!gradients_in_place(spec.stage, options)) s.grad_staging = slots(staged, s.max_unit, "gradient staging");
   // Stage 1 widens one unit at a time at step(); the others a whole staged bucket.
   if (options.reduce_dtype == ReduceDType::fp32 && spec.grad_bytes != 4)
-    s.reduce_staging_fp32 = (spec.stage == 1 ? 1 : staged) * s.max_unit;
-  if (spec.stage >= 2) s.shard_staging = staged * s.max_shard;
+    s.reduce_staging_fp32 = slots(spec.stage == 1 ? 1 : staged, s.max_unit, "fp32 reduction staging");
+  if (spec.stage >= 2) s.shard_staging = slots(staged, s.max_shard, "reduce-scatter staging");
   if (spec.stage == 3) {
     s.gather_slot_count = static_cast<std::size_t>(options.prefetch_units) + 1;
-    s.gather_slots = s.gather_slot_count * s.max_unit;
+    s.gather_slots = slots(s.gather_slot_count, s.max_unit, "stage-3 gather slots");
   }
+  s.control = 1 + static_cast<std::size_t>(layout.ranks());
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero/engine/agreement.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -71,27 +72,35 @@ class Layout {
     require(param_names_.insert(name).second, "add_param: a parameter named '", name,
             "' already exists; parameter names must be unique");
     UnitInfo& u = units_[unit.index];
-    const std::size_t offset = round_up(u.numel, param_alignment);
+    const std::size_t offset = round_up(u.numel, param_alignment, "add_param('", name, "')");
+    const std::size_t end = checked_add(offset, numel, "add_param('", name, "', ", numel, " elements) in unit '",
+                                        u.name, "'");
     if (offset > u.numel) u.gaps.emplace_back(u.numel, offset);
     params_.push_back(ParamInfo{std::move(name), numel, unit.index, offset});
     u.params.push_back(params_.size() - 1);
-    u.numel = offset + numel;
+    u.numel = end;
     return ParamId{params_.size() - 1};
   }
 
-  void finalize() {
+  // element_bytes: the largest element any per-element buffer of the layout
+  // holds; every buffer's size in bytes must fit in std::size_t.
+  void finalize(std::size_t element_bytes = 1) {
     require(!finalized_, "Layout::finalize() called twice");
     require(!units_.empty(), "finalize(): no parameters were registered");
     std::size_t full = 0, shard_total = 0;
     for (UnitInfo& u : units_) {
       require(!u.params.empty(), "finalize(): unit '", u.name, "' has no parameters; remove it or add some");
-      u.shard = round_up((u.numel + static_cast<std::size_t>(ranks_) - 1) / static_cast<std::size_t>(ranks_),
-                         shard_alignment);
-      u.padded = u.shard * static_cast<std::size_t>(ranks_);
+      const std::size_t n = static_cast<std::size_t>(ranks_);
+      // Rounded up as numel/n + (remainder != 0): numel + n - 1 could wrap.
+      const std::size_t per_rank = u.numel / n + (u.numel % n != 0 ? 1 : 0);
+      const std::string what = "finalize(): " + describe_unit(u);
+      u.shard = round_up(per_rank, shard_alignment, what);
+      u.padded = checked_mul(u.shard, n, what, " padded for ", ranks_, " ranks");
       if (u.padded > u.numel) u.gaps.emplace_back(u.numel, u.padded);
       u.full_offset = full;
       u.shard_offset = shard_total;
-      full += u.padded;
+      full = checked_add(full, u.padded, what, " after the units before it");
+      checked_mul(full, element_bytes, what, " in bytes (", element_bytes, " per element)");
       shard_total += u.shard;
       max_unit_ = std::max(max_unit_, u.padded);
     }
@@ -119,23 +128,14 @@ class Layout {
   std::size_t shard_total() const { return shard_total_; }
   std::size_t max_unit() const { return max_unit_; }
 
-  // FNV-1a over everything that decides positions, plus a caller's salt
-  // (optimizer, precision, stage), so that ranks built differently disagree.
-  std::uint64_t hash(std::uint64_t salt = 0) const {
-    std::uint64_t h = 0xcbf29ce484222325ull ^ salt;
-    auto mix = [&h](const void* data, std::size_t n) {
-      const auto* p = static_cast<const unsigned char*>(data);
-      for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-    };
+  // A hash of everything that decides positions (names, sizes, order).
+  std::uint64_t hash() const {
+    Fnv1a h;
     for (const auto& u : units_) {
-      mix(u.name.data(), u.name.size());
-      mix("\0", 1);
-      for (std::size_t p : u.params) {
-        mix(params_[p].name.data(), params_[p].name.size());
-        mix(&params_[p].numel, sizeof params_[p].numel);
-      }
+      h.add(u.name);
+      for (std::size_t p : u.params) h.add(params_[p].name).add_value(params_[p].numel);
     }
-    return h;
+    return h.value();
   }
 
   // A one-line description of unit u for error messages.
@@ -146,7 +146,18 @@ class Layout {
   }
 
  private:
-  static std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+  template <class... What>
+  static std::size_t round_up(std::size_t x, std::size_t a, What&&... what) {
+    return checked_mul(x / a + (x % a != 0 ? 1 : 0), a, std::forward<What>(what)...);
+  }
+  // "unit 'u' (largest parameter 'w', 123 elements)": what an overflow names.
+  std::string describe_unit(const UnitInfo& u) const {
+    std::size_t largest = u.params.front();
+    for (std::size_t p : u.params)
+      if (params_[p].numel > params_[largest].numel) largest = p;
+    return detail::concat("unit '", u.name, "' (", u.numel, " elements; largest parameter '", params_[largest].name,
+                          "', ", params_[largest].numel, " elements)");
+  }
 
   int ranks_;
   bool finalized_ = false;

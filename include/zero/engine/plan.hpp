@@ -178,7 +178,7 @@ struct CommVolume {
   std::uint64_t elements = 0;  // elements sent (= received)
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0;
-  std::uint64_t control_bytes = 0;  // norm and overflow flag (stages 1-3)
+  std::uint64_t control_bytes = 0;  // the step control all-reduce: norm and one report per rank
 };
 
 struct Plan {
@@ -344,7 +344,9 @@ inline Plan make_plan(const Config& config) {
     }
   }
   c.bytes_sent = c.bytes_received = c.all_reduce_bytes + c.reduce_scatter_bytes + c.all_gather_bytes;
-  if (config.stage >= 1) c.control_bytes = 2 * ring(2 * sizeof(double));
+  // The step's control all-reduce (every stage): the squared norm and one
+  // report per rank (hyper-parameter fingerprint, inf/NaN and invalid flags).
+  c.control_bytes = 2 * ring((1 + static_cast<std::size_t>(config.ranks())) * sizeof(double));
   return plan;
 }
 

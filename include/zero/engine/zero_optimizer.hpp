@@ -12,8 +12,19 @@
 //   opt.acquire_unit(u); auto* g = opt.grad_buffer(u); ... write dL/dw into g ...
 //   opt.grad_ready(u); opt.release_unit(u);
 // then opt.step(), which steps the optimizer every grad_accumulation_steps
-// micro-batches. Collective calls (finalize, acquire_unit at stage 3,
-// grad_ready, step, gather_*) must be made by every rank in the same order.
+// micro-batches. Collective calls (finalize, set_param, acquire_unit at
+// stage 3, grad_ready, step, gather_*) must be made by every rank in the same
+// order.
+//
+// Ranks never silently disagree. finalize() compares the layout, precision,
+// optimizer, stage and every Options field across ranks; set_param() compares
+// a fingerprint of the values (it detects rather than broadcasting rank 0's
+// values, as DDP does: a rank-dependent initialisation is a bug worth
+// hearing about, and detection moves 8 bytes per rank instead of the
+// parameter); step() re-validates hyper() and compares a fingerprint of the
+// update rule with this step's hyper-parameters across ranks, carried in the
+// step's control all-reduce with the overflow flags, so a mismatch costs no
+// extra collective. Each is an error on every rank naming the ranks that differ.
 //
 // On a GPU whose communicator has a stream of its own, communication
 // overlaps compute: gradient buckets are reduced and stage-3 units gathered
@@ -22,6 +33,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -33,6 +45,7 @@
 #include "zero/backend/host.hpp"
 #include "zero/comm/any_communicator.hpp"
 #include "zero/comm/communicator.hpp"
+#include "zero/engine/agreement.hpp"
 #include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"
@@ -53,8 +66,8 @@ struct StepResult {
   double loss_scale = 1.0;      // the scale that was in effect for this step
 };
 
-template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload,
-          BackendPolicy Backend>
+template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
+          BackendPolicy Backend = backend::Host>
 class ZeroOptimizer {
   static_assert(!(Offload::to_host && !Backend::device),
                 "zero::ZeroOptimizer: offload::Cpu/Nvme move optimizer state from GPU memory to the host, but with "
@@ -114,8 +127,10 @@ class ZeroOptimizer {
   int ranks() const { return comm_->size(); }
 
   // ---- Values ------------------------------------------------------------
-  // Sets a parameter from fp32 host values (numel of them). Every rank must
-  // pass the same values: each keeps what its stage needs of them.
+  // Collective. Sets a parameter from fp32 host values (numel of them). Every
+  // rank must pass the same values (each keeps what its stage needs of
+  // them); a rank whose values differ from rank 0's makes it a CommError on
+  // every rank. Stage 3: the unit must not be acquired.
   void set_param(ParamId p, const float* values);
 
   // Collective: the full fp32 master weights / low-precision parameters
@@ -133,7 +148,8 @@ class ZeroOptimizer {
   const param_type* acquire_unit(UnitId u);
   // Stage 3: frees the unit's gather slot. Other stages: nothing.
   void release_unit(UnitId u);
-  // Pointer to parameter p inside its acquired unit.
+  // Pointer to parameter p inside its unit's parameters (after finalize();
+  // stage 3: the unit must be acquired, not merely prefetched).
   const param_type* param_data(ParamId p) const;
 
   // Where this micro-batch's gradient of unit u goes (padded flat layout,
@@ -145,7 +161,9 @@ class ZeroOptimizer {
   void grad_ready(UnitId u);
 
   // ---- Step --------------------------------------------------------------
-  // Collective. Call once per micro-batch; steps every grad_accumulation_steps.
+  // Collective. Call once per micro-batch; steps every grad_accumulation_steps
+  // (stage 3: with no unit acquired). Each step validates hyper() and checks
+  // that every rank set the same values.
   StepResult step();
 
   // Blocks until everything the optimizer enqueued, compute and
@@ -157,7 +175,8 @@ class ZeroOptimizer {
   }
 
   double loss_scale() const { return scaler_.scale(); }
-  Hyper& hyper() { return hyper_; }  // e.g. hyper().lr = schedule(step)
+  // e.g. hyper().lr = schedule(step), the same on every rank (checked at the step)
+  Hyper& hyper() { return hyper_; }
   const Options& options() const { return options_; }
   std::int64_t step_count() const { return steps_; }
 
@@ -248,7 +267,17 @@ class ZeroOptimizer {
   template <class T, class Owned>
   void gather_units(T* out, Owned owned);
 
-  void check_layout_agreement();
+  // A buffer of n elements for finalize(). An overflowing size or a failed
+  // allocation becomes an error naming the buffer, its bytes, this rank and
+  // `lower_it` (the option or stage that makes it smaller).
+  template <class T>
+  Buffer<T> allocate(std::size_t n, const char* what, const std::string& lower_it);
+  // Collective: every rank's values, rank-major, through a backend buffer
+  // (collectives take backend memory), counted as control traffic.
+  std::vector<std::uint64_t> all_gather_control(const std::vector<std::uint64_t>& mine);
+  // What every rank must agree on (see agreement.hpp), checked at finalize().
+  std::vector<AgreedSetting> agreed_settings() const;
+  void check_agreement();
   void account_memory();
   void zero_gaps(const UnitInfo& u, grad_type* staging);
   // Stages 0 and 1 without accumulation take the caller's gradient straight
@@ -256,6 +285,18 @@ class ZeroOptimizer {
   bool takes_gradients_in_place() const { return gradients_in_place(stage, options_); }
   // Launches the reductions of every pending gradient (see grad_ready).
   void flush_gradients();
+  // This rank's entry in the step's control all-reduce, an integer below
+  // 2^53 (exact in a double, and the other ranks add 0 to it): a fingerprint
+  // of the update rule with this step's hyper-parameters, and two flags.
+  static constexpr std::uint64_t report_non_finite = 1, report_invalid_hyper = 2;
+  std::uint64_t step_report(const typename Optimizer::Scalars* scalars, bool non_finite) const;
+  // Rank r's report after the control all-reduce.
+  std::uint64_t rank_report(int r) const {
+    return static_cast<std::uint64_t>(control_host_[1 + static_cast<std::size_t>(r)]);
+  }
+  // Throws on every rank when a rank's hyper-parameters are invalid or differ
+  // from rank 0's, or a gradient holds inf/NaN without loss scaling to skip it.
+  void check_step_reports(const std::string& invalid_hyper, bool overflow);
   int gather_into_slot(std::size_t unit);
   int find_slot(std::size_t unit) const;
   void prefetch_after(std::size_t unit);
@@ -289,7 +330,10 @@ class ZeroOptimizer {
   std::vector<Pending> pending_;            // gradients ready but not yet reduced (capacity reserved)
   grad_type* handed_ = nullptr;             // the buffer grad_buffer() handed out
   Buffer<param_type> gather_slots_;         // stage 3: (prefetch + 1) units
-  Buffer<double> control_;                  // the step's norm and overflow flag, in backend memory
+  // The step's control all-reduce, in backend memory and its host copy: the
+  // squared norm, then one report per rank (see step_report()).
+  Buffer<double> control_;
+  std::vector<double> control_host_;
   std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
   std::vector<bool> slot_in_use_;           // acquired and not yet released
   int staging_unit_ = -1;                   // unit whose gradient buffer is handed out
@@ -309,62 +353,139 @@ class ZeroOptimizer {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::finalize() {
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
-  layout_.finalize();
+  layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
   const std::size_t gather_slots = stage == 3 ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
   comm_stream_ = comm_->stream_handle();
   overlap_ = typename Ops::Overlap(comm_stream_, slot_event(gather_slots));
-  check_layout_agreement();
+  check_agreement();
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
   const BufferSizes sizes = buffer_sizes(
       layout_, BufferSpec{stage, separate_master, sizeof(grad_type), state_slots, overlap_.active()}, options_);
-  params_ = Buffer<param_type>(sizes.params);
-  grads_ = Buffer<grad_type>(sizes.grads);
-  if constexpr (separate_master) master_ = Buffer<float>(sizes.master);
-  for (int k = 0; k < state_slots; ++k) states_[k] = Buffer<float>(sizes.state_per_slot);
+
+  // What makes each buffer smaller, for the out-of-memory message.
+  constexpr const char* shard_params = "stage 3 shards the parameters: use stage<3> or more ranks";
+  constexpr const char* shard_grads = "stages 2 and 3 shard the gradients: use stage<2> or higher, or more ranks";
+  constexpr const char* shard_states =
+      "stages 1-3 shard the master weights and optimizer state: use stage<1> or higher, or more ranks";
+  constexpr const char* fewer_units = "lower Options::bucket_bytes (a bucket holds at least the largest unit), or "
+                                      "split the largest unit";
+  params_ = allocate<param_type>(sizes.params, "parameters", stage == 3 ? "more ranks" : shard_params);
+  grads_ = allocate<grad_type>(sizes.grads, "gradients", stage >= 2 ? "more ranks" : shard_grads);
+  if constexpr (separate_master)
+    master_ = allocate<float>(sizes.master, "fp32 master weights", stage >= 1 ? "more ranks" : shard_states);
+  for (int k = 0; k < state_slots; ++k)
+    states_[k] = allocate<float>(sizes.state_per_slot, "optimizer state", stage >= 1 ? "more ranks" : shard_states);
   max_shard_ = sizes.max_shard;
   bucket_units_ = sizes.bucket_units;
-  grad_staging_ = Buffer<grad_type>(sizes.grad_staging);
-  reduce_staging_fp32_ = Buffer<float>(sizes.reduce_staging_fp32);
-  shard_staging_ = Buffer<grad_type>(sizes.shard_staging);
+  grad_staging_ = allocate<grad_type>(sizes.grad_staging, "gradient staging (one bucket)", fewer_units);
+  reduce_staging_fp32_ = allocate<float>(sizes.reduce_staging_fp32, "fp32 reduction staging",
+                                         "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " +
+                                             std::string(fewer_units));
+  shard_staging_ = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
   pending_.reserve(bucket_units_);
   if constexpr (stage == 3) {
-    gather_slots_ = Buffer<param_type>(sizes.gather_slots);
-    slot_unit_.assign(gather_slots, npos);
-    slot_in_use_.assign(gather_slots, false);
+    gather_slots_ = allocate<param_type>(sizes.gather_slots, "stage-3 gather slots",
+                                         "lower Options::prefetch_units (each prefetched unit takes a slot), or "
+                                         "split the largest unit");
+    slot_unit_.assign(sizes.gather_slot_count, npos);
+    slot_in_use_.assign(sizes.gather_slot_count, false);
   }
   control_ = Buffer<double>(sizes.control);
+  control_host_.assign(sizes.control, 0.0);
   reduced_this_micro_.assign(layout_.units().size(), false);
   account_memory();
   finalized_ = true;
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-void ZeroOptimizer<P, O, S, F, B>::check_layout_agreement() {
-  // Salt: everything about the type that changes positions or sizes.
-  std::uint64_t salt = static_cast<std::uint64_t>(stage) * 1000003u + static_cast<std::uint64_t>(state_slots) * 7919u +
-                       sizeof(param_type) * 131u + (P::mixed ? 17u : 0u);
-  for (const char* c = O::name; *c; ++c) salt = salt * 31u + static_cast<unsigned char>(*c);
-  const std::uint64_t mine = layout_.hash(salt);
-  // Collectives take backend memory (device memory with NCCL): stage through it.
-  Buffer<std::uint64_t> exchange(static_cast<std::size_t>(ranks()));
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks()));
+template <class T>
+auto ZeroOptimizer<P, O, S, F, B>::allocate(std::size_t n, const char* what, const std::string& lower_it)
+    -> Buffer<T> {
+  const std::size_t bytes = checked_mul(n, sizeof(T), "finalize(): the ", what, " (", n, " elements)");
+  auto failed = [&](const char* why) {
+    return OutOfMemory(detail::concat("ZeroOptimizer::finalize() on rank ", rank(), ": could not allocate the ", what,
+                                      " (", bytes, " bytes: ", n, " elements of ", sizeof(T), " bytes) in ",
+                                      B::device ? "device" : "host", " memory: ", why,
+                                      ". To make it smaller: ", lower_it));
+  };
+  try {
+    return Buffer<T>(n);
+  } catch (const std::bad_alloc&) {
+    throw failed("out of memory");
+  } catch (const BackendError& e) {
+    throw failed(e.what());
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+std::vector<std::uint64_t> ZeroOptimizer<P, O, S, F, B>::all_gather_control(const std::vector<std::uint64_t>& mine) {
+  // A transient buffer, as gather_units': finalize() and set_param are not
+  // the steady-state step, and memory_report() then lists only what stays.
+  const std::size_t k = mine.size();
+  Buffer<std::uint64_t> exchange(k * static_cast<std::size_t>(ranks()));
+  std::vector<std::uint64_t> all(exchange.size());
   communicate([&] {
-    Ops::upload(exchange.data() + rank(), &mine, 1);
-    comm_->all_gather(exchange.data() + rank(), exchange.data(), 1, DType::u64, true);
+    std::uint64_t* slot = exchange.data() + static_cast<std::size_t>(rank()) * k;
+    Ops::upload(slot, mine.data(), k);
+    comm_->all_gather(slot, exchange.data(), k, DType::u64, true);
     Ops::download(all.data(), exchange.data(), all.size());
   });
-  std::vector<int> differ;
-  for (int r = 0; r < ranks(); ++r)
-    if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
-  if (!differ.empty()) {
-    std::string list;
-    for (int r : differ) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  return all;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+std::vector<AgreedSetting> ZeroOptimizer<P, O, S, F, B>::agreed_settings() const {
+  auto number = [](std::uint64_t v) { return std::to_string(v); };
+  auto real = [](std::uint64_t v) { return detail::concat(std::bit_cast<double>(v)); };
+  auto bits = [](double d) { return std::bit_cast<std::uint64_t>(d); };
+  // Values that are hashes print this rank's text when they match it.
+  auto mine_or = [](std::uint64_t mine, std::string text, std::string other) {
+    return [=](std::uint64_t v) { return v == mine ? text : other; };
+  };
+  const std::uint64_t layout = layout_.hash();
+  const std::uint64_t optimizer = short_text_code(O::name);
+  const std::uint64_t precision =
+      (P::mixed ? 0x100u : 0u) | static_cast<std::uint64_t>(dtype_traits<param_type>::dtype);
+  const auto& ls = options_.loss_scale;
+  return {
+      {"the parameter layout (ranks registered different parameter layouts)", layout,
+       mine_or(layout, detail::concat(layout_.units().size(), " units: ", layout_.describe()), "another layout")},
+      {"the precision", precision,
+       [](std::uint64_t v) {
+         return detail::concat(v & 0x100u ? "Mixed<" : "Full<", dtype_name(static_cast<DType>(v & 0xffu)), ">");
+       }},
+      {"the optimizer", optimizer, [](std::uint64_t v) { return short_text(v, "another optimizer"); }},
+      {"the ZeRO stage", static_cast<std::uint64_t>(stage), number},
+      {"Options::grad_accumulation_steps", static_cast<std::uint64_t>(options_.grad_accumulation_steps), number},
+      {"Options::reduce_dtype", static_cast<std::uint64_t>(options_.reduce_dtype),
+       [](std::uint64_t v) { return v == 0 ? "same_as_grad" : "fp32"; }},
+      {"Options::bucket_bytes", options_.bucket_bytes, number},
+      {"Options::prefetch_units", static_cast<std::uint64_t>(options_.prefetch_units), number},
+      {"Options::clip_norm", bits(options_.clip_norm), real},
+      {"Options::gradient_divisor", bits(options_.gradient_divisor), real},
+      {"Options::loss_scale.initial_scale", bits(ls.initial_scale), real},
+      {"Options::loss_scale.growth_interval", static_cast<std::uint64_t>(ls.growth_interval), number},
+      {"Options::loss_scale.growth_factor", bits(ls.growth_factor), real},
+      {"Options::loss_scale.backoff_factor", bits(ls.backoff_factor), real},
+      {"Options::loss_scale.hysteresis", static_cast<std::uint64_t>(ls.hysteresis), number},
+      {"Options::loss_scale.min_scale", bits(ls.min_scale), real},
+      {"Options::stochastic_rounding", options_.stochastic_rounding ? 1u : 0u,
+       [](std::uint64_t v) { return v ? "true" : "false"; }},
+      {"Options::seed", options_.seed, number},
+  };
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::check_agreement() {
+  const std::vector<AgreedSetting> settings = agreed_settings();
+  std::vector<std::uint64_t> mine;
+  for (const auto& setting : settings) mine.push_back(setting.value);
+  const std::string differ = describe_disagreement(settings, all_gather_control(mine), ranks());
+  if (!differ.empty())
     throw CommError(detail::concat(
-        "ZeroOptimizer::finalize() on rank ", rank(), ": ranks registered different parameter layouts (rank(s) ", list,
-        " differ from rank 0; this rank has ", layout_.units().size(), " units: ", layout_.describe(),
-        "). Every rank must add the same units and parameters, with the same names, sizes and order, and use the same "
-        "optimizer, precision and stage."));
-  }
+        "ZeroOptimizer::finalize() on rank ", rank(), ": the ranks were built or configured differently: ", differ,
+        ". Every rank must add the same units and parameters, with the same names, sizes and order, and use the "
+        "same precision, optimizer, stage and Options."));
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -391,6 +512,27 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = layout_.units()[p.unit];
+  if constexpr (stage == 3) {
+    // A gathered copy of the unit would keep the old values: a prefetched one
+    // is dropped below; one in use cannot be.
+    const int slot = find_slot(p.unit);
+    require(slot < 0 || !slot_in_use_[static_cast<std::size_t>(slot)], "set_param('", p.name, "'): unit '", u.name,
+            "' is acquired; release_unit() it before setting its parameters");
+  }
+  // Collective: ranks that pass different values would each keep their own
+  // part of them (a model no rank has); compare fingerprints instead.
+  const std::vector<std::uint64_t> all = all_gather_control({hash_floats(values, p.numel)});
+  std::string differ;
+  for (int r = 1; r < ranks(); ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (!differ.empty())
+    throw CommError(detail::concat("set_param('", p.name, "') on rank ", rank(), ": rank(s) ", differ,
+                                   " passed values that differ from rank 0's; every rank must pass the same values "
+                                   "(initialise from the same seed on every rank, or load the same checkpoint)"));
+  if constexpr (stage == 3) {
+    const int slot = find_slot(p.unit);
+    if (slot >= 0) slot_unit_[static_cast<std::size_t>(slot)] = npos;
+  }
   overlap_.join();  // communication in flight may still read the parameters
   // The part of the parameter inside this rank's updated range of the unit.
   const std::size_t begin = update_begin(u), end = begin + update_size(u);
@@ -536,13 +678,18 @@ void ZeroOptimizer<P, O, S, F, B>::release_unit(UnitId id) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 auto ZeroOptimizer<P, O, S, F, B>::param_data(ParamId id) const -> const param_type* {
+  require_finalized("param_data");
+  require(id.index < layout_.params().size(), "param_data: parameter id ", id.index, " does not exist (",
+          layout_.params().size(), " parameters)");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = layout_.units()[p.unit];
   if constexpr (stage <= 2) {
     return params_.data() + u.full_offset + p.offset;
   } else {
+    // Acquired, not merely prefetched: acquire_unit waited for the gather.
     const int slot = find_slot(p.unit);
-    require(slot >= 0, "param_data('", p.name, "'): acquire_unit('", u.name, "') first (stage 3 keeps only shards)");
+    require(slot >= 0 && slot_in_use_[static_cast<std::size_t>(slot)], "param_data('", p.name, "'): acquire_unit('",
+            u.name, "') first (stage 3 keeps only shards; a prefetched unit may still be being gathered)");
     return gather_slots_.data() + static_cast<std::size_t>(slot) * layout_.max_unit() + p.offset;
   }
 }
@@ -667,12 +814,80 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
 // ---- Step ------------------------------------------------------------------------
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+std::uint64_t ZeroOptimizer<P, O, S, F, B>::step_report(const typename O::Scalars* scalars, bool non_finite) const {
+  std::uint64_t fingerprint = 0;
+  if (scalars != nullptr) {
+    // The update rule run on fixed probes: what the kernels will compute, for
+    // any policy (hashing the Scalars' bytes would also hash their padding).
+    // The probes make each built-in hyper-parameter move a result: a weight
+    // for decay, a state for momenta, a tiny second moment for eps.
+    struct Probe {
+      float w, g, state;
+    };
+    constexpr Probe probes[] = {{0.75f, 0.5f, 0.25f}, {0.0f, 0.0f, 1e-30f}, {-1.5f, -0.125f, 2.0f}};
+    Fnv1a h;
+    for (const Probe& p : probes) {
+      float w = p.w, state[4] = {p.state, p.state, p.state, p.state};
+      O::update(*scalars, w, p.g, state);
+      h.add_value(w).add(state, sizeof state);
+    }
+    fingerprint = h.value() >> 13;  // 51 bits, so the report stays below 2^53
+  }
+  return fingerprint << 2 | (scalars == nullptr ? report_invalid_hyper : 0) | (non_finite ? report_non_finite : 0);
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::check_step_reports(const std::string& invalid_hyper, bool overflow) {
+  auto ranks_where = [&](auto&& pred) {
+    std::string list;
+    for (int r = 0; r < ranks(); ++r)
+      if (pred(rank_report(r))) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    return list;
+  };
+  const std::int64_t step = steps_ + 1;
+  if (!invalid_hyper.empty())
+    throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step, ": ", invalid_hyper,
+                                         " (checked at every step: set valid values in hyper() before step())"));
+  const std::string invalid = ranks_where([](std::uint64_t v) { return (v & report_invalid_hyper) != 0; });
+  if (!invalid.empty())
+    throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step,
+                                         ": the hyper-parameters of rank(s) ", invalid,
+                                         " are invalid (their error names the field); nothing was updated"));
+  const std::uint64_t rank0 = rank_report(0) >> 2;
+  const std::string differ = ranks_where([&](std::uint64_t v) { return (v >> 2) != rank0; });
+  if (!differ.empty())
+    throw CommError(detail::concat(
+        "step() on rank ", rank(), ", step ", step, ": the hyper-parameters of rank(s) ", differ,
+        " differ from rank 0's (a learning-rate schedule computed from a rank-local counter?); every rank must set "
+        "the same hyper() values before each step(); nothing was updated"));
+  if (overflow && !P::loss_scaling) {
+    // Each rank checks the summed gradient of what it updates, so this names
+    // the owner of the bad element; the backward that made it may be any rank's.
+    const std::string where =
+        stage == 0 ? std::string("found by every rank: stage 0 checks the whole all-reduced gradient")
+                   : "found by rank(s) " + ranks_where([](std::uint64_t v) { return (v & report_non_finite) != 0; }) +
+                         " in the summed gradient of the parameters they own";
+    throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step,
+                                         ": the gradients contain inf or NaN (", where,
+                                         "); with bf16/fp32 there is no loss scaling to absorb it: check the loss "
+                                         "and the learning rate"));
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   require_finalized("step");
   const auto& units = layout_.units();
   for (std::size_t i = 0; i < units.size(); ++i)
     require(reduced_this_micro_[i], "step(): unit '", units[i].name,
             "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before step()");
+  if constexpr (stage == 3) {
+    // The update changes every shard: a gathered copy in use would go stale.
+    if (micro_ + 1 == options_.grad_accumulation_steps)
+      for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+        require(!slot_in_use_[s], "step(): unit '", units[slot_unit_[s]].name,
+                "' is still acquired; release_unit() every unit before the step that updates them");
+  }
   flush_gradients();
   std::fill(reduced_this_micro_.begin(), reduced_this_micro_.end(), false);
   backward_phase_ = false;
@@ -714,24 +929,38 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   } else {
     stats = Ops::grad_stats(grads_.data(), grads_.size());
   }
-  if constexpr (stage >= 1) {
-    double control[2] = {stats.sum_squares, stats.non_finite ? 1.0 : 0.0};
-    communicate([&] {
-      Ops::upload(control_.data(), control, 2);
-      comm_->all_reduce(control_.data(), 2, DType::f64, comm::ReduceOp::sum, true);
-      Ops::download(control, control_.data(), 2);
-    });
-    stats.sum_squares = control[0];
-    stats.non_finite = control[1] != 0.0;
+  // The hyper-parameters may have changed since the last step (a schedule):
+  // validated here, and their fingerprint compared across ranks below.
+  std::string invalid_hyper;  // allocates only when there is a message
+  typename O::Scalars scalars{};
+  try {
+    hyper_.validate();
+    scalars = O::prepare(hyper_, steps_ + 1);
+  } catch (const InvalidArgument& e) {
+    invalid_hyper = e.what();
   }
-  const bool overflow = stats.non_finite;
+  // One control all-reduce (summed): stages 1-3 add the owned shards' squared
+  // norms in slot 0 (stage 0 computed its norm from the whole reduced
+  // gradient); slot 1 + r carries rank r's report, the other ranks add 0.
+  std::fill(control_host_.begin(), control_host_.end(), 0.0);
+  if constexpr (stage >= 1) control_host_[0] = stats.sum_squares;
+  control_host_[1 + static_cast<std::size_t>(rank())] =
+      static_cast<double>(step_report(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite));
+  communicate([&] {
+    Ops::upload(control_.data(), control_host_.data(), control_host_.size());
+    comm_->all_reduce(control_.data(), control_host_.size(), DType::f64, comm::ReduceOp::sum, true);
+    Ops::download(control_host_.data(), control_.data(), control_host_.size());
+  });
+  if constexpr (stage >= 1) stats.sum_squares = control_host_[0];
+  bool overflow = false;
+  for (int r = 0; r < ranks(); ++r)
+    overflow = overflow || (rank_report(r) & report_non_finite) != 0;
+  check_step_reports(invalid_hyper, overflow);
   const double scale = scaler_.scale();
   if (scaler_.update(overflow)) {
     result.skipped_overflow = true;
     return result;
   }
-  require(!overflow, "step(): the gradients contain inf or NaN (rank ", rank(), ", step ", steps_ + 1,
-          "); with bf16/fp32 there is no loss scaling to absorb it: check the loss and the learning rate");
 
   const double divisor = options_.gradient_divisor > 0
                              ? options_.gradient_divisor
@@ -745,7 +974,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   ++steps_;
   kernels::FusedStepArgs<O, grad_type, param_type> args;
   args.grad_scale = static_cast<float>(unscale * clip);
-  args.scalars = O::prepare(hyper_, steps_);
+  args.scalars = scalars;
   args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
   for (const auto& u : units) {
     args.master = master_ptr(u);
@@ -760,6 +989,9 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     Ops::fused_step(args);
   }
 
+  // Stage 3: the shards changed, so every gathered copy is stale (none is in
+  // use: checked above); acquire_unit gathers the updated values.
+  if constexpr (stage == 3) std::fill(slot_unit_.begin(), slot_unit_.end(), npos);
   // Stages 1 and 2: every rank needs the full updated parameters again.
   if constexpr (stage == 1 || stage == 2) {
     communicate([&] {
