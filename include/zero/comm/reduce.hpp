@@ -1,7 +1,11 @@
 // Why: the in-process and MPI communicators reduce 16-bit floats themselves
 // (MPI has no bf16/fp16 sum). Summing in fp32 in a fixed rank order and
 // rounding once makes the result independent of thread timing, so tests are
-// reproducible bit for bit.
+// reproducible bit for bit. comm::Local's reduction runs on SIMD packs
+// compiled per instruction set (zero/simd/dispatch.hpp): a scalar loop over
+// ranks per element would run far below memory bandwidth. Packs add lane by
+// lane in the same rank order and round with the same conversion, so both
+// paths give the same bits.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +15,7 @@
 #include "zero/comm/communicator.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/convert.hpp"
+#include "zero/simd/dispatch.hpp"
 
 namespace zero::comm::detail {
 
@@ -46,15 +51,71 @@ void reduce_typed(void* out, const void* const* inputs, int n_inputs, std::size_
   }
 }
 
+// Where a reduction reads and writes: element i of the result is op over k
+// of inputs[k][i] (in k order), written to outputs[o][i] for every o, for i
+// in [begin, end). Any output may alias any input (each element is read from
+// all inputs before it is written).
+struct ReduceArgs {
+  void* const* outputs;
+  int n_outputs;
+  const void* const* inputs;
+  int n_inputs;
+  std::size_t begin, end;
+};
+
+template <class T, ReduceOp Op>
+struct ReduceBody {
+  template <class Isa>
+  static void run(const ReduceArgs& a) {
+    std::size_t i = a.begin;
+#if ZERO_HOST_SIMD_X86
+    if constexpr (Isa::width > 1 && StorageType<T>) {
+      constexpr std::size_t W = Isa::width;
+      for (; i + W <= a.end; i += W) {
+        simd::Pack<Isa> acc = simd::load<Isa>(static_cast<const T*>(a.inputs[0]) + i);
+        for (int k = 1; k < a.n_inputs; ++k) {
+          const simd::Pack<Isa> x = simd::load<Isa>(static_cast<const T*>(a.inputs[k]) + i);
+          acc = Op == ReduceOp::sum ? acc + x : simd::max(acc, x);  // max: combine()'s a > b ? a : b
+        }
+        for (int o = 0; o < a.n_outputs; ++o) simd::store(static_cast<T*>(a.outputs[o]) + i, acc);
+      }
+    }
+#endif
+    // The tail (or all of it without SIMD, and for f64/u64): reduce into the
+    // first output, then copy; the inputs are all read by then.
+    if (i == a.end) return;
+    reduce_typed<T>(a.outputs[0], a.inputs, a.n_inputs, i, a.end, Op);
+    for (int o = 1; o < a.n_outputs; ++o)
+      std::memcpy(static_cast<T*>(a.outputs[o]) + i, static_cast<const T*>(a.outputs[0]) + i, (a.end - i) * sizeof(T));
+  }
+};
+
+template <class T>
+void reduce_dispatch(const ReduceArgs& a, ReduceOp op) {
+  const simd::IsaLevel level = simd::active_isa();
+  if (op == ReduceOp::sum)
+    simd::dispatch<ReduceBody<T, ReduceOp::sum>>(level, a);
+  else
+    simd::dispatch<ReduceBody<T, ReduceOp::max>>(level, a);
+}
+
+// The reduction of ReduceArgs on the calling thread, for any element type.
+inline void reduce(DType t, const ReduceArgs& a, ReduceOp op) {
+  switch (t) {
+    case DType::f32: return reduce_dispatch<float>(a, op);
+    case DType::f16: return reduce_dispatch<fp16>(a, op);
+    case DType::bf16: return reduce_dispatch<bf16>(a, op);
+    case DType::f64: return reduce_dispatch<double>(a, op);
+    case DType::u64: return reduce_dispatch<std::uint64_t>(a, op);
+  }
+}
+
+// out[i] = op over k of inputs[k][i], for i in [begin, end); `out` may alias
+// any input.
 inline void reduce(DType t, void* out, const void* const* inputs, int n_inputs, std::size_t begin, std::size_t end,
                    ReduceOp op) {
-  switch (t) {
-    case DType::f32: return reduce_typed<float>(out, inputs, n_inputs, begin, end, op);
-    case DType::f16: return reduce_typed<fp16>(out, inputs, n_inputs, begin, end, op);
-    case DType::bf16: return reduce_typed<bf16>(out, inputs, n_inputs, begin, end, op);
-    case DType::f64: return reduce_typed<double>(out, inputs, n_inputs, begin, end, op);
-    case DType::u64: return reduce_typed<std::uint64_t>(out, inputs, n_inputs, begin, end, op);
-  }
+  void* const outputs[1] = {out};
+  reduce(t, ReduceArgs{outputs, 1, inputs, n_inputs, begin, end}, op);
 }
 
 }  // namespace zero::comm::detail
