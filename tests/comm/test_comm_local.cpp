@@ -223,3 +223,30 @@ TEST_CASE("comm::Local turns a rank missing from a collective into a timeout err
   CHECK_THAT(messages[1], Catch::Contains("waited more than 2000 ms in all_reduce"));
   CHECK(messages[2].empty());
 }
+
+TEST_CASE("Streamed (non-temporal) outputs hold the same bits at any alignment", "[comm][local]") {
+  // Local streams the outputs of collectives larger than the cache; here the
+  // reduction and the copy are asked to stream directly, with outputs at
+  // offsets that share their misalignment and ones that do not.
+  const std::size_t count = 4099;
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    const std::size_t b = zero::dtype_bytes(t);
+    std::vector<std::vector<unsigned char>> inputs;
+    for (int r = 0; r < 3; ++r) inputs.push_back(make_input(t, count, r));
+    const auto sum = reference(t, inputs, 0, count, ReduceOp::sum);
+    for (std::size_t shift0 : {std::size_t{0}, b, 7 * b}) {
+      for (std::size_t shift1 : {shift0, shift0 + b}) {
+        CAPTURE(zero::dtype_name(t), shift0, shift1);
+        std::vector<unsigned char> out0(count * b + 64 + shift0), out1(count * b + 64 + shift1);
+        void* const outputs[2] = {out0.data() + shift0, out1.data() + shift1};
+        const void* const ins[3] = {inputs[0].data(), inputs[1].data(), inputs[2].data()};
+        zero::comm::detail::reduce(t, zero::comm::detail::ReduceArgs{outputs, 2, ins, 3, 0, count, true}, ReduceOp::sum);
+        CHECK(std::memcmp(outputs[0], sum.data(), sum.size()) == 0);
+        CHECK(std::memcmp(outputs[1], sum.data(), sum.size()) == 0);
+        std::vector<unsigned char> copied(count * b + 64 + shift1);
+        zero::comm::detail::copy(copied.data() + shift1, inputs[2].data(), count * b, true);
+        CHECK(std::memcmp(copied.data() + shift1, inputs[2].data(), count * b) == 0);
+      }
+    }
+  }
+}

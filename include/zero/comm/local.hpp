@@ -183,7 +183,7 @@ class Local {
     // written once, and the ranks work on disjoint chunks at the same time.
     const int n = size();
     const detail::ReduceArgs chunk{group_->recv_.data(), n, group_->send_.data(), n, chunk_begin(count, rank_, n),
-                                   chunk_begin(count, rank_ + 1, n)};
+                                   chunk_begin(count, rank_ + 1, n), detail::streaming_pays(footprint(count, t))};
     detail::reduce(t, chunk, op);
     group_->arrive_and_wait(rank_, "all_reduce");
     counters_.count_all_reduce(count * dtype_bytes(t), n, control);
@@ -199,7 +199,11 @@ class Local {
       blocks[s] = static_cast<const char*>(group_->send_[s]) + static_cast<std::size_t>(rank_) * recv_count * bytes;
     // Only this rank reads block `rank` of any buffer, so writing recv (which
     // may be that very block of our own send buffer) is safe.
-    detail::reduce(t, recv, blocks.data(), n, 0, recv_count, ReduceOp::sum);
+    void* const out[1] = {recv};
+    detail::reduce(t,
+                   detail::ReduceArgs{out, 1, blocks.data(), n, 0, recv_count,
+                                      detail::streaming_pays(footprint(recv_count * static_cast<std::size_t>(n), t))},
+                   ReduceOp::sum);
     group_->arrive_and_wait(rank_, "reduce_scatter");
     counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
   }
@@ -208,10 +212,10 @@ class Local {
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::all_gather, send_count, t}, send, recv, "all_gather");
     const int n = size();
-    for (int s = 0; s < n; ++s) {
-      char* dst = static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes;
-      if (dst != group_->send_[s]) std::memmove(dst, group_->send_[s], send_count * bytes);
-    }
+    const bool stream = detail::streaming_pays(footprint(send_count * static_cast<std::size_t>(n), t));
+    for (int s = 0; s < n; ++s)
+      detail::copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes, group_->send_[s],
+                   send_count * bytes, stream);
     group_->arrive_and_wait(rank_, "all_gather");
     counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
   }
@@ -220,7 +224,7 @@ class Local {
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this group of ", size());
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::broadcast, count, t, ReduceOp::sum, root}, buf, buf, "broadcast");
-    if (rank_ != root) std::memcpy(buf, group_->send_[root], count * bytes);
+    if (rank_ != root) detail::copy(buf, group_->send_[root], count * bytes, detail::streaming_pays(footprint(count, t)));
     group_->arrive_and_wait(rank_, "broadcast");
     counters_.count_broadcast(count * bytes, size());
   }
@@ -229,6 +233,11 @@ class Local {
   friend class LocalDevice;  // builds on this rank's group and rank
   using Call = LocalGroup::Call;
 
+  // Bytes of all ranks' buffers of `count` elements: what decides whether
+  // the outputs are better streamed past the cache.
+  std::size_t footprint(std::size_t count, DType t) const {
+    return count * dtype_bytes(t) * static_cast<std::size_t>(size());
+  }
   static std::size_t chunk_begin(std::size_t count, int part, int parts) {
     return count * static_cast<std::size_t>(part) / static_cast<std::size_t>(parts);
   }
