@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,37 +50,24 @@ std::vector<Row> run_local(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  std::string comm = "local";
-  const std::string usage = std::string("[--comm local|mpi] ") + common_usage;
-  zero::bench::Args args(argc, argv, usage.c_str());
-  while (args.next()) {
-    if (parse_common(args, o)) continue;
-    if (args.is("--comm"))
-      comm = args.value();
-    else
-      args.usage();
-  }
+  const std::string comm = parse_command_line(argc, argv, o, {"local", "mpi"});
   if (comm == "local") {
     print(run_local(o), o);
     return 0;
   }
-  if (comm == "mpi") {
 #if defined(ZERO_BENCH_WITH_MPI)
-    zero::comm::MpiRuntime runtime(&argc, &argv);
-    zero::comm::Mpi c;
-    if (!o.ranks.empty() && (o.ranks.size() != 1 || o.ranks[0] != c.size())) {
-      if (c.rank() == 0) std::fprintf(stderr, "--comm mpi: the ranks are mpirun's -np (%d); drop --ranks\n", c.size());
-      return 2;
-    }
-    HostMemory mem;
-    const auto rows = sweep(c, mem, "mpi", o);
-    if (c.rank() == 0) print(rows, o);
-    return 0;
-#else
-    std::fprintf(stderr, "--comm mpi: this bench_comm was built without MPI (Meson did not find it)\n");
+  zero::comm::MpiRuntime runtime(&argc, &argv);
+  zero::comm::Mpi c;
+  if (!o.ranks.empty() && (o.ranks.size() != 1 || o.ranks[0] != c.size())) {
+    if (c.rank() == 0) std::fprintf(stderr, "--comm mpi: the ranks are mpirun's -np (%d); drop --ranks\n", c.size());
     return 2;
-#endif
   }
-  std::fprintf(stderr, "--comm %s: expected local or mpi\n", comm.c_str());
+  HostMemory mem;
+  const auto rows = sweep(c, mem, "mpi", o);
+  if (c.rank() == 0) print(rows, o);
+  return 0;
+#else
+  std::fprintf(stderr, "--comm mpi: this bench_comm was built without MPI (Meson did not find it)\n");
   return 2;
+#endif
 }

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -79,28 +80,42 @@ struct Options {
   std::vector<int> ranks;  // empty: the program's default
 };
 
-// Handles the flags every communication benchmark takes; false if `args`
-// is at another flag.
-inline bool parse_common(Args& args, Options& o) {
-  if (args.is("--min"))
-    o.min_bytes = args.count();
-  else if (args.is("--max"))
-    o.max_bytes = args.count();
-  else if (args.is("--probe"))
-    o.probe_bytes = args.count();
-  else if (args.is("--reps"))
-    o.reps = args.positive();
-  else if (args.is("--json"))
-    o.json = true;
-  else if (args.is("--ranks"))
-    o.ranks.push_back(args.positive());
-  else
-    return false;
-  return true;
+// The command line of a communication benchmark: the flags below and
+// --comm NAME, one of `choices` (the first is the default), which it returns.
+// Exits 2 with the usage on anything else.
+inline std::string parse_command_line(int argc, char** argv, Options& o, const std::vector<std::string>& choices) {
+  std::string names;
+  for (const auto& c : choices) names += (names.empty() ? "" : "|") + c;
+  const std::string usage = "[--comm " + names +
+                            "] [--ranks N (repeatable)] [--min BYTES] [--max BYTES] (K/M/G suffixes; sizes are "
+                            "4 KiB x powers of 4) [--probe BYTES per rank] [--reps R] [--json]";
+  Args args(argc, argv, usage.c_str());
+  std::string comm = choices.front();
+  while (args.next()) {
+    if (args.is("--comm")) {
+      comm = args.value();
+      if (std::find(choices.begin(), choices.end(), comm) == choices.end()) {
+        std::fprintf(stderr, "--comm %s: expected one of %s\n", comm.c_str(), names.c_str());
+        std::exit(2);
+      }
+    } else if (args.is("--min")) {
+      o.min_bytes = args.count();
+    } else if (args.is("--max")) {
+      o.max_bytes = args.count();
+    } else if (args.is("--probe")) {
+      o.probe_bytes = args.count();
+    } else if (args.is("--reps")) {
+      o.reps = args.positive();
+    } else if (args.is("--json")) {
+      o.json = true;
+    } else if (args.is("--ranks")) {
+      o.ranks.push_back(args.positive());
+    } else {
+      args.usage();
+    }
+  }
+  return comm;
 }
-inline constexpr const char* common_usage =
-    "[--ranks N (repeatable)] [--min BYTES] [--max BYTES] (K/M/G suffixes; sizes are 4 KiB x powers of 4) "
-    "[--probe BYTES per rank] [--reps R] [--json]";
 
 // 4 KiB, 16 KiB, ... 256 MiB, within [min, max].
 inline std::vector<std::size_t> sizes(const Options& o) {

@@ -103,20 +103,7 @@ std::vector<Row> run_nccl(const Options& o, int devices) {
 int main(int argc, char** argv) {
   Options o;
   o.probe_bytes = std::size_t{512} << 20;  // beyond any GPU's L2
-  std::string comm = "all";
-  const std::string usage = std::string("[--comm all|local_device|nccl] ") + common_usage;
-  zero::bench::Args args(argc, argv, usage.c_str());
-  while (args.next()) {
-    if (parse_common(args, o)) continue;
-    if (args.is("--comm"))
-      comm = args.value();
-    else
-      args.usage();
-  }
-  if (comm != "all" && comm != "local_device" && comm != "nccl") {
-    std::fprintf(stderr, "--comm %s: expected all, local_device or nccl\n", comm.c_str());
-    return 2;
-  }
+  const std::string comm = parse_command_line(argc, argv, o, {"all", "local_device", "nccl"});
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);
   if (status != cudaSuccess || devices == 0) {
