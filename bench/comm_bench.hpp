@@ -14,8 +14,10 @@
 //                          (comm::Local: rank r reduces chunk r of all
 //                          buffers and writes it into all of them)
 //   reduce-scatter  n + 1  every send buffer read once, the result written once
-//   all-gather      2n     each rank reads S and writes S (out of place)
-//   broadcast       2(n-1) each non-root rank reads S and writes S
+//   all-gather      n + 1  every send block read once, written into n receive
+//                          buffers (out of place; Local: each rank pushes its own)
+//   broadcast       n      the root's buffer read once, written into n - 1
+//                          (Local: rank r copies part r to every other rank)
 // limit_ratio = (traffic / probe bandwidth) / t: 1 is at the memory limit.
 #pragma once
 
@@ -64,9 +66,9 @@ inline double traffic_factor(Op op, int n) {
   const double d = n;
   switch (op) {
     case Op::all_reduce: return 2.0 * d;
-    case Op::reduce_scatter: return d + 1.0;
-    case Op::all_gather: return 2.0 * d;
-    case Op::broadcast: return 2.0 * (d - 1);
+    case Op::reduce_scatter:
+    case Op::all_gather: return d + 1.0;
+    case Op::broadcast: return d;
   }
   return 0.0;
 }

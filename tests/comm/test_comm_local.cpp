@@ -118,7 +118,7 @@ TEST_CASE("comm::Local collectives give the bits of a rank-order reference", "[c
         const auto sum = reference(t, inputs, 0, full, ReduceOp::sum);
         const auto max = reference(t, inputs, 0, full, ReduceOp::max);
         std::vector<std::vector<unsigned char>> got_sum(ranks), got_max(ranks), got_rs(ranks), got_rs_inplace(ranks),
-            got_ag(ranks), got_bc(ranks);
+            got_ag(ranks), got_ag_inplace(ranks), got_bc(ranks);
         zero::comm::LocalGroup group(ranks);
         group.run([&](zero::comm::Local& c) {
           const auto r = static_cast<std::size_t>(c.rank());
@@ -135,6 +135,9 @@ TEST_CASE("comm::Local collectives give the bits of a rank-order reference", "[c
           // All-gather each rank's block r of its own input, out of place.
           got_ag[r].assign(full * b, 0);
           c.all_gather(inputs[r].data() + r * per_rank * b, got_ag[r].data(), per_rank, t);
+          // In place: each rank's block r of its own input is already in place.
+          got_ag_inplace[r] = inputs[r];
+          c.all_gather(got_ag_inplace[r].data() + r * per_rank * b, got_ag_inplace[r].data(), per_rank, t);
           got_bc[r] = inputs[r];
           c.broadcast(got_bc[r].data(), full, t, ranks - 1);
         });
@@ -150,6 +153,7 @@ TEST_CASE("comm::Local collectives give the bits of a rank-order reference", "[c
           CHECK(got_rs[r] == block);
           CHECK(got_rs_inplace[r] == block);
           CHECK(got_ag[r] == gathered);
+          CHECK(got_ag_inplace[r] == gathered);
           CHECK(got_bc[r] == inputs[ranks - 1]);
         }
       }

@@ -212,10 +212,13 @@ class Local {
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::all_gather, send_count, t}, send, recv, "all_gather");
     const int n = size();
+    // Rank r pushes its block into block r of every receive buffer: each
+    // block is read once, and nobody reads what others write (in place, a
+    // rank's send block is its own receive block, which no other rank writes).
     const bool stream = detail::streaming_pays(footprint(send_count * static_cast<std::size_t>(n), t));
+    const std::size_t offset = static_cast<std::size_t>(rank_) * send_count * bytes;
     for (int s = 0; s < n; ++s)
-      detail::copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes, group_->send_[s],
-                   send_count * bytes, stream);
+      detail::copy(static_cast<char*>(group_->recv_[s]) + offset, send, send_count * bytes, stream);
     group_->arrive_and_wait(rank_, "all_gather");
     counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
   }
@@ -224,7 +227,18 @@ class Local {
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this group of ", size());
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::broadcast, count, t, ReduceOp::sum, root}, buf, buf, "broadcast");
-    if (rank_ != root) detail::copy(buf, group_->send_[root], count * bytes, detail::streaming_pays(footprint(count, t)));
+    // Rank r copies part r of the root's buffer into every other buffer: the
+    // root's buffer is read once, by all ranks at once. Parts start on cache
+    // lines.
+    const std::size_t total = count * bytes, line = 64;
+    const int n = size();
+    const std::size_t begin = chunk_begin(total / line, rank_, n) * line;
+    const std::size_t end = rank_ + 1 == n ? total : chunk_begin(total / line, rank_ + 1, n) * line;
+    const bool stream = detail::streaming_pays(footprint(count, t));
+    for (int s = 0; s < n; ++s)
+      if (s != root)
+        detail::copy(static_cast<char*>(group_->recv_[s]) + begin, static_cast<const char*>(group_->send_[root]) + begin,
+                     end - begin, stream);
     group_->arrive_and_wait(rank_, "broadcast");
     counters_.count_broadcast(count * bytes, size());
   }
