@@ -19,6 +19,10 @@
 //   broadcast       n      the root's buffer read once, written into n - 1
 //                          (Local: rank r copies part r to every other rank)
 // limit_ratio = (traffic / probe bandwidth) / t: 1 is at the memory limit.
+// The same minimum applies to every communicator, so an algorithm that moves
+// more (Open MPI's copies through shared segments; LocalDevice, whose
+// all-reduce reduces into the owner and then copies, 3n - 1, and whose
+// all-gather and broadcast pull, 2n and 2(n - 1)) shows its cost as a lower ratio.
 #pragma once
 
 #include <algorithm>

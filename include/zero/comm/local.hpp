@@ -215,10 +215,15 @@ class Local {
     // Rank r pushes its block into block r of every receive buffer: each
     // block is read once, and nobody reads what others write (in place, a
     // rank's send block is its own receive block, which no other rank writes).
-    const bool stream = detail::streaming_pays(footprint(send_count * static_cast<std::size_t>(n), t));
     const std::size_t offset = static_cast<std::size_t>(rank_) * send_count * bytes;
-    for (int s = 0; s < n; ++s)
-      detail::copy(static_cast<char*>(group_->recv_[s]) + offset, send, send_count * bytes, stream);
+    std::vector<void*>& dsts = destinations_;
+    dsts.clear();
+    for (int s = 0; s < n; ++s) {
+      char* dst = static_cast<char*>(group_->recv_[s]) + offset;
+      if (dst != send) dsts.push_back(dst);
+    }
+    detail::copy(dsts.data(), static_cast<int>(dsts.size()), send, send_count * bytes,
+                 detail::streaming_pays(footprint(send_count * static_cast<std::size_t>(n), t)));
     group_->arrive_and_wait(rank_, "all_gather");
     counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
   }
@@ -234,11 +239,12 @@ class Local {
     const int n = size();
     const std::size_t begin = chunk_begin(total / line, rank_, n) * line;
     const std::size_t end = rank_ + 1 == n ? total : chunk_begin(total / line, rank_ + 1, n) * line;
-    const bool stream = detail::streaming_pays(footprint(count, t));
+    std::vector<void*>& dsts = destinations_;
+    dsts.clear();
     for (int s = 0; s < n; ++s)
-      if (s != root)
-        detail::copy(static_cast<char*>(group_->recv_[s]) + begin, static_cast<const char*>(group_->send_[root]) + begin,
-                     end - begin, stream);
+      if (s != root) dsts.push_back(static_cast<char*>(group_->recv_[s]) + begin);
+    detail::copy(dsts.data(), static_cast<int>(dsts.size()), static_cast<const char*>(group_->send_[root]) + begin,
+                 end - begin, detail::streaming_pays(footprint(count, t)));
     group_->arrive_and_wait(rank_, "broadcast");
     counters_.count_broadcast(count * bytes, size());
   }
@@ -269,7 +275,9 @@ class Local {
   LocalGroup* group_;
   int rank_;
   ByteCounters counters_;
-  std::vector<const void*> scratch_;  // reused: collectives allocate nothing after the first call
+  // Reused: collectives allocate nothing after the first call.
+  std::vector<const void*> scratch_;
+  std::vector<void*> destinations_;
 };
 
 template <class Fn>

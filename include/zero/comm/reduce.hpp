@@ -181,18 +181,18 @@ inline void reduce(DType t, void* out, const void* const* inputs, int n_inputs, 
   reduce(t, ReduceArgs{outputs, 1, inputs, n_inputs, begin, end}, op);
 }
 
-// dst = src, `bytes` of them (not overlapping unless equal). With `stream`,
-// through the reduction of one input (a bit copy: no arithmetic touches the
-// lanes) for its non-temporal stores.
-inline void copy(void* dst, const void* src, std::size_t bytes, bool stream) {
-  if (dst == src || bytes == 0) return;
+// dsts[k] = src for every k, `bytes` each (none overlapping src or each
+// other). With `stream`: one pass that reads src once and writes every
+// destination with non-temporal stores, through the reduction of one input
+// (a bit copy: no arithmetic touches the lanes).
+inline void copy(void* const* dsts, int n_dsts, const void* src, std::size_t bytes, bool stream) {
+  if (bytes == 0 || n_dsts == 0) return;
   if (!stream || bytes % sizeof(float) != 0) {
-    std::memcpy(dst, src, bytes);
+    for (int k = 0; k < n_dsts; ++k) std::memcpy(dsts[k], src, bytes);
     return;
   }
-  void* const outputs[1] = {dst};
   const void* const inputs[1] = {src};
-  reduce(DType::f32, ReduceArgs{outputs, 1, inputs, 1, 0, bytes / sizeof(float), true}, ReduceOp::sum);
+  reduce(DType::f32, ReduceArgs{dsts, n_dsts, inputs, 1, 0, bytes / sizeof(float), true}, ReduceOp::sum);
 }
 
 }  // namespace zero::comm::detail
