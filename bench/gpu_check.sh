@@ -15,7 +15,8 @@
 #
 # OUTDIR gets: summary.txt (results, step outcomes, environment), build.log,
 # tests.log, sanitizer.log, bench.log (the benchmarks' stderr),
-# bench_step_cuda.jsonl and torch_cuda_optim.jsonl (JSON lines only).
+# bench_step_cuda.jsonl and torch_cuda_optim.jsonl (JSON lines only), and
+# bench_comm_cuda.json (LocalDevice and Nccl bandwidths, bench_comm's schema).
 set -u -o pipefail
 
 if [ $# -ne 1 ]; then
@@ -125,6 +126,7 @@ BUILDLOG=$OUT/build.log
 rm -rf "$BUILD"
 TEST_BIN=$BUILD/tests/cuda/test_cuda_kernels
 BENCH_BIN=$BUILD/bench/cuda/bench_step_cuda
+COMM_BIN=$BUILD/bench/cuda/bench_comm_cuda
 build_ok=0
 if run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buildtype=release -Dtests=false \
   -Dmpi=disabled -Dexamples=false -Dcuda=enabled "-Dgpu_arch=$ARCH"; then
@@ -135,9 +137,11 @@ if run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buil
       targets+=("tests/cuda/$t")
     fi
   done
-  if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^bench/cuda/bench_step_cuda:'; then
-    targets+=(bench/cuda/bench_step_cuda)
-  fi
+  for bench in bench_step_cuda bench_comm_cuda; do
+    if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^bench/cuda/$bench:"; then
+      targets+=("bench/cuda/$bench")
+    fi
+  done
   if run_step build 240 "$BUILDLOG" ninja -C "$BUILD" "${targets[@]}"; then build_ok=1; fi
   if [ ! -x "$BENCH_BIN" ]; then
     # bench/meson.build does not reach bench/cuda: build it the way bench/cuda/meson.build would.
@@ -161,13 +165,20 @@ fi
 BENCHLOG=$OUT/bench.log
 BENCHJSON=$OUT/bench_step_cuda.jsonl
 TORCHJSON=$OUT/torch_cuda_optim.jsonl
+COMMJSON=$OUT/bench_comm_cuda.json
 : >"$BENCHLOG"
 : >"$BENCHJSON"
 : >"$TORCHJSON"
+: >"$COMMJSON"
 if [ -x "$BENCH_BIN" ]; then
   run_step bench_step_cuda 90 "$BENCHLOG" --stdout "$BENCHJSON" "$BENCH_BIN" --json
 else
   STATUS_LINES+=("$(printf '%-22s %s' bench_step_cuda "NOT RUN (not built)")")
+fi
+if [ -x "$COMM_BIN" ]; then
+  run_step bench_comm_cuda 60 "$BENCHLOG" --stdout "$COMMJSON" "$COMM_BIN" --json
+else
+  STATUS_LINES+=("$(printf '%-22s %s' bench_comm_cuda "NOT RUN (not built)")")
 fi
 run_step torch_cuda_optim 120 "$BENCHLOG" --stdout "$TORCHJSON" \
   env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_fused_adamw.py" --json
@@ -204,7 +215,7 @@ fi
   grep -hE '^(FAIL|SKIP)|NOT RUN|ERROR SUMMARY|Device not supported' "$TESTLOG" "$SANLOG" 2>/dev/null | head -30 |
     sed 's/^ *//; s/^/  /'
   echo
-  python3 - "$BENCHJSON" "$TORCHJSON" <<'EOF'
+  python3 - "$BENCHJSON" "$TORCHJSON" "$COMMJSON" <<'EOF'
 import json, sys
 
 def load(path):
@@ -243,6 +254,19 @@ for zc, tc in pairs:
     for impl in ("fused", "foreach"):
         if zc in z and (tc, impl) in t:
             print(f"  {zc:<18} vs torch {tc} {impl:<8} {z[zc]['params_per_s'] / t[(tc, impl)]['params_per_s']:.2f}x")
+try:
+    comm = json.load(open(sys.argv[3]))
+except (OSError, ValueError):
+    comm = None
+print("device communicators (bench_comm_cuda), messages >= 16 MiB:")
+if comm:
+    print(f"  copy probe {comm['probe_GBps']:.0f} GB/s (read + write)")
+    for r in comm["rows"]:
+        if r["bytes"] >= 16 << 20:
+            print(f"  {r['comm']:<12} {r['ranks']} ranks {r['op']:<14} {r['dtype']} {r['bytes'] >> 20:4d} MiB"
+                  f"  algbw {r['algbw_GBps']:8.1f}  busbw {r['busbw_GBps']:8.1f} GB/s  limit ratio {r['limit_ratio']:.2f}")
+else:
+    print("  no results")
 EOF
   echo
   echo "environment:"

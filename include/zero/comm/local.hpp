@@ -3,7 +3,13 @@
 // real synchronisation (so ordering bugs deadlock or fail here as they would
 // with NCCL), deterministic results, and no MPI launcher. A rank that throws
 // or stops calling collectives aborts the group: the others get a CommError
-// naming the rank instead of hanging.
+// naming the rank instead of hanging; ranks that make different calls at the
+// same point (kind, element count, type, operation or root) all get a
+// CommError naming both calls, before any rank touches another's buffer.
+//
+// Speed: the ranks move data in parallel, each over its own disjoint part,
+// straight between the user's buffers (no staging copies), so a collective
+// runs near the memory bandwidth of the cores (bench/bench_comm measures it).
 #pragma once
 
 #include <algorithm>
@@ -46,7 +52,11 @@ class LocalGroup {
 
   explicit LocalGroup(int ranks) : LocalGroup(ranks, Options{}) {}
   LocalGroup(int ranks, Options options)
-      : ranks_(ranks), options_(options), send_(static_cast<std::size_t>(ranks)), recv_(static_cast<std::size_t>(ranks)) {
+      : ranks_(ranks),
+        options_(options),
+        send_(static_cast<std::size_t>(ranks)),
+        recv_(static_cast<std::size_t>(ranks)),
+        calls_(static_cast<std::size_t>(ranks)) {
     require(ranks >= 1, "comm::LocalGroup needs at least 1 rank, got ", ranks);
   }
 
@@ -61,6 +71,41 @@ class LocalGroup {
  private:
   friend class Local;
   friend class LocalDevice;
+
+  // What a rank asked for, posted with its buffers so that every rank can
+  // check that all made the same call before reading anyone's buffers.
+  struct Call {
+    enum class Kind : std::uint8_t { barrier, all_reduce, reduce_scatter, all_gather, broadcast };
+    Kind kind = Kind::barrier;
+    std::size_t count = 0;  // elements: all_reduce and broadcast the buffer, reduce_scatter recv, all_gather send
+    DType dtype = DType::f32;
+    ReduceOp op = ReduceOp::sum;  // all_reduce
+    int root = 0;                 // broadcast
+
+    bool operator==(const Call&) const = default;
+    std::string describe() const {
+      static constexpr const char* names[] = {"barrier", "all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+      const char* name = names[static_cast<int>(kind)];
+      if (kind == Kind::barrier) return zero::detail::concat(name, "()");
+      std::string s = zero::detail::concat(name, "(", count, " x ", dtype_name(dtype));
+      if (kind == Kind::all_reduce) s += op == ReduceOp::sum ? ", sum" : ", max";
+      if (kind == Kind::broadcast) s += zero::detail::concat(", root ", root);
+      return s + ")";
+    }
+  };
+
+  // After the rendezvous that follows every rank's posting of its Call:
+  // throws the same CommError on every rank if any rank's call differs from
+  // rank 0's (so no rank goes on to read a buffer of the wrong size).
+  void check_same_call() const {
+    for (int s = 1; s < ranks_; ++s) {
+      if (calls_[static_cast<std::size_t>(s)] == calls_[0]) continue;
+      throw CommError(zero::detail::concat("comm::Local: rank ", s, " called ", calls_[static_cast<std::size_t>(s)].describe(),
+                                           " while rank 0 called ", calls_[0].describe(),
+                                           "; every rank must make the same collective calls (kind, element count, "
+                                           "type, operation or root) in the same order"));
+    }
+  }
 
   // Waits until all ranks arrive. Throws CommError if the group was aborted
   // or the wait exceeds the timeout (then the group is aborted for all).
@@ -111,6 +156,7 @@ class LocalGroup {
   std::string abort_message_;
   std::vector<const void*> send_;
   std::vector<void*> recv_;
+  std::vector<Call> calls_;
 };
 
 // One rank's handle. Host memory only; all calls are collective.
@@ -123,30 +169,29 @@ class Local {
   const ByteCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
-  void barrier() { group_->arrive_and_wait(rank_, "barrier"); }
+  void barrier() {
+    publish({Call::Kind::barrier}, nullptr, nullptr, "barrier");
+    // Like every collective, a second rendezvous: no rank posts its next call
+    // while another still checks this one.
+    group_->arrive_and_wait(rank_, "barrier");
+  }
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
-    const std::size_t bytes = dtype_bytes(t);
-    publish(buf, buf, "all_reduce");
-    // Rank r reduces chunk r of every buffer into its own buffer, then every
-    // rank copies the other chunks from their owners.
+    publish({Call::Kind::all_reduce, count, t, op}, buf, buf, "all_reduce");
+    // Rank r owns chunk r: it reduces that chunk of every rank's buffer and
+    // writes the result into all of them, so each byte is read once and
+    // written once, and the ranks work on disjoint chunks at the same time.
     const int n = size();
-    const std::size_t begin = chunk_begin(count, rank_, n), end = chunk_begin(count, rank_ + 1, n);
-    detail::reduce(t, buf, group_->send_.data(), n, begin, end, op);
+    const detail::ReduceArgs chunk{group_->recv_.data(), n, group_->send_.data(), n, chunk_begin(count, rank_, n),
+                                   chunk_begin(count, rank_ + 1, n), detail::streaming_pays(footprint(count, t))};
+    detail::reduce(t, chunk, op);
     group_->arrive_and_wait(rank_, "all_reduce");
-    for (int s = 0; s < n; ++s) {
-      if (s == rank_) continue;
-      const std::size_t b = chunk_begin(count, s, n), e = chunk_begin(count, s + 1, n);
-      std::memcpy(static_cast<char*>(buf) + b * bytes, static_cast<const char*>(group_->send_[s]) + b * bytes,
-                  (e - b) * bytes);
-    }
-    group_->arrive_and_wait(rank_, "all_reduce");
-    counters_.count_all_reduce(count * bytes, n, control);
+    counters_.count_all_reduce(count * dtype_bytes(t), n, control);
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
     const std::size_t bytes = dtype_bytes(t);
-    publish(send, recv, "reduce_scatter");
+    publish({Call::Kind::reduce_scatter, recv_count, t}, send, recv, "reduce_scatter");
     const int n = size();
     std::vector<const void*>& blocks = scratch_;
     blocks.resize(static_cast<std::size_t>(n));
@@ -154,19 +199,31 @@ class Local {
       blocks[s] = static_cast<const char*>(group_->send_[s]) + static_cast<std::size_t>(rank_) * recv_count * bytes;
     // Only this rank reads block `rank` of any buffer, so writing recv (which
     // may be that very block of our own send buffer) is safe.
-    detail::reduce(t, recv, blocks.data(), n, 0, recv_count, ReduceOp::sum);
+    void* const out[1] = {recv};
+    detail::reduce(t,
+                   detail::ReduceArgs{out, 1, blocks.data(), n, 0, recv_count,
+                                      detail::streaming_pays(footprint(recv_count * static_cast<std::size_t>(n), t))},
+                   ReduceOp::sum);
     group_->arrive_and_wait(rank_, "reduce_scatter");
     counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
   }
 
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
     const std::size_t bytes = dtype_bytes(t);
-    publish(send, recv, "all_gather");
+    publish({Call::Kind::all_gather, send_count, t}, send, recv, "all_gather");
     const int n = size();
+    // Rank r pushes its block into block r of every receive buffer: each
+    // block is read once, and nobody reads what others write (in place, a
+    // rank's send block is its own receive block, which no other rank writes).
+    const std::size_t offset = static_cast<std::size_t>(rank_) * send_count * bytes;
+    std::vector<void*>& dsts = destinations_;
+    dsts.clear();
     for (int s = 0; s < n; ++s) {
-      char* dst = static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes;
-      if (dst != group_->send_[s]) std::memmove(dst, group_->send_[s], send_count * bytes);
+      char* dst = static_cast<char*>(group_->recv_[s]) + offset;
+      if (dst != send) dsts.push_back(dst);
     }
+    detail::copy(dsts.data(), static_cast<int>(dsts.size()), send, send_count * bytes,
+                 detail::streaming_pays(footprint(send_count * static_cast<std::size_t>(n), t)));
     group_->arrive_and_wait(rank_, "all_gather");
     counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
   }
@@ -174,30 +231,53 @@ class Local {
   void broadcast(void* buf, std::size_t count, DType t, int root) {
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this group of ", size());
     const std::size_t bytes = dtype_bytes(t);
-    publish(buf, buf, "broadcast");
-    if (rank_ != root) std::memcpy(buf, group_->send_[root], count * bytes);
+    publish({Call::Kind::broadcast, count, t, ReduceOp::sum, root}, buf, buf, "broadcast");
+    // Rank r copies part r of the root's buffer into every other buffer: the
+    // root's buffer is read once, by all ranks at once. Parts start on cache
+    // lines.
+    const std::size_t total = count * bytes, line = 64;
+    const int n = size();
+    const std::size_t begin = chunk_begin(total / line, rank_, n) * line;
+    const std::size_t end = rank_ + 1 == n ? total : chunk_begin(total / line, rank_ + 1, n) * line;
+    std::vector<void*>& dsts = destinations_;
+    dsts.clear();
+    for (int s = 0; s < n; ++s)
+      if (s != root) dsts.push_back(static_cast<char*>(group_->recv_[s]) + begin);
+    detail::copy(dsts.data(), static_cast<int>(dsts.size()), static_cast<const char*>(group_->send_[root]) + begin,
+                 end - begin, detail::streaming_pays(footprint(count, t)));
     group_->arrive_and_wait(rank_, "broadcast");
     counters_.count_broadcast(count * bytes, size());
   }
 
  private:
   friend class LocalDevice;  // builds on this rank's group and rank
+  using Call = LocalGroup::Call;
 
+  // Bytes of all ranks' buffers of `count` elements: what decides whether
+  // the outputs are better streamed past the cache.
+  std::size_t footprint(std::size_t count, DType t) const {
+    return count * dtype_bytes(t) * static_cast<std::size_t>(size());
+  }
   static std::size_t chunk_begin(std::size_t count, int part, int parts) {
     return count * static_cast<std::size_t>(part) / static_cast<std::size_t>(parts);
   }
-  // Posts this rank's pointers and waits until every rank has posted.
-  void publish(const void* send, void* recv, const char* what) {
-    // The previous collective's last barrier guarantees nobody still reads the slots.
+  // Posts this rank's call and pointers, waits until every rank has posted,
+  // and checks that all made the same call.
+  void publish(const Call& call, const void* send, void* recv, const char* what) {
+    // The previous collective's last rendezvous guarantees nobody still reads the slots.
+    group_->calls_[rank_] = call;
     group_->send_[rank_] = send;
     group_->recv_[rank_] = recv;
     group_->arrive_and_wait(rank_, what);
+    group_->check_same_call();
   }
 
   LocalGroup* group_;
   int rank_;
   ByteCounters counters_;
-  std::vector<const void*> scratch_;  // reused: collectives allocate nothing after the first call
+  // Reused: collectives allocate nothing after the first call.
+  std::vector<const void*> scratch_;
+  std::vector<void*> destinations_;
 };
 
 template <class Fn>

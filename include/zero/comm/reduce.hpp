@@ -1,17 +1,31 @@
 // Why: the in-process and MPI communicators reduce 16-bit floats themselves
 // (MPI has no bf16/fp16 sum). Summing in fp32 in a fixed rank order and
 // rounding once makes the result independent of thread timing, so tests are
-// reproducible bit for bit. In-process ranks on one GPU reduce with the
-// device twin of this file, zero/comm/reduce.cuh, to the same bits.
+// reproducible bit for bit. comm::Local's reduction runs on SIMD packs
+// compiled per instruction set (zero/simd/dispatch.hpp): a scalar loop over
+// ranks per element would run far below memory bandwidth. Packs add lane by
+// lane in the same rank order and round with the same conversion, so both
+// paths give the same bits. Outputs far larger than the cache are written
+// with non-temporal stores, which skip reading each line before writing it
+// (a third of the traffic of a copy).
+// In-process ranks on one GPU reduce with the device twin of this file,
+// zero/comm/reduce.cuh, to the same bits.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "zero/comm/communicator.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/convert.hpp"
+#include "zero/simd/dispatch.hpp"
+
+#if ZERO_HOST_SIMD_X86
+#include <immintrin.h>
+#endif
+#include <unistd.h>
 
 namespace zero::comm::detail {
 
@@ -47,15 +61,140 @@ void reduce_typed(void* out, const void* const* inputs, int n_inputs, std::size_
   }
 }
 
+// Where a reduction reads and writes: element i of the result is op over k
+// of inputs[k][i] (in k order), written to outputs[o][i] for every o, for i
+// in [begin, end). Any output may alias any input (each element is read from
+// all inputs before it is written). `stream`: write with non-temporal stores
+// (see streaming_pays); the result is the same.
+struct ReduceArgs {
+  void* const* outputs;
+  int n_outputs;
+  const void* const* inputs;
+  int n_inputs;
+  std::size_t begin, end;
+  bool stream = false;
+};
+
+// Whether a collective touching `footprint` bytes (all ranks' buffers) should
+// write with non-temporal stores: when it cannot stay in the last-level cache
+// anyway (more than half of it), caching the output only costs the extra
+// read of each line.
+inline bool streaming_pays(std::size_t footprint) {
+  static const std::size_t threshold = [] {
+    long llc = -1;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return llc > 0 ? static_cast<std::size_t>(llc) / 2 : std::size_t{16} << 20;
+  }();
+  return footprint > threshold;
+}
+
+#if ZERO_HOST_SIMD_X86
+// Non-temporal stores of one pack of fp32 lanes (p aligned to the pack's size).
+__attribute__((target("avx512f"))) inline void stream_floats(float* p, const simd::Avx512::F& v) {
+  _mm512_stream_ps(p, (__m512)v);
+}
+__attribute__((target("avx"))) inline void stream_floats(float* p, const simd::Avx2::F& v) {
+  _mm256_stream_ps(p, (__m256)v);
+}
+#endif
+
+template <class T, ReduceOp Op>
+struct ReduceBody {
+  template <class Isa>
+  static void run(const ReduceArgs& a) {
+    std::size_t i = a.begin;
+#if ZERO_HOST_SIMD_X86
+    if constexpr (Isa::width > 1 && StorageType<T>) {
+      constexpr std::size_t W = Isa::width, align = W * sizeof(T);
+      // Streaming stores need aligned outputs: a scalar head aligns the
+      // first, and the others must be aligned alike (else plain stores).
+      bool stream = a.stream;
+      for (int o = 1; o < a.n_outputs; ++o)
+        stream = stream && (address(a.outputs[o]) - address(a.outputs[0])) % align == 0;
+      if (stream) {
+        std::size_t head = i;
+        while (head < a.end && (address(a.outputs[0]) + head * sizeof(T)) % align != 0) ++head;
+        scalar(a, i, head);
+        i = head;
+      }
+      for (; i + W <= a.end; i += W) {
+        simd::Pack<Isa> acc = simd::load<Isa>(static_cast<const T*>(a.inputs[0]) + i);
+        for (int k = 1; k < a.n_inputs; ++k) {
+          const simd::Pack<Isa> x = simd::load<Isa>(static_cast<const T*>(a.inputs[k]) + i);
+          acc = Op == ReduceOp::sum ? acc + x : simd::max(acc, x);  // max: combine()'s a > b ? a : b
+        }
+        for (int o = 0; o < a.n_outputs; ++o) {
+          T* out = static_cast<T*>(a.outputs[o]) + i;
+          if (!stream)
+            simd::store(out, acc);
+          else if constexpr (std::is_same_v<T, float>)
+            stream_floats(out, acc.v);
+          else
+            simd::stream_store(out, acc);
+        }
+      }
+      if (stream) _mm_sfence();  // the stores are visible before the next rendezvous
+    }
+#endif
+    // The tail (or all of it without SIMD, and for f64/u64).
+    scalar(a, i, a.end);
+  }
+
+  static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+  // Elements [from, to): reduce into the first output, then copy (the inputs
+  // are all read by then).
+  static void scalar(const ReduceArgs& a, std::size_t from, std::size_t to) {
+    if (from >= to) return;
+    reduce_typed<T>(a.outputs[0], a.inputs, a.n_inputs, from, to, Op);
+    for (int o = 1; o < a.n_outputs; ++o)
+      std::memcpy(static_cast<T*>(a.outputs[o]) + from, static_cast<const T*>(a.outputs[0]) + from,
+                  (to - from) * sizeof(T));
+  }
+};
+
+template <class T>
+void reduce_dispatch(const ReduceArgs& a, ReduceOp op) {
+  const simd::IsaLevel level = simd::active_isa();
+  if (op == ReduceOp::sum)
+    simd::dispatch<ReduceBody<T, ReduceOp::sum>>(level, a);
+  else
+    simd::dispatch<ReduceBody<T, ReduceOp::max>>(level, a);
+}
+
+// The reduction of ReduceArgs on the calling thread, for any element type.
+inline void reduce(DType t, const ReduceArgs& a, ReduceOp op) {
+  switch (t) {
+    case DType::f32: return reduce_dispatch<float>(a, op);
+    case DType::f16: return reduce_dispatch<fp16>(a, op);
+    case DType::bf16: return reduce_dispatch<bf16>(a, op);
+    case DType::f64: return reduce_dispatch<double>(a, op);
+    case DType::u64: return reduce_dispatch<std::uint64_t>(a, op);
+  }
+}
+
+// out[i] = op over k of inputs[k][i], for i in [begin, end); `out` may alias
+// any input.
 inline void reduce(DType t, void* out, const void* const* inputs, int n_inputs, std::size_t begin, std::size_t end,
                    ReduceOp op) {
-  switch (t) {
-    case DType::f32: return reduce_typed<float>(out, inputs, n_inputs, begin, end, op);
-    case DType::f16: return reduce_typed<fp16>(out, inputs, n_inputs, begin, end, op);
-    case DType::bf16: return reduce_typed<bf16>(out, inputs, n_inputs, begin, end, op);
-    case DType::f64: return reduce_typed<double>(out, inputs, n_inputs, begin, end, op);
-    case DType::u64: return reduce_typed<std::uint64_t>(out, inputs, n_inputs, begin, end, op);
+  void* const outputs[1] = {out};
+  reduce(t, ReduceArgs{outputs, 1, inputs, n_inputs, begin, end}, op);
+}
+
+// dsts[k] = src for every k, `bytes` each (none overlapping src or each
+// other). With `stream`: one pass that reads src once and writes every
+// destination with non-temporal stores, through the reduction of one input
+// (a bit copy: no arithmetic touches the lanes).
+inline void copy(void* const* dsts, int n_dsts, const void* src, std::size_t bytes, bool stream) {
+  if (bytes == 0 || n_dsts == 0) return;
+  if (!stream || bytes % sizeof(float) != 0) {
+    for (int k = 0; k < n_dsts; ++k) std::memcpy(dsts[k], src, bytes);
+    return;
   }
+  const void* const inputs[1] = {src};
+  reduce(DType::f32, ReduceArgs{dsts, n_dsts, inputs, 1, 0, bytes / sizeof(float), true}, ReduceOp::sum);
 }
 
 }  // namespace zero::comm::detail

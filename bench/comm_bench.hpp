@@ -1,0 +1,252 @@
+// Why: every communicator (host: Local, Mpi; device: LocalDevice, Nccl) is
+// measured by one sweep, with one set of formulas and one output format, so
+// their figures compare. Bandwidths are nccl-tests' (doc/PERFORMANCE.md):
+//   algbw = S / t, with S the full buffer (all-reduce and broadcast: the
+//           buffer; reduce-scatter: the send buffer; all-gather: the receive
+//           buffer, i.e. ranks x the per-rank count),
+//   busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n (reduce-scatter,
+//           all-gather), 1 (broadcast).
+// The limit: the memory traffic the collective must move (bytes read plus
+// written, summed over ranks) at the bandwidth of a copy probe run by the
+// same number of threads (or processes) in the same run. A collective over
+// shared memory cannot move less than (in units of S, n ranks):
+//   all-reduce      2n     every rank's buffer read once and written once
+//                          (comm::Local: rank r reduces chunk r of all
+//                          buffers and writes it into all of them)
+//   reduce-scatter  n + 1  every send buffer read once, the result written once
+//   all-gather      n + 1  every send block read once, written into n receive
+//                          buffers (out of place; Local: each rank pushes its own)
+//   broadcast       n      the root's buffer read once, written into n - 1
+//                          (Local: rank r copies part r to every other rank)
+// limit_ratio = (traffic / probe bandwidth) / t: 1 is at the memory limit.
+// The same minimum applies to every communicator, so an algorithm that moves
+// more (Open MPI's copies through shared segments; LocalDevice, whose
+// all-reduce reduces into the owner and then copies, 3n - 1, and whose
+// all-gather and broadcast pull, 2n and 2(n - 1)) shows its cost as a lower ratio.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "bench_args.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/precision/types.hpp"
+
+namespace zero::bench::comm {
+
+enum class Op { all_reduce, reduce_scatter, all_gather, broadcast };
+inline constexpr Op all_ops[] = {Op::all_reduce, Op::reduce_scatter, Op::all_gather, Op::broadcast};
+
+inline const char* op_name(Op op) {
+  switch (op) {
+    case Op::all_reduce: return "all_reduce";
+    case Op::reduce_scatter: return "reduce_scatter";
+    case Op::all_gather: return "all_gather";
+    case Op::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+// nccl-tests' bus bandwidth correction.
+inline double bus_factor(Op op, int n) {
+  const double d = n;
+  switch (op) {
+    case Op::all_reduce: return 2.0 * (d - 1) / d;
+    case Op::reduce_scatter:
+    case Op::all_gather: return (d - 1) / d;
+    case Op::broadcast: return 1.0;
+  }
+  return 0.0;
+}
+
+// Bytes read + written over all ranks per byte of S (see the table above).
+inline double traffic_factor(Op op, int n) {
+  const double d = n;
+  switch (op) {
+    case Op::all_reduce: return 2.0 * d;
+    case Op::reduce_scatter:
+    case Op::all_gather: return d + 1.0;
+    case Op::broadcast: return d;
+  }
+  return 0.0;
+}
+
+struct Options {
+  std::size_t min_bytes = std::size_t{4} << 10;
+  std::size_t max_bytes = std::size_t{256} << 20;
+  std::size_t probe_bytes = std::size_t{128} << 20;  // per rank: beyond the last-level cache
+  int reps = 5;
+  bool json = false;
+  std::vector<int> ranks;  // empty: the program's default
+};
+
+// The command line of a communication benchmark: the flags below and
+// --comm NAME, one of `choices` (the first is the default), which it returns.
+// Exits 2 with the usage on anything else.
+inline std::string parse_command_line(int argc, char** argv, Options& o, const std::vector<std::string>& choices) {
+  std::string names;
+  for (const auto& c : choices) names += (names.empty() ? "" : "|") + c;
+  const std::string usage = "[--comm " + names +
+                            "] [--ranks N (repeatable)] [--min BYTES] [--max BYTES] (K/M/G suffixes; sizes are "
+                            "4 KiB x powers of 4) [--probe BYTES per rank] [--reps R] [--json]";
+  Args args(argc, argv, usage.c_str());
+  std::string comm = choices.front();
+  while (args.next()) {
+    if (args.is("--comm")) {
+      comm = args.value();
+      if (std::find(choices.begin(), choices.end(), comm) == choices.end()) {
+        std::fprintf(stderr, "--comm %s: expected one of %s\n", comm.c_str(), names.c_str());
+        std::exit(2);
+      }
+    } else if (args.is("--min")) {
+      o.min_bytes = args.count();
+    } else if (args.is("--max")) {
+      o.max_bytes = args.count();
+    } else if (args.is("--probe")) {
+      o.probe_bytes = args.count();
+    } else if (args.is("--reps")) {
+      o.reps = args.positive();
+    } else if (args.is("--json")) {
+      o.json = true;
+    } else if (args.is("--ranks")) {
+      o.ranks.push_back(args.positive());
+    } else {
+      args.usage();
+    }
+  }
+  return comm;
+}
+
+// 4 KiB, 16 KiB, ... 256 MiB, within [min, max].
+inline std::vector<std::size_t> sizes(const Options& o) {
+  std::vector<std::size_t> out;
+  for (std::size_t s = std::size_t{4} << 10; s <= (std::size_t{256} << 20); s *= 4)
+    if (s >= o.min_bytes && s <= o.max_bytes) out.push_back(s);
+  return out;
+}
+
+struct Row {
+  std::string comm;
+  int ranks = 0;
+  Op op = Op::all_reduce;
+  DType dtype = DType::f32;
+  std::size_t bytes = 0;  // S
+  double time_s = 0;
+  double probe_GBps = 0;  // the probe of this row's thread count
+  double algbw() const { return static_cast<double>(bytes) / time_s / 1e9; }
+  double busbw() const { return algbw() * bus_factor(op, ranks); }
+  double limit_ratio() const {
+    return static_cast<double>(bytes) * traffic_factor(op, ranks) / (probe_GBps * 1e9) / time_s;
+  }
+};
+
+// The fastest of `reps` timings of op (noise on a shared machine only adds
+// time), each over enough calls to dwarf the barriers around them. Memory
+// provides sync(): wait for this rank's asynchronous work (device streams).
+template <class Comm, class Memory, class F>
+double fastest_time(Comm& c, Memory& mem, std::size_t bytes, int reps, F&& op) {
+  const int iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / bytes, 1, 100));
+  op();  // warm-up: first touch, lazy set-up
+  mem.sync();
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < reps; ++r) {
+    c.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) op();
+    mem.sync();
+    c.barrier();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+  }
+  return best;
+}
+
+// Memory: void* alloc(bytes) (zero-filled, touched by this rank, freed with
+// the Memory), copy(dst, src, bytes) and sync().
+template <class Comm, class Memory>
+double probe_GBps(Comm& c, Memory& mem, void* dst, const void* src, std::size_t bytes, int reps) {
+  const double t = fastest_time(c, mem, bytes, reps, [&] { mem.copy(dst, src, bytes); });
+  return 2.0 * static_cast<double>(bytes) * c.size() / t / 1e9;
+}
+
+// Every collective x {fp32, bf16} x size on this rank; the rows are rank 0's
+// timings (every rank returns them; only rank 0 should print).
+template <class Comm, class Memory>
+std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o) {
+  const int n = c.size();
+  const std::size_t cap = std::max(o.max_bytes, o.probe_bytes);
+  void* a = mem.alloc(cap);
+  void* b = mem.alloc(cap);
+  // Probe before and after the sweep: the faster one is the limit.
+  double probe = probe_GBps(c, mem, b, a, o.probe_bytes, o.reps);
+  std::vector<Row> rows;
+  for (Op op : all_ops) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      for (std::size_t bytes : sizes(o)) {
+        const std::size_t eb = dtype_bytes(t);
+        const std::size_t part = bytes / eb / static_cast<std::size_t>(n), count = part * static_cast<std::size_t>(n);
+        if (part == 0) continue;
+        double time = 0;
+        switch (op) {
+          case Op::all_reduce:
+            time = fastest_time(c, mem, bytes, o.reps, [&] { c.all_reduce(a, count, t, zero::comm::ReduceOp::sum, false); });
+            break;
+          case Op::reduce_scatter:
+            time = fastest_time(c, mem, bytes, o.reps, [&] { c.reduce_scatter(a, b, part, t); });
+            break;
+          case Op::all_gather:
+            time = fastest_time(c, mem, bytes, o.reps, [&] { c.all_gather(b, a, part, t, false); });
+            break;
+          case Op::broadcast:
+            time = fastest_time(c, mem, bytes, o.reps, [&] { c.broadcast(a, count, t, 0); });
+            break;
+        }
+        rows.push_back(Row{name, n, op, t, count * eb, time, 0});
+      }
+    }
+  }
+  probe = std::max(probe, probe_GBps(c, mem, b, a, o.probe_bytes, o.reps));
+  for (Row& r : rows) r.probe_GBps = probe;
+  return rows;
+}
+
+inline void print_table(const std::vector<Row>& rows) {
+  std::printf("%-12s %5s %-15s %-5s %12s %12s %11s %11s %9s %11s\n", "comm", "ranks", "op", "dtype", "bytes", "time_us",
+              "algbw_GB/s", "busbw_GB/s", "probe", "limit_ratio");
+  for (const Row& r : rows)
+    std::printf("%-12s %5d %-15s %-5s %12zu %12.1f %11.2f %11.2f %9.1f %11.3f\n", r.comm.c_str(), r.ranks,
+                op_name(r.op), dtype_name(r.dtype), r.bytes, r.time_s * 1e6, r.algbw(), r.busbw(), r.probe_GBps,
+                r.limit_ratio());
+}
+
+// {"probe_GBps":X,"rows":[...]}: X is the fastest probe of the run; each
+// row's limit_ratio uses the probe of its own thread count (the table's
+// "probe" column).
+inline void print_json(const std::vector<Row>& rows) {
+  double probe = 0;
+  for (const Row& r : rows) probe = std::max(probe, r.probe_GBps);
+  std::printf("{\"probe_GBps\":%.3f,\"rows\":[", probe);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::printf("%s\n{\"comm\":\"%s\",\"ranks\":%d,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"time_s\":%.9g,"
+                "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"limit_ratio\":%.4f}",
+                i == 0 ? "" : ",", r.comm.c_str(), r.ranks, op_name(r.op), dtype_name(r.dtype), r.bytes, r.time_s,
+                r.algbw(), r.busbw(), r.limit_ratio());
+  }
+  std::printf("]}\n");
+}
+
+inline void print(const std::vector<Row>& rows, const Options& o) {
+  if (o.json)
+    print_json(rows);
+  else
+    print_table(rows);
+  std::fflush(stdout);
+}
+
+}  // namespace zero::bench::comm

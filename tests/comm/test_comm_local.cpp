@@ -1,0 +1,256 @@
+// comm::Local: every collective gives the bits of an independent scalar
+// reference (fp32 sum or max in rank order, rounded once) for every element
+// type, rank count and length (SIMD body and scalar tail); ranks that make
+// different calls all get a CommError naming both calls instead of reading
+// each other's buffers out of bounds; a missing rank still ends in a timeout.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zero/comm/local.hpp"
+
+namespace {
+
+using zero::DType;
+using zero::comm::ReduceOp;
+
+// Rank r's input, element i, as the type of `t`, stored in a byte buffer.
+std::vector<unsigned char> make_input(DType t, std::size_t count, int rank) {
+  std::vector<unsigned char> out(count * zero::dtype_bytes(t));
+  std::mt19937 rng(static_cast<unsigned>(1000 * rank + 7));
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  for (std::size_t i = 0; i < count; ++i) {
+    const float v = dist(rng);
+    unsigned char* p = out.data() + i * zero::dtype_bytes(t);
+    switch (t) {
+      case DType::f32: std::memcpy(p, &v, 4); break;
+      case DType::f16: { const auto h = zero::from_float<zero::fp16>(v); std::memcpy(p, &h, 2); break; }
+      case DType::bf16: { const auto h = zero::from_float<zero::bf16>(v); std::memcpy(p, &h, 2); break; }
+      case DType::f64: { const double d = static_cast<double>(v) * 1.000000001; std::memcpy(p, &d, 8); break; }
+      case DType::u64: { const std::uint64_t u = rng() % 100000; std::memcpy(p, &u, 8); break; }
+    }
+  }
+  return out;
+}
+
+// Element i of op over the inputs, in rank order; 16-bit types summed in fp32
+// and rounded once. Written out per type, sharing nothing with the library
+// but the scalar conversions.
+std::vector<unsigned char> reference(DType t, const std::vector<std::vector<unsigned char>>& in, std::size_t begin,
+                                     std::size_t count, ReduceOp op) {
+  const std::size_t b = zero::dtype_bytes(t);
+  std::vector<unsigned char> out(count * b);
+  auto fold = [&](auto load, auto store) {
+    for (std::size_t i = 0; i < count; ++i) {
+      auto acc = load(in[0].data() + (begin + i) * b);
+      for (std::size_t k = 1; k < in.size(); ++k) {
+        const auto x = load(in[k].data() + (begin + i) * b);
+        acc = op == ReduceOp::sum ? acc + x : (acc > x ? acc : x);
+      }
+      store(out.data() + i * b, acc);
+    }
+  };
+  auto load_as = [](auto tag) {
+    return [](const unsigned char* p) {
+      decltype(tag) x;
+      std::memcpy(&x, p, sizeof x);
+      return zero::to_float(x);
+    };
+  };
+  auto store_as = [](auto tag) {
+    return [](unsigned char* p, float f) {
+      const auto x = zero::from_float<decltype(tag)>(f);
+      std::memcpy(p, &x, sizeof x);
+    };
+  };
+  auto raw_load = [](auto tag) {
+    return [](const unsigned char* p) {
+      decltype(tag) x;
+      std::memcpy(&x, p, sizeof x);
+      return x;
+    };
+  };
+  auto raw_store = [](auto tag) {
+    return [](unsigned char* p, decltype(tag) x) { std::memcpy(p, &x, sizeof x); };
+  };
+  switch (t) {
+    case DType::f32: fold(raw_load(float{}), raw_store(float{})); break;
+    case DType::f16: fold(load_as(zero::fp16{}), store_as(zero::fp16{})); break;
+    case DType::bf16: fold(load_as(zero::bf16{}), store_as(zero::bf16{})); break;
+    case DType::f64: fold(raw_load(double{}), raw_store(double{})); break;
+    case DType::u64: fold(raw_load(std::uint64_t{}), raw_store(std::uint64_t{})); break;
+  }
+  return out;
+}
+
+// Runs fn on `ranks` ranks; each rank's CommError message (empty if none).
+std::vector<std::string> comm_errors(int ranks, const std::function<void(zero::comm::Local&)>& fn) {
+  std::vector<std::string> messages(static_cast<std::size_t>(ranks));
+  zero::comm::LocalGroup::Options o;
+  o.timeout = std::chrono::milliseconds(2000);
+  zero::comm::LocalGroup group(ranks, o);
+  group.run([&](zero::comm::Local& c) {
+    try {
+      fn(c);
+    } catch (const zero::CommError& e) {
+      messages[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  return messages;
+}
+
+}  // namespace
+
+TEST_CASE("comm::Local collectives give the bits of a rank-order reference", "[comm][local]") {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::u64}) {
+    for (int ranks : {1, 2, 3, 4, 5}) {
+      for (std::size_t per_rank : {std::size_t{1}, std::size_t{13}, std::size_t{64}, std::size_t{1003}}) {
+        CAPTURE(zero::dtype_name(t), ranks, per_rank);
+        const std::size_t b = zero::dtype_bytes(t), full = per_rank * static_cast<std::size_t>(ranks);
+        std::vector<std::vector<unsigned char>> inputs;
+        for (int r = 0; r < ranks; ++r) inputs.push_back(make_input(t, full, r));
+        const auto sum = reference(t, inputs, 0, full, ReduceOp::sum);
+        const auto max = reference(t, inputs, 0, full, ReduceOp::max);
+        std::vector<std::vector<unsigned char>> got_sum(ranks), got_max(ranks), got_rs(ranks), got_rs_inplace(ranks),
+            got_ag(ranks), got_ag_inplace(ranks), got_bc(ranks);
+        zero::comm::LocalGroup group(ranks);
+        group.run([&](zero::comm::Local& c) {
+          const auto r = static_cast<std::size_t>(c.rank());
+          got_sum[r] = inputs[r];
+          c.all_reduce(got_sum[r].data(), full, t, ReduceOp::sum);
+          got_max[r] = inputs[r];
+          c.all_reduce(got_max[r].data(), full, t, ReduceOp::max);
+          got_rs[r].assign(per_rank * b, 0);
+          c.reduce_scatter(inputs[r].data(), got_rs[r].data(), per_rank, t);
+          std::vector<unsigned char> in_place = inputs[r];
+          c.reduce_scatter(in_place.data(), in_place.data() + r * per_rank * b, per_rank, t);
+          got_rs_inplace[r].assign(in_place.begin() + static_cast<std::ptrdiff_t>(r * per_rank * b),
+                                   in_place.begin() + static_cast<std::ptrdiff_t>((r + 1) * per_rank * b));
+          // All-gather each rank's block r of its own input, out of place.
+          got_ag[r].assign(full * b, 0);
+          c.all_gather(inputs[r].data() + r * per_rank * b, got_ag[r].data(), per_rank, t);
+          // In place: each rank's block r of its own input is already in place.
+          got_ag_inplace[r] = inputs[r];
+          c.all_gather(got_ag_inplace[r].data() + r * per_rank * b, got_ag_inplace[r].data(), per_rank, t);
+          got_bc[r] = inputs[r];
+          c.broadcast(got_bc[r].data(), full, t, ranks - 1);
+        });
+        std::vector<unsigned char> gathered;
+        for (int r = 0; r < ranks; ++r)
+          gathered.insert(gathered.end(), inputs[r].begin() + static_cast<std::ptrdiff_t>(r * per_rank * b),
+                          inputs[r].begin() + static_cast<std::ptrdiff_t>((r + 1) * per_rank * b));
+        for (int r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          CHECK(got_sum[r] == sum);
+          CHECK(got_max[r] == max);
+          const auto block = reference(t, inputs, static_cast<std::size_t>(r) * per_rank, per_rank, ReduceOp::sum);
+          CHECK(got_rs[r] == block);
+          CHECK(got_rs_inplace[r] == block);
+          CHECK(got_ag[r] == gathered);
+          CHECK(got_ag_inplace[r] == gathered);
+          CHECK(got_bc[r] == inputs[ranks - 1]);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("comm::Local ranks that make different calls all get an error naming both", "[comm][local][errors]") {
+  // Each rank's buffers fit its own call only: without the check, the ranks
+  // would read each other's buffers out of bounds.
+  SECTION("different kinds, counts and types") {
+    const auto messages = comm_errors(2, [](zero::comm::Local& c) {
+      if (c.rank() == 0) {
+        std::vector<zero::bf16> send(512), recv(1024);
+        c.all_gather(send.data(), recv.data(), 512, DType::bf16);
+      } else {
+        std::vector<float> send(2048), recv(1024);
+        c.reduce_scatter(send.data(), recv.data(), 1024, DType::f32);
+      }
+    });
+    for (const auto& m : messages)
+      CHECK_THAT(m, Catch::Contains("rank 1 called reduce_scatter(1024 x fp32) while rank 0 called all_gather(512 x bf16)"));
+  }
+  SECTION("different element counts") {
+    const auto messages = comm_errors(3, [](zero::comm::Local& c) {
+      std::vector<float> buf(c.rank() == 2 ? 4096 : 1024, 1.0f);
+      c.all_reduce(buf.data(), buf.size(), DType::f32);
+    });
+    for (const auto& m : messages)
+      CHECK_THAT(m, Catch::Contains("rank 2 called all_reduce(4096 x fp32, sum) while rank 0 called all_reduce(1024 x fp32, sum)"));
+  }
+  SECTION("different element types") {
+    const auto messages = comm_errors(2, [](zero::comm::Local& c) {
+      std::vector<double> buf(1000, 1.0);
+      c.all_reduce(buf.data(), buf.size(), c.rank() == 0 ? DType::f64 : DType::bf16);
+    });
+    for (const auto& m : messages)
+      CHECK_THAT(m, Catch::Contains("rank 1 called all_reduce(1000 x bf16, sum) while rank 0 called all_reduce(1000 x f64, sum)"));
+  }
+  SECTION("different operations, roots, and a barrier against a collective") {
+    auto messages = comm_errors(2, [](zero::comm::Local& c) {
+      float x = 1.0f;
+      c.all_reduce(&x, 1, DType::f32, c.rank() == 0 ? ReduceOp::sum : ReduceOp::max);
+    });
+    for (const auto& m : messages) CHECK_THAT(m, Catch::Contains("rank 1 called all_reduce(1 x fp32, max)"));
+    messages = comm_errors(3, [](zero::comm::Local& c) {
+      std::vector<float> buf(8);
+      c.broadcast(buf.data(), buf.size(), DType::f32, c.rank() == 1 ? 1 : 0);
+    });
+    for (const auto& m : messages) CHECK_THAT(m, Catch::Contains("rank 1 called broadcast(8 x fp32, root 1)"));
+    messages = comm_errors(2, [](zero::comm::Local& c) {
+      std::vector<float> buf(8);
+      c.barrier();  // matched
+      if (c.rank() == 0)
+        c.barrier();
+      else
+        c.all_reduce(buf.data(), buf.size(), DType::f32);
+    });
+    for (const auto& m : messages)
+      CHECK_THAT(m, Catch::Contains("rank 1 called all_reduce(8 x fp32, sum) while rank 0 called barrier()"));
+  }
+}
+
+TEST_CASE("comm::Local turns a rank missing from a collective into a timeout error", "[comm][local][errors]") {
+  const auto messages = comm_errors(3, [](zero::comm::Local& c) {
+    std::vector<float> buf(256, 1.0f);
+    c.all_reduce(buf.data(), buf.size(), DType::f32);
+    if (c.rank() != 2) c.all_reduce(buf.data(), buf.size(), DType::f32);  // rank 2 leaves early
+  });
+  CHECK_THAT(messages[0], Catch::Contains("waited more than 2000 ms in all_reduce"));
+  CHECK_THAT(messages[1], Catch::Contains("waited more than 2000 ms in all_reduce"));
+  CHECK(messages[2].empty());
+}
+
+TEST_CASE("Streamed (non-temporal) outputs hold the same bits at any alignment", "[comm][local]") {
+  // Local streams the outputs of collectives larger than the cache; here the
+  // reduction and the copy are asked to stream directly, with outputs at
+  // offsets that share their misalignment and ones that do not.
+  const std::size_t count = 4099;
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    const std::size_t b = zero::dtype_bytes(t);
+    std::vector<std::vector<unsigned char>> inputs;
+    for (int r = 0; r < 3; ++r) inputs.push_back(make_input(t, count, r));
+    const auto sum = reference(t, inputs, 0, count, ReduceOp::sum);
+    for (std::size_t shift0 : {std::size_t{0}, b, 7 * b}) {
+      for (std::size_t shift1 : {shift0, shift0 + b}) {
+        CAPTURE(zero::dtype_name(t), shift0, shift1);
+        std::vector<unsigned char> out0(count * b + 64 + shift0), out1(count * b + 64 + shift1);
+        void* const outputs[2] = {out0.data() + shift0, out1.data() + shift1};
+        const void* const ins[3] = {inputs[0].data(), inputs[1].data(), inputs[2].data()};
+        zero::comm::detail::reduce(t, zero::comm::detail::ReduceArgs{outputs, 2, ins, 3, 0, count, true}, ReduceOp::sum);
+        CHECK(std::memcmp(outputs[0], sum.data(), sum.size()) == 0);
+        CHECK(std::memcmp(outputs[1], sum.data(), sum.size()) == 0);
+        zero::comm::detail::copy(outputs, 2, inputs[2].data(), count * b, true);
+        CHECK(std::memcmp(outputs[0], inputs[2].data(), count * b) == 0);
+        CHECK(std::memcmp(outputs[1], inputs[2].data(), count * b) == 0);
+      }
+    }
+  }
+}
