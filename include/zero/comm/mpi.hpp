@@ -223,21 +223,26 @@ class Mpi {
   Call start(const char* kind, std::size_t count, DType t) { return Call{kind, count, t, ++calls_, clock::now()}; }
 
   // Waits for the call that an MPI_I* function (which returned `issued`)
-  // started. MPI_Test also drives MPI's progress, so for the first 50 us the
-  // polls only yield between them (ranks that arrive together finish a
-  // collective within microseconds); a longer wait means a peer is still
-  // computing, and the rank sleeps between polls (a 16th of the time waited,
-  // at most 1 ms) so as not to take a core from it. Past the timeout the job
-  // ends (time_out).
+  // started. MPI_Test also drives MPI's progress: a large collective moves
+  // one fragment per call, so sleeping between polls while it streams would
+  // cap it at a fragment per sleep (tens of MB/s). The polls therefore only
+  // yield between them for as long as the data could take to move at a
+  // modest 0.1 GB/s (at least 50 us: ranks that arrive together finish a
+  // small collective within microseconds); a longer wait means a peer is
+  // still computing, and the rank sleeps between polls (a 16th of the time
+  // waited, at most 1 ms) so as not to take a core from it. Past the timeout
+  // the job ends (time_out).
   void complete(Call& call, int issued, const char* function) {
     check(issued, function, &call);
+    const auto streaming = std::chrono::microseconds(50) +
+                           std::chrono::nanoseconds(10 * call.count * dtype_bytes(call.dtype));
     for (;;) {
       int done = 0;
       check(MPI_Test(&call.request, &done, MPI_STATUS_IGNORE), "MPI_Test", &call);
       if (done) return;
       const auto waited = clock::now() - call.started;
       if (waited >= options_.timeout) time_out(call, waited);
-      if (waited < std::chrono::microseconds(50))
+      if (waited < streaming)
         std::this_thread::yield();
       else
         std::this_thread::sleep_for(std::min<clock::duration>(waited / 16, std::chrono::milliseconds(1)));
