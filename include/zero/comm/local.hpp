@@ -6,6 +6,8 @@
 // naming the rank instead of hanging.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -18,7 +20,6 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/reduce.hpp"
-#include "zero/config.hpp"
 #include "zero/error.hpp"
 
 #if ZERO_HAS_OPENMP

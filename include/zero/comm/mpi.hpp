@@ -5,6 +5,8 @@
 // MPI's own message, never as an abort without explanation.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include "zero/comm/mpi_c_api.hpp"
 
 #include <cstring>

@@ -4,6 +4,8 @@
 // reproducible bit for bit.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -13,6 +13,8 @@
 #error "zero/kernels/cuda_step.cuh holds CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -22,7 +24,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "zero/config.hpp"
 #include "zero/cuda/check.cuh"
 #include "zero/error.hpp"
 #include "zero/kernels/cuda_launch.cuh"
