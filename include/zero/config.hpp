@@ -7,7 +7,7 @@
 // Every header includes this one first, so that an older language mode stops
 // here with the fix instead of at the first concept or requires-clause.
 #if __cplusplus < 202002L
-#error "zero needs C++20: compile with -std=c++20 (g++ >= 11, clang++ >= 14, nvcc -std=c++20)"
+#error "zero needs C++20: compile with -std=c++20 (g++, clang++ or nvcc)"
 #endif
 
 #if defined(__CUDACC__)
