@@ -90,7 +90,8 @@ def check_warnings(cxx, include, program):
     flags = ["-std=c++20", *WARNINGS, "-O2", "-c", "-o", os.devnull]
     label, rc, out = compile_source(cxx, include, source, os.path.basename(program), flags)
     ok = rc == 0 and out.strip() == ""
-    print(f"{'ok  ' if ok else 'FAIL'} {label}: {' '.join(cxx + flags)}" + ("" if ok else "\n" + out[:3000]))
+    command = " ".join(cxx + flags + ["-fopenmp"])
+    print(f"{'ok  ' if ok else 'FAIL'} {label}: {command}" + ("" if ok else "\n" + out[:3000]))
     return 0 if ok else 1
 
 
