@@ -4,6 +4,12 @@
 // functions serve host and device when nvcc compiles them.
 #pragma once
 
+// Every header includes this one first, so that an older language mode stops
+// here with the fix instead of at the first concept or requires-clause.
+#if __cplusplus < 202002L
+#error "zero needs C++20: compile with -std=c++20 (g++, clang++ or nvcc)"
+#endif
+
 #if defined(__CUDACC__)
 #define ZERO_HOST_DEVICE __host__ __device__
 #define ZERO_DEVICE __device__

@@ -4,6 +4,8 @@
 // through flags that host code turns into these exceptions.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstddef>
 #include <sstream>
 #include <stdexcept>

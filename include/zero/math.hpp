@@ -6,9 +6,9 @@
 // (zero/simd/pack.hpp), so one update rule serves scalars, packs and CUDA.
 #pragma once
 
-#include <cmath>
-
 #include "zero/config.hpp"
+
+#include <cmath>
 
 namespace zero::math {
 

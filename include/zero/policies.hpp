@@ -4,6 +4,8 @@
 // they go in zero::Options and the optimizer's Hyper struct.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <concepts>
 #include <type_traits>
 

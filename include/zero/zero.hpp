@@ -4,11 +4,12 @@
 // needs neither nvcc nor mpi.h.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include "zero/backend/host.hpp"
 #include "zero/comm/any_communicator.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/local.hpp"
-#include "zero/config.hpp"
 #include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"

@@ -14,6 +14,8 @@
 #error "zero/zero_cuda.cuh is the CUDA umbrella: compile with nvcc, or include zero/zero.hpp for host-only code"
 #endif
 
+#include "zero/config.hpp"
+
 #include "zero/zero.hpp"
 
 #include "zero/backend/cuda.cuh"

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Compile-time contract of the library, checked with the real compiler.
 
-  check_compile.py headers  CXX... -- INCLUDE_DIR   every public header compiles on its own
+  check_compile.py headers  CXX... -- INCLUDE_DIR   every public header compiles on its own,
+                                                    without a warning under -Wall -Wextra
   check_compile.py fail     CXX... -- INCLUDE_DIR   each nonsensical configuration fails with
-                                                    its plain-English static_assert
+                                                    its plain-English static_assert or #error
+  check_compile.py warnings CXX... -- INCLUDE_DIR PROGRAM
+                                                    a user's program (user_program.cpp) compiles
+                                                    to code at -O2 without a single diagnostic
 
 CXX is the compiler command (as Meson gives it). Exits non-zero naming the
 header or case that broke the contract.
@@ -14,7 +18,11 @@ import subprocess
 import sys
 import tempfile
 
-# (name, code, text the compiler must print)
+# What a user's build passes: the warnings must stay off in theirs, so they stay off here.
+WARNINGS = ["-Wall", "-Wextra", "-Werror"]
+
+# (name, code, text the compiler must print, or a tuple of g++'s and Clang's
+# spellings of it); code follows #include "zero/zero.hpp"
 FAIL_CASES = [
     ("mixed_fp32", "zero::precision::Mixed<float> p;", "Mixed<T> needs a 16-bit type"),
     ("full_bf16", "zero::precision::Full<zero::bf16> p;", "training entirely in 16-bit floats"),
@@ -37,35 +45,62 @@ FAIL_CASES = [
      " static Scalars prepare(const Hyper&, long) { return {}; } };"
      " using O = zero::ZeroOptimizer<zero::precision::Full<float>, NoUpdate, zero::stage<1>,"
      " zero::offload::None, zero::backend::Host>; O* o = nullptr;",
-     "Policy<Optimizer>"),
+     ("Policy<Optimizer>", "does not satisfy 'Policy'")),
     ("not_a_communicator",
      "struct NotComm { int rank() const { return 0; } };"
      " using O = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::Sgd, zero::stage<1>,"
      " zero::offload::None, zero::backend::Host>;"
      " void f(NotComm& c) { O o(c, {}); }",
-     "Communicator<Comm>"),
+     ("Communicator<Comm>", "does not satisfy 'Communicator'")),
+]
+
+# (name, header, text): the header alone in a C++17 translation unit must stop
+# with this as its first error, not at the first concept deep inside.
+OLD_STANDARD = "-std=c++17"
+OLD_STANDARD_CASES = [
+    ("cxx17_umbrella", "zero/zero.hpp", "zero needs C++20"),
+    ("cxx17_policy", "zero/optim/policy.hpp", "zero needs C++20"),
+    ("cxx17_layout", "zero/engine/layout.hpp", "zero needs C++20"),
 ]
 
 # Headers that need something g++ alone does not have.
 SKIP = {"zero/comm/mpi.hpp", "zero/comm/mpi_c_api.hpp"}  # need mpi.h: compiled by the MPI tests
 
 
-def compile_source(cxx, include, source, label):
+def compile_source(cxx, include, source, label, flags=("-std=c++20", "-fsyntax-only")):
     with tempfile.NamedTemporaryFile("w", suffix=".cpp", delete=False) as f:
         f.write(source)
         path = f.name
     try:
-        r = subprocess.run(cxx + ["-std=c++20", "-fsyntax-only", "-fopenmp", "-I", include, path],
-                           capture_output=True, text=True)
+        r = subprocess.run(cxx + list(flags) + ["-fopenmp", "-I", include, path], capture_output=True, text=True)
         return label, r.returncode, r.stdout + r.stderr
     finally:
         os.unlink(path)
+
+
+def first_error(output):
+    """The first line the compiler marks as an error (g++ and Clang both write 'error: ')."""
+    return next((line for line in output.splitlines() if "error: " in line), "")
+
+
+def check_warnings(cxx, include, program):
+    """The user's program compiled to an object file, as their build would: any diagnostic fails."""
+    with open(program) as f:
+        source = f.read()
+    flags = ["-std=c++20", *WARNINGS, "-O2", "-c", "-o", os.devnull]
+    label, rc, out = compile_source(cxx, include, source, os.path.basename(program), flags)
+    ok = rc == 0 and out.strip() == ""
+    command = " ".join(cxx + flags + ["-fopenmp"])
+    print(f"{'ok  ' if ok else 'FAIL'} {label}: {command}" + ("" if ok else "\n" + out[:3000]))
+    return 0 if ok else 1
 
 
 def main():
     mode = sys.argv[1]
     sep = sys.argv.index("--")
     cxx, include = sys.argv[2:sep], sys.argv[sep + 1]
+    if mode == "warnings":
+        return check_warnings(cxx, include, sys.argv[sep + 2])
     jobs = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         if mode == "headers":
@@ -77,21 +112,29 @@ def main():
                     if rel in SKIP:
                         continue
                     src = f'#include "{rel}"\n#include "{rel}"  // twice: #pragma once\nint main() {{}}\n'
-                    jobs.append(pool.submit(compile_source, cxx, include, src, rel))
+                    flags = ("-std=c++20", "-fsyntax-only", *WARNINGS)
+                    jobs.append(pool.submit(compile_source, cxx, include, src, rel, flags))
         else:
             for name, code, _ in FAIL_CASES:
                 src = f'#include "zero/zero.hpp"\n{code}\nint main() {{}}\n'
                 jobs.append(pool.submit(compile_source, cxx, include, src, name))
+            for name, header, _ in OLD_STANDARD_CASES:
+                src = f'#include "{header}"\nint main() {{}}\n'
+                jobs.append(pool.submit(compile_source, cxx, include, src, name, (OLD_STANDARD, "-fsyntax-only")))
         results = [j.result() for j in jobs]
     failed = 0
-    expected = {name: text for name, _, text in FAIL_CASES}
+    expected = {name: text for name, _, text in FAIL_CASES + OLD_STANDARD_CASES}
+    first_only = {name for name, _, _ in OLD_STANDARD_CASES}
     for label, rc, out in sorted(results):
         if mode == "headers":
-            ok = rc == 0
+            ok = rc == 0 and out.strip() == ""
             why = "" if ok else "\n" + out[:3000]
         else:
-            ok = rc != 0 and expected[label] in out
-            why = "" if ok else (" (compiled successfully)" if rc == 0 else f" (message '{expected[label]}' missing)\n{out[:3000]}")
+            # The old-standard cases must say it first, before any error it would cause.
+            texts = expected[label] if isinstance(expected[label], tuple) else (expected[label],)
+            said = any(text in (first_error(out) if label in first_only else out) for text in texts)
+            ok = rc != 0 and said
+            why = "" if ok else (" (compiled successfully)" if rc == 0 else f" (message {' or '.join(texts)} missing)\n{out[:3000]}")
         print(f"{'ok  ' if ok else 'FAIL'} {label}{why}")
         failed += not ok
     print(f"{len(results) - failed} passed, {failed} failed")

@@ -2,6 +2,9 @@
 // random bits depend on (seed, step, global element index) only, so the copies
 // are the same for any number of ranks and stage, and each is one of the two
 // bf16 neighbours of its fp32 master.
+#include <bit>
+#include <cstdint>
+
 #include "engine_harness.hpp"
 
 namespace {
@@ -24,7 +27,7 @@ zero::test::RunResult run(int ranks, std::uint64_t seed, bool whole_batch = fals
 }
 
 bool is_neighbour(float master, float copy) {
-  const zero::bf16 down{static_cast<std::uint16_t>(zero::detail::bit_cast_generic<std::uint32_t>(master) >> 16)};
+  const zero::bf16 down{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(master) >> 16)};
   const zero::bf16 up{static_cast<std::uint16_t>(down.bits + 1)};
   const zero::bf16 got = zero::from_float<zero::bf16>(copy);
   return got == down || got == up;

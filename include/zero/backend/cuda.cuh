@@ -26,6 +26,8 @@
 #error "zero/backend/cuda.cuh uses CUDA: include it from a .cu file compiled by nvcc (zero/zero.hpp is the host-only umbrella)"
 #endif
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include <cstddef>

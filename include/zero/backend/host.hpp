@@ -5,6 +5,8 @@
 // counter lets tests prove that steady-state steps allocate nothing.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>

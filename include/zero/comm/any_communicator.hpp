@@ -3,6 +3,8 @@
 // call per collective is nothing next to the collective itself.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <memory>
 
 #include "zero/comm/communicator.hpp"

@@ -11,6 +11,8 @@
 // (pipelined). The same rule for every backend keeps reports comparable.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <array>
 #include <concepts>
 #include <cstddef>

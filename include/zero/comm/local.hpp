@@ -12,6 +12,8 @@
 // runs near the memory bandwidth of the cores (bench/bench_comm measures it).
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -24,7 +26,6 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/reduce.hpp"
-#include "zero/config.hpp"
 #include "zero/error.hpp"
 
 #if ZERO_HAS_OPENMP

@@ -30,6 +30,8 @@
 #error "zero/comm/local_device.cuh uses CUDA: include it from a .cu file compiled by nvcc"
 #endif
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include <cstddef>

@@ -17,6 +17,8 @@
 // MPI_Finalize would wait for ranks that wait for this one.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include "zero/comm/mpi_c_api.hpp"
 
 #include <algorithm>

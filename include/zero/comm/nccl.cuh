@@ -46,6 +46,8 @@
 #error "zero/comm/nccl.cuh uses CUDA and NCCL: include it from a .cu file compiled by nvcc"
 #endif
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 

@@ -12,6 +12,8 @@
 // zero/comm/reduce.cuh, to the same bits.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

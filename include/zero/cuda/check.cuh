@@ -6,6 +6,8 @@
 // kernels cannot throw.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include "zero/error.hpp"

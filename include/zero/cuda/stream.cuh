@@ -20,6 +20,8 @@
 #error "zero/cuda/stream.cuh uses the CUDA runtime: include it from a .cu file compiled by nvcc"
 #endif
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -8,6 +8,8 @@
 // finalize: a mismatch is an error on every rank, never silent corruption.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

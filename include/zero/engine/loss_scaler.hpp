@@ -4,6 +4,8 @@
 // all-reduced), so all ranks skip the same steps and keep the same scale.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <algorithm>
 
 #include "zero/engine/options.hpp"

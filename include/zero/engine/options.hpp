@@ -3,6 +3,8 @@
 // serves any bucket size, accumulation count or loss-scale schedule.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

@@ -4,6 +4,8 @@
 // tests can hold the code to the paper's formulas.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -32,6 +32,8 @@
 // compute stream waits only where it reads their results (Ops<Cuda>::Overlap).
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>

@@ -13,6 +13,8 @@
 #error "zero/kernels/cuda_elementwise.cuh holds CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include <cstddef>

@@ -7,6 +7,8 @@
 // array grid-stride, so one launch covers any shard size.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include <cstddef>

@@ -15,6 +15,8 @@
 #error "zero/kernels/cuda_step.cuh holds CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 
+#include "zero/config.hpp"
+
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -24,7 +26,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "zero/config.hpp"
 #include "zero/cuda/check.cuh"
 #include "zero/cuda/device.cuh"
 #include "zero/cuda/exact_math.cuh"

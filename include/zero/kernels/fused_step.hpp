@@ -7,11 +7,12 @@
 // per-element body, so the host and CUDA kernels cannot drift apart.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
-#include "zero/config.hpp"
 #include "zero/math.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/precision/convert.hpp"

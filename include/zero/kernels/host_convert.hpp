@@ -11,6 +11,8 @@
 // as zero::from_float / zero::to_float, so every path rounds like CUDA.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

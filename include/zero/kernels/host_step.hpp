@@ -5,6 +5,8 @@
 // (zero/simd/dispatch.hpp), then split across OpenMP threads.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <array>

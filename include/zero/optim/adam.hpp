@@ -8,10 +8,11 @@
 // tests/optim/test_optim_golden.cpp.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cmath>
 #include <cstdint>
 
-#include "zero/config.hpp"
 #include "zero/error.hpp"
 #include "zero/math.hpp"
 

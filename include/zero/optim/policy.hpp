@@ -7,6 +7,8 @@
 // requirement named, not deep inside a kernel.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <concepts>
 #include <cstdint>
 #include <type_traits>

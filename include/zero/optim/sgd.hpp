@@ -3,10 +3,11 @@
 // 1), dampening on later steps, Nesterov look-ahead on request.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cmath>
 #include <cstdint>
 
-#include "zero/config.hpp"
 #include "zero/error.hpp"
 #include "zero/math.hpp"
 

@@ -6,10 +6,10 @@
 // that the exhaustive tests hold the vectorised batch converters to.
 #pragma once
 
-#include <cstdint>
-#include <cstring>
-
 #include "zero/config.hpp"
+
+#include <cstdint>
+
 #include "zero/precision/types.hpp"
 
 #if ZERO_COMPILING_WITH_NVCC
@@ -20,32 +20,23 @@
 namespace zero {
 namespace detail {
 
-// The generic forms below are always inlined; when instantiated for 256/512-bit
-// lanes g++ would warn that returning such a vector from a function compiled
-// without AVX changes the ABI, which cannot matter for code that is inlined.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
 // The conversion algorithms are written once, as templates over the integer
 // and float types, so that the same text serves a scalar (U = uint32_t,
 // F = float) and a GCC vector of lanes inside the host SIMD kernels. They use
 // only shifts, masks, one exact float add and selects: no branches, so loops
 // and packs over them vectorise, and every step is exact.
-template <class To, class From>
-ZERO_HOST_DEVICE ZERO_FORCE_INLINE To bit_cast_generic(const From& from) {
-  static_assert(sizeof(To) == sizeof(From));
-  To to;
-  std::memcpy(&to, &from, sizeof to);
-  return to;
-}
+//
+// No function here takes or returns a vector by value: each writes its result
+// through a reference, and bits are reinterpreted with __builtin_bit_cast (an
+// expression, not a function). A function returning a 256/512-bit vector has
+// a different ABI with and without AVX, and g++ says so (-Wpsabi) in every
+// translation unit that instantiates one, whatever pragma surrounds it.
 
 // fp32 -> fp16 bits (in the low 16 bits of U), round to nearest even.
 template <class U, class F>
-ZERO_HOST_DEVICE ZERO_FORCE_INLINE U float_to_half_bits_generic(const F& f) {
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void float_to_half_bits_generic(U& r, const F& f) {
   const U zero{};
-  const U u = bit_cast_generic<U>(f);
+  const U u = __builtin_bit_cast(U, f);
   const U sign = (u >> 16) & 0x8000u;
   const U a = u & 0x7fffffffu;
   // Normal fp16 range: rebias the exponent (127 -> 15) and round the 13
@@ -57,59 +48,64 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE U float_to_half_bits_generic(const F& f) {
   // It follows the thread's rounding mode, as the optimizer arithmetic does; an
   // integer-only version matches CUDA under FE_UPWARD etc. as well but halves
   // the speed of SIMD fp16 stores, and nothing here changes the rounding mode.
-  const U sub = bit_cast_generic<U>(bit_cast_generic<F>(a) + 0.5f) - 0x3f000000u;
-  U r = a < 0x38800000u ? sub : normal;
+  const F aligned = __builtin_bit_cast(F, a) + 0.5f;
+  const U sub = __builtin_bit_cast(U, aligned) - 0x3f000000u;
+  r = a < 0x38800000u ? sub : normal;
   r = a >= 0x477ff000u ? zero + 0x7c00u : r;  // rounds past 65504: infinity
   r = r | sign;
   r = a > 0x7f800000u ? zero + 0x7fffu : r;   // any NaN: CUDA's canonical 0x7fff
-  return r;
 }
 
 // fp16 bits (low 16 bits of U) -> fp32, exact; NaN becomes 0x7fffffff as in CUDA.
 template <class U, class F>
-ZERO_HOST_DEVICE ZERO_FORCE_INLINE F half_bits_to_float_generic(const U& h) {
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void half_bits_to_float_generic(F& out, const U& h) {
   const U zero{};
   const U sign = (h & 0x8000u) << 16;
   const U a = h & 0x7fffu;
   const U normal = (a << 13) + 0x38000000u;  // rebias 15 -> 127
   // Subnormal: (1 + m/1024) * 2^-14 - 2^-14 = m * 2^-24, both steps exact.
-  const U sub = bit_cast_generic<U>(bit_cast_generic<F>((a << 13) | 0x38800000u) - 6.103515625e-05f);
+  const F scaled = __builtin_bit_cast(F, (a << 13) | 0x38800000u) - 6.103515625e-05f;
+  const U sub = __builtin_bit_cast(U, scaled);
   U r = a < 0x0400u ? sub : normal;
   r = a >= 0x7c00u ? zero + 0x7f800000u : r;
   r = r | sign;
   r = a > 0x7c00u ? zero + 0x7fffffffu : r;
-  return bit_cast_generic<F>(r);
+  out = __builtin_bit_cast(F, r);
 }
 
 // fp32 -> bf16 bits (low 16 bits of U), round to nearest even; NaN -> 0x7fff.
 template <class U, class F>
-ZERO_HOST_DEVICE ZERO_FORCE_INLINE U float_to_bf16_bits_generic(const F& f) {
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void float_to_bf16_bits_generic(U& r, const F& f) {
   const U zero{};
-  const U u = bit_cast_generic<U>(f);
+  const U u = __builtin_bit_cast(U, f);
   const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7fffffffu) > 0x7f800000u ? zero + 0x7fffu : rounded;
+  r = (u & 0x7fffffffu) > 0x7f800000u ? zero + 0x7fffu : rounded;
 }
 
 template <class U, class F>
-ZERO_HOST_DEVICE ZERO_FORCE_INLINE F bf16_bits_to_float_generic(const U& b) {
-  return bit_cast_generic<F>(b << 16);
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void bf16_bits_to_float_generic(F& out, const U& b) {
+  out = __builtin_bit_cast(F, b << 16);
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE std::uint16_t float_to_half_bits(float f) {
-  return static_cast<std::uint16_t>(float_to_half_bits_generic<std::uint32_t>(f));
+  std::uint32_t r;
+  float_to_half_bits_generic(r, f);
+  return static_cast<std::uint16_t>(r);
 }
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE float half_bits_to_float(std::uint16_t h) {
-  return half_bits_to_float_generic<std::uint32_t, float>(std::uint32_t{h});
+  float f;
+  half_bits_to_float_generic(f, std::uint32_t{h});
+  return f;
 }
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE std::uint16_t float_to_bf16_bits(float f) {
-  return static_cast<std::uint16_t>(float_to_bf16_bits_generic<std::uint32_t>(f));
+  std::uint32_t r;
+  float_to_bf16_bits_generic(r, f);
+  return static_cast<std::uint16_t>(r);
 }
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE float bf16_bits_to_float(std::uint16_t b) {
-  return bf16_bits_to_float_generic<std::uint32_t, float>(std::uint32_t{b});
+  float f;
+  bf16_bits_to_float_generic(f, std::uint32_t{b});
+  return f;
 }
 
 }  // namespace detail

@@ -5,9 +5,10 @@
 // count, shard boundaries or device: host and CUDA kernels agree bit for bit.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstdint>
 
-#include "zero/config.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
@@ -45,7 +46,7 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE T stochastic_round(float f, const StochasticR
 template <>
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE bf16 stochastic_round<bf16>(float f, const StochasticRounding& r,
                                                                 std::uint64_t index) {
-  const std::uint32_t u = detail::bit_cast_generic<std::uint32_t>(f);
+  const std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
   if ((u & 0x7f800000u) == 0x7f800000u) return from_float<bf16>(f);  // inf, NaN
   // Adding 16 uniform random bits below the kept ones and truncating rounds up
   // with probability (dropped bits) / 2^16.

@@ -4,11 +4,11 @@
 // reinterpreted without copies, and they are usable from g++-only code.
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
-
-#include "zero/config.hpp"
 
 namespace zero {
 

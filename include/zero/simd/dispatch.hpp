@@ -7,6 +7,8 @@
 // it to compare the paths).
 #pragma once
 
+#include "zero/config.hpp"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
@@ -14,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "zero/config.hpp"
 #include "zero/error.hpp"
 #include "zero/simd/pack.hpp"
 

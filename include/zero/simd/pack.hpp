@@ -22,11 +22,6 @@
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
-// Packs are always inlined into one function per instruction set, so the ABI
-// of passing 256/512-bit vectors between functions never comes into play.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
-
 namespace zero::simd {
 
 // Instruction-set descriptors. Their functions take references, never vector
@@ -39,14 +34,25 @@ struct Avx512 {
   using U = std::uint32_t __attribute__((vector_size(64)));
   using H = std::uint16_t __attribute__((vector_size(32)));
   __attribute__((target("avx512f"))) static inline void sqrt(F& x) {
-    // The builtin with x as pass-through: the intrinsic's undefined source trips -Wmaybe-uninitialized.
+#if defined(__clang__)
+    x = (F)_mm512_sqrt_ps((__m512)x);
+#else
+    // g++'s builtin with x as pass-through: the intrinsic's undefined source trips -Wmaybe-uninitialized.
     x = (F)__builtin_ia32_sqrtps512_mask((__v16sf)x, (__v16sf)x, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
+#endif
   }
-  // A product no compiler may fuse with a later add: the rounding-mode
-  // builtin is opaque to contraction (an assoc barrier on 512-bit vectors
-  // would make g++ 12 split the vector into lanes).
+  // A product no compiler may fuse with a later add. g++ contracts across
+  // statements (-ffp-contract=fast is its default), so it gets the
+  // rounding-mode builtin, which is opaque to contraction (an assoc barrier on
+  // 512-bit vectors would make g++ 12 split the vector into lanes). Clang
+  // contracts only within one expression (-ffp-contract=on), never a product
+  // returned from a function, and has no such builtin.
   __attribute__((target("avx512f"))) static inline void mul(F& r, const F& a, const F& b) {
+#if defined(__clang__)
+    r = a * b;
+#else
     r = (F)__builtin_ia32_mulps512_mask((__v16sf)a, (__v16sf)b, (__v16sf)a, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
+#endif
   }
   // Non-temporal store of 16 lanes of 16 bits (p 32-byte aligned), and the
   // fence that orders such stores before the data is handed to other threads.
@@ -55,7 +61,7 @@ struct Avx512 {
   }
   static inline void stream_fence() { _mm_sfence(); }
   __attribute__((target("avx512f"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
-    r = (F)__builtin_ia32_vfmaddps512_mask((__v16sf)a, (__v16sf)b, (__v16sf)c, (__mmask16)-1, _MM_FROUND_CUR_DIRECTION);
+    r = (F)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
   }
 };
 
@@ -215,13 +221,17 @@ template <class Isa>
 ZERO_FORCE_INLINE Pack<Isa> load(const bf16* p) {
   typename Isa::U u;
   load_u16_widened<Isa>(u, p);
-  return {zero::detail::bf16_bits_to_float_generic<typename Isa::U, typename Isa::F>(u)};
+  Pack<Isa> r;
+  zero::detail::bf16_bits_to_float_generic(r.v, u);
+  return r;
 }
 template <class Isa>
 ZERO_FORCE_INLINE Pack<Isa> load(const fp16* p) {
   typename Isa::U u;
   load_u16_widened<Isa>(u, p);
-  return {zero::detail::half_bits_to_float_generic<typename Isa::U, typename Isa::F>(u)};
+  Pack<Isa> r;
+  zero::detail::half_bits_to_float_generic(r.v, u);
+  return r;
 }
 
 template <class Isa>
@@ -240,23 +250,25 @@ template <class Isa, class T>
 ZERO_FORCE_INLINE void stream_store(T* p, const Pack<Isa>& x) {
   typename Isa::U u;
   if constexpr (std::is_same_v<T, bf16>)
-    u = zero::detail::float_to_bf16_bits_generic<typename Isa::U>(x.v);
+    zero::detail::float_to_bf16_bits_generic(u, x.v);
   else
-    u = zero::detail::float_to_half_bits_generic<typename Isa::U>(x.v);
+    zero::detail::float_to_half_bits_generic(u, x.v);
   Isa::stream(p, __builtin_convertvector(u, typename Isa::H));
 }
 
 template <class Isa>
 ZERO_FORCE_INLINE void store(bf16* p, const Pack<Isa>& x) {
-  store_u16_narrowed<Isa>(p, zero::detail::float_to_bf16_bits_generic<typename Isa::U>(x.v));
+  typename Isa::U u;
+  zero::detail::float_to_bf16_bits_generic(u, x.v);
+  store_u16_narrowed<Isa>(p, u);
 }
 template <class Isa>
 ZERO_FORCE_INLINE void store(fp16* p, const Pack<Isa>& x) {
-  store_u16_narrowed<Isa>(p, zero::detail::float_to_half_bits_generic<typename Isa::U>(x.v));
+  typename Isa::U u;
+  zero::detail::float_to_half_bits_generic(u, x.v);
+  store_u16_narrowed<Isa>(p, u);
 }
 
 }  // namespace zero::simd
-
-#pragma GCC diagnostic pop
 
 #endif  // ZERO_HOST_SIMD_X86
