@@ -140,8 +140,9 @@ TEMPLATE_LIST_TEST_CASE("the planner's bytes and traffic equal what real optimiz
           REQUIRE(c.steps == steps);
           CHECK(c.sent_per_step() == static_cast<double>(p.comm.bytes_sent));
           CHECK(c.received_per_step() == static_cast<double>(p.comm.bytes_received));
-          auto per_step = [&](zero::comm::Collective k) {
-            return c.counters.sent[static_cast<std::size_t>(k)] / static_cast<std::uint64_t>(steps);
+          // Named capture: Clang 14 cannot capture a structured binding.
+          auto per_step = [&counters = c.counters, steps](zero::comm::Collective k) {
+            return counters.sent[static_cast<std::size_t>(k)] / static_cast<std::uint64_t>(steps);
           };
           CHECK(per_step(zero::comm::Collective::all_reduce) == p.comm.all_reduce_bytes);
           CHECK(per_step(zero::comm::Collective::reduce_scatter) == p.comm.reduce_scatter_bytes);
