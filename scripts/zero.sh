@@ -20,12 +20,15 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # What building and running the main job needs.
+# liburing, nlohmann-json and xxHash serve the disk offload tier and the
+# checkpoints, which the trainers use.
 train_packages=(meson ninja-build g++ pkg-config libopenblas-dev zlib1g-dev libcli11-dev
-                dataset-fashion-mnist python3)
+                dataset-fashion-mnist python3 liburing-dev nlohmann-json3-dev libxxhash-dev)
 # What the whole test suite needs beyond that: Catch2, Open MPI for the MPI
 # communicator tests, CMake for the CMake-consumer test, clang (with its OpenMP
-# runtime) for the second compiler CI builds with.
-test_packages=(catch2 libopenmpi-dev openmpi-bin cmake clang libomp-dev)
+# runtime) for the second compiler CI builds with and the fuzzers, and The
+# Devil's Dictionary, the GPT trainer's corpus.
+test_packages=(catch2 libopenmpi-dev openmpi-bin cmake clang libomp-dev dict-devil)
 
 say() { printf 'zero.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
