@@ -172,6 +172,8 @@ struct Ops<DeferredLane> {
   };
 };
 
+static_assert(BackendOps<Ops<DeferredLane>>);  // the contract the engine relies on
+
 }  // namespace zero::backend
 
 namespace zero::test {

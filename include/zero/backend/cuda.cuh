@@ -307,4 +307,6 @@ struct Ops<Cuda> {
   };
 };
 
+static_assert(BackendOps<Ops<Cuda>>);
+
 }  // namespace zero::backend

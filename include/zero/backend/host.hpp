@@ -15,6 +15,7 @@
 #include <new>
 #include <utility>
 
+#include "zero/backend/ops.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/kernels/host_convert.hpp"
 #include "zero/kernels/host_step.hpp"
@@ -22,9 +23,6 @@
 #include "zero/precision/convert.hpp"
 
 namespace zero::backend {
-
-template <class B>
-struct Ops;  // one specialisation per backend tag
 
 namespace detail {
 inline std::atomic<std::uint64_t>& host_allocations() {
@@ -138,5 +136,7 @@ struct Ops<Host> {
     void join() {}
   };
 };
+
+static_assert(BackendOps<Ops<Host>>);
 
 }  // namespace zero::backend

@@ -12,12 +12,13 @@
 
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/stage_plan.hpp"
 
 namespace zero {
 
 // What of the optimizer's type and run decides its buffer sizes.
 struct BufferSpec {
-  int stage = 0;
+  StagePlan stage = stage_plan(0);
   bool separate_master = true;   // mixed precision: an fp32 master beside the 16-bit parameters
   std::size_t grad_bytes = 2;    // bytes per gradient element (2 for bf16/fp16, 4 for fp32)
   int state_slots = 2;           // fp32 optimizer-state arrays (Adam: m and v; SGD: momentum)
@@ -26,8 +27,8 @@ struct BufferSpec {
 
 // Stages 0 and 1 without accumulation take the caller's gradient straight
 // into the full gradient buffer (no staging, no copy).
-inline bool gradients_in_place(int stage, const Options& options) {
-  return stage <= 1 && options.grad_accumulation_steps == 1;
+inline bool gradients_in_place(const StagePlan& stage, const Options& options) {
+  return !stage.grads_sharded && options.grad_accumulation_steps == 1;
 }
 
 // Elements of every buffer one rank allocates at finalize().
@@ -55,9 +56,9 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   require(layout.finalized(), "buffer_sizes: finalize the layout first");
   BufferSizes s;
   const std::size_t full = layout.padded_total(), shard = layout.shard_total();
-  const std::size_t owned = spec.stage == 0 ? full : shard;
-  s.params = spec.stage == 3 ? shard : full;
-  s.grads = spec.stage >= 2 ? shard : full;
+  const std::size_t owned = spec.stage.states_sharded ? shard : full;
+  s.params = spec.stage.params_sharded ? shard : full;
+  s.grads = spec.stage.grads_sharded ? shard : full;
   s.master = spec.separate_master ? owned : 0;
   s.state_per_slot = owned;
 
@@ -76,9 +77,10 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   if (!gradients_in_place(spec.stage, options)) s.grad_staging = slots(staged, s.max_unit, "gradient staging");
   // Stage 1 widens one unit at a time at step(); the others a whole staged bucket.
   if (options.reduce_dtype == ReduceDType::fp32 && spec.grad_bytes != 4)
-    s.reduce_staging_fp32 = slots(spec.stage == 1 ? 1 : staged, s.max_unit, "fp32 reduction staging");
-  if (spec.stage >= 2) s.shard_staging = slots(staged, s.max_shard, "reduce-scatter staging");
-  if (spec.stage == 3) {
+    s.reduce_staging_fp32 =
+        slots(spec.stage.reduce_scatter_at_step ? 1 : staged, s.max_unit, "fp32 reduction staging");
+  if (spec.stage.reduce_scatter_on_flush) s.shard_staging = slots(staged, s.max_shard, "reduce-scatter staging");
+  if (spec.stage.params_sharded) {
     s.gather_slot_count = static_cast<std::size_t>(options.prefetch_units) + 1;
     s.gather_slots = slots(s.gather_slot_count, s.max_unit, "stage-3 gather slots");
   }

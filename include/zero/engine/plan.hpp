@@ -243,9 +243,11 @@ inline Plan make_plan(const Config& config) {
   const bool mixed = config.precision != Precision::fp32;
   const bool offload = config.offload != Offload::none;
   const BufferSizes s =
-      buffer_sizes(layout, BufferSpec{config.stage, mixed, gb, config.state_slots, config.overlap}, config.options);
+      buffer_sizes(layout, BufferSpec{stage_plan(config.stage), mixed, gb, config.state_slots, config.overlap},
+                   config.options);
   plan.sizes = s;
-  const std::uint64_t owned = config.stage == 0 ? layout.padded_total() : layout.shard_total();
+  const StagePlan rules = stage_plan(config.stage);
+  const std::uint64_t owned = rules.states_sharded ? layout.shard_total() : layout.padded_total();
 
   // Model states. Offloaded: the owned gradient shard streams to the host as
   // it is reduced (stage 1 keeps its whole gradient on the device until the
@@ -258,7 +260,7 @@ inline Plan make_plan(const Config& config) {
     master.device = s.master * 4;
     states.device = s.state_per_slot * 4 * static_cast<std::uint64_t>(config.state_slots);
   } else {
-    grads.device = config.stage == 1 ? s.grads * gb : 0;
+    grads.device = rules.grads_sharded ? 0 : s.grads * gb;
     grads.host = owned * gb;
     const std::uint64_t m = owned * 4, st = owned * 4 * static_cast<std::uint64_t>(config.state_slots);
     if (config.offload == Offload::cpu) {

@@ -53,6 +53,8 @@
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
+#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/state_store.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/policy.hpp"
@@ -90,6 +92,8 @@ class ZeroOptimizer {
   using grad_type = typename Precision::grad_type;
   using Hyper = typename Optimizer::Hyper;
   static constexpr int stage = Stage::value;
+  // What this stage shards, and when it reduces and gathers (stage_plan.hpp).
+  static constexpr StagePlan rules = stage_plan(stage);
   static constexpr int state_slots = Optimizer::state_slots;
 
  private:
@@ -98,6 +102,9 @@ class ZeroOptimizer {
   using Buffer = typename Ops::template Buffer<T>;
   // fp32 training: the parameters are their own master weights.
   static constexpr bool separate_master = Precision::mixed;
+  // Owner of the master weights and optimizer state, in the tier the offload
+  // policy chose (engine/state_store.hpp).
+  using StateStore = typename StateStoreFor<Offload, Optimizer, Backend>::type;
 
  public:
   template <comm::Communicator Comm>
@@ -201,33 +208,28 @@ class ZeroOptimizer {
   // The range of elements of unit u that this rank updates: its shard, or the
   // whole unit at stage 0 (every rank updates everything).
   std::size_t update_begin(const UnitInfo& u) const {
-    return stage == 0 ? 0 : static_cast<std::size_t>(rank()) * u.shard;
+    return rules.states_sharded ? static_cast<std::size_t>(rank()) * u.shard : 0;
   }
-  std::size_t update_size(const UnitInfo& u) const { return stage == 0 ? u.padded : u.shard; }
-  // Offset of unit u's updated range in the master/state arrays.
-  std::size_t state_offset(const UnitInfo& u) const { return stage == 0 ? u.full_offset : u.shard_offset; }
+  std::size_t update_size(const UnitInfo& u) const { return rules.states_sharded ? u.shard : u.padded; }
+  // Offset of unit u's updated range in the model-state store's owned elements.
+  std::size_t state_offset(const UnitInfo& u) const { return rules.states_sharded ? u.shard_offset : u.full_offset; }
 
-  float* master_ptr(const UnitInfo& u) {
-    if constexpr (separate_master) {
-      return master_.data() + state_offset(u);
-    } else if constexpr (stage == 3) {
-      return params_.data() + u.shard_offset;
-    } else {
-      return params_.data() + u.full_offset + update_begin(u);
-    }
-  }
+  // This rank's updated range of unit u in the parameters and the gradient.
   param_type* param_ptr(const UnitInfo& u) {
-    if constexpr (stage == 3)
+    if constexpr (rules.params_sharded)
       return params_.data() + u.shard_offset;
     else
       return params_.data() + u.full_offset + update_begin(u);
   }
   grad_type* grad_ptr(const UnitInfo& u) {
-    if constexpr (stage >= 2)
+    if constexpr (rules.grads_sharded)
       return grads_.data() + u.shard_offset;
     else
       return grads_.data() + u.full_offset + update_begin(u);
   }
+  // Unit u's updated range of the fp32 master into backend memory `dst`:
+  // from the store, or from the parameters when they are their own master.
+  void copy_master(const UnitInfo& u, float* dst);
 
   void require_finalized(const char* what) const {
     require(finalized_, what, ": call finalize() after registering the parameters and before training");
@@ -265,9 +267,9 @@ class ZeroOptimizer {
   std::size_t staging_slot(std::size_t i) const { return set_ * bucket_units_ + i; }
 
   // Collective: every unit, padded, into host memory `out`, from each rank's
-  // updated range of it (owned(u): where that range lives on this rank).
-  template <class T, class Owned>
-  void gather_units(T* out, Owned owned);
+  // updated range of it (fill(u, dst) writes that range into backend memory).
+  template <class T, class Fill>
+  void gather_units(T* out, Fill fill);
 
   // A buffer of n elements for finalize(). An overflowing size or a failed
   // allocation becomes an error naming the buffer, its bytes, this rank and
@@ -284,7 +286,7 @@ class ZeroOptimizer {
   void zero_gaps(const UnitInfo& u, grad_type* staging);
   // Stages 0 and 1 without accumulation take the caller's gradient straight
   // into the full gradient buffer (no staging, no copy).
-  bool takes_gradients_in_place() const { return gradients_in_place(stage, options_); }
+  bool takes_gradients_in_place() const { return gradients_in_place(rules, options_); }
   // Launches the reductions of every pending gradient (see grad_ready).
   void flush_gradients();
   // This rank's entry in the step's control all-reduce, an integer below
@@ -313,8 +315,7 @@ class ZeroOptimizer {
   // Model state (see memory_report for which are whole and which are shards).
   Buffer<param_type> params_;
   Buffer<grad_type> grads_;
-  Buffer<float> master_;  // only with mixed precision
-  Buffer<float> states_[state_slots > 0 ? state_slots : 1];
+  StateStore store_;  // fp32 master (mixed precision) and optimizer state
   // Communication buffers, one slot per unit of a gradient bucket.
   Buffer<grad_type> grad_staging_;          // where the caller writes a unit's gradient
   Buffer<float> reduce_staging_fp32_;       // a unit widened to fp32, when reducing 16-bit gradients in fp32
@@ -356,13 +357,13 @@ template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, Ba
 void ZeroOptimizer<P, O, S, F, B>::finalize() {
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
   layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
-  const std::size_t gather_slots = stage == 3 ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
+  const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
   comm_stream_ = comm_->stream_handle();
   overlap_ = typename Ops::Overlap(comm_stream_, slot_event(gather_slots));
   check_agreement();
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
   const BufferSizes sizes = buffer_sizes(
-      layout_, BufferSpec{stage, separate_master, sizeof(grad_type), state_slots, overlap_.active()}, options_);
+      layout_, BufferSpec{rules, separate_master, sizeof(grad_type), state_slots, overlap_.active()}, options_);
 
   // What makes each buffer smaller, for the out-of-memory message.
   constexpr const char* shard_params = "stage 3 shards the parameters: use stage<3> or more ranks";
@@ -371,12 +372,11 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
       "stages 1-3 shard the master weights and optimizer state: use stage<1> or higher, or more ranks";
   constexpr const char* fewer_units = "lower Options::bucket_bytes (a bucket holds at least the largest unit), or "
                                       "split the largest unit";
-  params_ = allocate<param_type>(sizes.params, "parameters", stage == 3 ? "more ranks" : shard_params);
-  grads_ = allocate<grad_type>(sizes.grads, "gradients", stage >= 2 ? "more ranks" : shard_grads);
-  if constexpr (separate_master)
-    master_ = allocate<float>(sizes.master, "fp32 master weights", stage >= 1 ? "more ranks" : shard_states);
-  for (int k = 0; k < state_slots; ++k)
-    states_[k] = allocate<float>(sizes.state_per_slot, "optimizer state", stage >= 1 ? "more ranks" : shard_states);
+  params_ = allocate<param_type>(sizes.params, "parameters", rules.params_sharded ? "more ranks" : shard_params);
+  grads_ = allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
+  store_.allocate(sizes.state_per_slot, separate_master, [&](std::size_t n, const char* what) {
+    return allocate<float>(n, what, rules.states_sharded ? "more ranks" : shard_states);
+  });
   max_shard_ = sizes.max_shard;
   bucket_units_ = sizes.bucket_units;
   grad_staging_ = allocate<grad_type>(sizes.grad_staging, "gradient staging (one bucket)", fewer_units);
@@ -385,7 +385,7 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
                                              std::string(fewer_units));
   shard_staging_ = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
   pending_.reserve(bucket_units_);
-  if constexpr (stage == 3) {
+  if constexpr (rules.params_sharded) {
     gather_slots_ = allocate<param_type>(sizes.gather_slots, "stage-3 gather slots",
                                          "lower Options::prefetch_units (each prefetched unit takes a slot), or "
                                          "split the largest unit");
@@ -500,8 +500,8 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
   m.param_elements = layout_.param_total();
   m.params = params_.bytes();
   m.grads = grads_.bytes();
-  m.master = master_.bytes();
-  for (int k = 0; k < state_slots; ++k) m.optimizer_states += states_[k].bytes();
+  m.master = store_.master_bytes().total();
+  m.optimizer_states = store_.state_bytes().total();
   m.padding = MemoryReport::padding_share(m.param_elements, m.padded_elements, m.model_states());
   m.communication_buffers =
       grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gather_slots_.bytes();
@@ -514,7 +514,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = layout_.units()[p.unit];
-  if constexpr (stage == 3) {
+  if constexpr (rules.params_sharded) {
     // A gathered copy of the unit would keep the old values: a prefetched one
     // is dropped below; one in use cannot be.
     const int slot = find_slot(p.unit);
@@ -531,7 +531,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
     throw CommError(detail::concat("set_param('", p.name, "') on rank ", rank(), ": rank(s) ", differ,
                                    " passed values that differ from rank 0's; every rank must pass the same values "
                                    "(initialise from the same seed on every rank, or load the same checkpoint)"));
-  if constexpr (stage == 3) {
+  if constexpr (rules.params_sharded) {
     const int slot = find_slot(p.unit);
     if (slot >= 0) slot_unit_[static_cast<std::size_t>(slot)] = npos;
   }
@@ -540,16 +540,16 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
   const std::size_t begin = update_begin(u), end = begin + update_size(u);
   const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
   if (lo < hi) {
-    // Converted on the host, then uploaded (values are fp32 host memory).
-    std::vector<float> owned(values + (lo - p.offset), values + (hi - p.offset));
-    Ops::upload(master_ptr(u) + (lo - begin), owned.data(), owned.size());
-    if constexpr (separate_master && stage == 3) {  // stages 0-2: the full copy below covers it
-      std::vector<param_type> low(owned.size());
-      for (std::size_t i = 0; i < owned.size(); ++i) low[i] = from_float<param_type>(owned[i]);
+    const float* owned = values + (lo - p.offset);
+    if (store_.owns_master()) store_.import_values(StateSlot{}, state_offset(u) + (lo - begin), owned, hi - lo);
+    if constexpr (rules.params_sharded) {  // stages 0-2: the full copy below covers it
+      // Converted on the host, then uploaded (values are fp32 host memory).
+      std::vector<param_type> low(hi - lo);
+      for (std::size_t i = 0; i < low.size(); ++i) low[i] = from_float<param_type>(owned[i]);
       Ops::upload(param_ptr(u) + (lo - begin), low.data(), low.size());
     }
   }
-  if constexpr (stage <= 2) {
+  if constexpr (rules.params_whole()) {
     // Every rank holds the full parameters.
     std::vector<param_type> low(p.numel);
     for (std::size_t i = 0; i < p.numel; ++i) low[i] = from_float<param_type>(values[i]);
@@ -560,29 +560,40 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
   require_finalized("gather_masters");
-  gather_units(out, [this](const UnitInfo& u) { return master_ptr(u); });
+  gather_units(out, [this](const UnitInfo& u, float* dst) { copy_master(u, dst); });
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::copy_master(const UnitInfo& u, float* dst) {
+  if (store_.owns_master()) {
+    std::vector<float> host(update_size(u));  // values leave the store through host memory
+    store_.export_values(StateSlot{}, state_offset(u), host.data(), host.size());
+    Ops::upload(dst, host.data(), host.size());
+  } else if constexpr (std::is_same_v<param_type, float>) {
+    Ops::copy(dst, param_ptr(u), update_size(u));
+  }
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
   require_finalized("gather_params");
-  if constexpr (stage <= 2) {
+  if constexpr (rules.params_whole()) {
     Ops::download(out, params_.data(), layout_.padded_total());
   } else {
-    gather_units(out, [this](const UnitInfo& u) { return param_ptr(u); });
+    gather_units(out, [this](const UnitInfo& u, param_type* dst) { Ops::copy(dst, param_ptr(u), u.shard); });
   }
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-template <class T, class Owned>
-void ZeroOptimizer<P, O, S, F, B>::gather_units(T* out, Owned owned) {
+template <class T, class Fill>
+void ZeroOptimizer<P, O, S, F, B>::gather_units(T* out, Fill fill) {
   // One unit at a time through a backend buffer (collectives take backend memory).
   Buffer<T> unit_buffer(layout_.max_unit());
   communicate([&] {
     for (const auto& u : layout_.units()) {
       T* mine = unit_buffer.data() + update_begin(u);
-      Ops::copy(mine, owned(u), update_size(u));
-      if (stage != 0) comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<T>::dtype, true);
+      fill(u, mine);
+      if (rules.states_sharded) comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<T>::dtype, true);
       Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
     }
   });
@@ -650,7 +661,7 @@ auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* 
   require_finalized("acquire_unit");
   require_unit(id, "acquire_unit");
   const UnitInfo& u = layout_.units()[id.index];
-  if constexpr (stage <= 2) {
+  if constexpr (rules.params_whole()) {
     return params_.data() + u.full_offset;
   } else {
     int slot = find_slot(id.index);
@@ -668,7 +679,7 @@ auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::release_unit(UnitId id) {
   require_unit(id, "release_unit");
-  if constexpr (stage == 3) {
+  if constexpr (rules.params_sharded) {
     const int slot = find_slot(id.index);
     require(slot >= 0 && slot_in_use_[static_cast<std::size_t>(slot)], "release_unit('",
             layout_.units()[id.index].name, "'): the unit is not acquired");
@@ -685,7 +696,7 @@ auto ZeroOptimizer<P, O, S, F, B>::param_data(ParamId id) const -> const param_t
           layout_.params().size(), " parameters)");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = layout_.units()[p.unit];
-  if constexpr (stage <= 2) {
+  if constexpr (rules.params_whole()) {
     return params_.data() + u.full_offset + p.offset;
   } else {
     // Acquired, not merely prefetched: acquire_unit waited for the gather.
@@ -760,9 +771,9 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
   // Three phases, so that a communicator may launch the bucket's collectives
   // as one group: what they read is prepared first, what reads their results
   // runs after.
-  if constexpr (stage <= 1) {
+  if constexpr (!rules.reduce_scatter_on_flush) {
     // Keep the whole gradient; stage 0 all-reduces it on the last micro-batch.
-    const bool all_reduce = stage == 0 && last;
+    const bool all_reduce = rules.all_reduce_on_flush && last;
     for (const Pending& p : pending_) {
       const UnitInfo& u = layout_.units()[p.unit];
       grad_type* acc = grads_.data() + u.full_offset;
@@ -866,7 +877,7 @@ void ZeroOptimizer<P, O, S, F, B>::check_step_reports(const std::string& invalid
     // Each rank checks the summed gradient of what it updates, so this names
     // the owner of the bad element; the backward that made it may be any rank's.
     const std::string where =
-        stage == 0 ? std::string("found by every rank: stage 0 checks the whole all-reduced gradient")
+        !rules.states_sharded ? std::string("found by every rank: stage 0 checks the whole all-reduced gradient")
                    : "found by rank(s) " + ranks_where([](std::uint64_t v) { return (v & report_non_finite) != 0; }) +
                          " in the summed gradient of the parameters they own";
     throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step,
@@ -883,7 +894,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   for (std::size_t i = 0; i < units.size(); ++i)
     require(reduced_this_micro_[i], "step(): unit '", units[i].name,
             "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before step()");
-  if constexpr (stage == 3) {
+  if constexpr (rules.params_sharded) {
     // The update changes every shard: a gathered copy in use would go stale.
     if (micro_ + 1 == options_.grad_accumulation_steps)
       for (std::size_t s = 0; s < slot_unit_.size(); ++s)
@@ -903,7 +914,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   overlap_.join();  // the step reads the reduced gradients
 
   // Stage 1 reduce-scatters the accumulated gradient now, in place.
-  if constexpr (stage == 1) {
+  if constexpr (rules.reduce_scatter_at_step) {
     constexpr DType gdt = dtype_traits<grad_type>::dtype;
     communicate([&] {
       for (const auto& u : units) {
@@ -926,7 +937,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   // One pass where the owned gradient is contiguous (stage 0: all of it;
   // stages 2-3: the shard buffer); stage 1's owned pieces are interleaved.
   kernels::GradStats stats;
-  if constexpr (stage == 1) {
+  if constexpr (rules.states_sharded && !rules.grads_sharded) {
     for (const auto& u : units) stats += Ops::grad_stats(grad_ptr(u), update_size(u));
   } else {
     stats = Ops::grad_stats(grads_.data(), grads_.size());
@@ -945,7 +956,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   // norms in slot 0 (stage 0 computed its norm from the whole reduced
   // gradient); slot 1 + r carries rank r's report, the other ranks add 0.
   std::fill(control_host_.begin(), control_host_.end(), 0.0);
-  if constexpr (stage >= 1) control_host_[0] = stats.sum_squares;
+  if constexpr (rules.norm_needs_all_reduce()) control_host_[0] = stats.sum_squares;
   control_host_[1 + static_cast<std::size_t>(rank())] =
       static_cast<double>(step_report(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite));
   communicate([&] {
@@ -953,7 +964,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     comm_->all_reduce(control_.data(), control_host_.size(), DType::f64, comm::ReduceOp::sum, true);
     Ops::download(control_host_.data(), control_.data(), control_host_.size());
   });
-  if constexpr (stage >= 1) stats.sum_squares = control_host_[0];
+  if constexpr (rules.norm_needs_all_reduce()) stats.sum_squares = control_host_[0];
   bool overflow = false;
   for (int r = 0; r < ranks(); ++r)
     overflow = overflow || (rank_report(r) & report_non_finite) != 0;
@@ -979,23 +990,24 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   args.scalars = scalars;
   args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
   for (const auto& u : units) {
-    args.master = master_ptr(u);
     args.grad = grad_ptr(u);
-    for (int k = 0; k < state_slots; ++k) args.state[k] = states_[k].data() + state_offset(u);
-    args.param = separate_master ? param_ptr(u) : nullptr;
+    if constexpr (separate_master)
+      args.param = param_ptr(u);
+    else
+      args.master = param_ptr(u);  // fp32: the parameters are the master
     args.n = update_size(u);
     // Stochastic rounding draws from (seed, step, element id): the id is the
     // unit's index and the position in the unit, which no rank count or stage
     // changes (the padded full offset does), so copies do not depend on N.
     args.global_offset = (static_cast<std::uint64_t>(&u - units.data()) << 40) + update_begin(u);
-    Ops::fused_step(args);
+    store_.update(state_offset(u), args);
   }
 
   // Stage 3: the shards changed, so every gathered copy is stale (none is in
   // use: checked above); acquire_unit gathers the updated values.
-  if constexpr (stage == 3) std::fill(slot_unit_.begin(), slot_unit_.end(), npos);
+  if constexpr (rules.params_sharded) std::fill(slot_unit_.begin(), slot_unit_.end(), npos);
   // Stages 1 and 2: every rank needs the full updated parameters again.
-  if constexpr (stage == 1 || stage == 2) {
+  if constexpr (rules.all_gather_after_step) {
     communicate([&] {
       for (const auto& u : units) {
         param_type* full = params_.data() + u.full_offset;

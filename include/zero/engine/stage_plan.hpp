@@ -1,0 +1,52 @@
+// Why: what distinguishes the four ZeRO stages is a handful of decisions
+// (what is sharded, when gradients are reduced, when parameters are
+// gathered). Named once here, the engine, the buffer sizes and the planner
+// read like the stage table of docs/design.md instead of repeating
+// `stage >= 2` in thirty places, and an engine change that touches one
+// decision touches one name.
+#pragma once
+
+#include "zero/config.hpp"
+
+namespace zero {
+
+struct StagePlan {
+  int stage = 0;
+  // Master weights and optimizer state hold this rank's 1/N of every unit
+  // (stages 1-3); stage 0 keeps and updates everything on every rank.
+  bool states_sharded = false;
+  // The gradient buffer holds only the owned shard (stages 2-3).
+  bool grads_sharded = false;
+  // The parameters are a shard; a unit is gathered on acquire_unit (stage 3).
+  bool params_sharded = false;
+  // Gradient reduction: stage 0 all-reduces the full gradient when the last
+  // micro-batch's bucket is flushed; stages 2-3 reduce-scatter every bucket
+  // as it fills (accumulating the owned shard); stage 1 accumulates the full
+  // gradient and reduce-scatters it once, at the step.
+  bool all_reduce_on_flush = false;
+  bool reduce_scatter_on_flush = false;
+  bool reduce_scatter_at_step = false;
+  // After the update, every rank needs the full parameters again (stages 1-2).
+  bool all_gather_after_step = false;
+
+  // The gradient norm is a sum over owned shards, completed across ranks by
+  // the step's control all-reduce (stage 0 reduced the whole gradient already).
+  constexpr bool norm_needs_all_reduce() const { return states_sharded; }
+  // Where the parameters live on every rank in full (stages 0-2).
+  constexpr bool params_whole() const { return !params_sharded; }
+};
+
+constexpr StagePlan stage_plan(int stage) {
+  StagePlan p;
+  p.stage = stage;
+  p.states_sharded = stage >= 1;
+  p.grads_sharded = stage >= 2;
+  p.params_sharded = stage == 3;
+  p.all_reduce_on_flush = stage == 0;
+  p.reduce_scatter_on_flush = stage >= 2;
+  p.reduce_scatter_at_step = stage == 1;
+  p.all_gather_after_step = stage == 1 || stage == 2;
+  return p;
+}
+
+}  // namespace zero
