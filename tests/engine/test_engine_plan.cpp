@@ -191,15 +191,18 @@ TEST_CASE("offload moves master, states and the gradient shard off the device", 
   const plan::Plan cpu = plan::make_plan(c);
   c.offload = plan::Offload::nvme;
   const plan::Plan nvme = plan::make_plan(c);
-  // The device keeps its 16-bit parameters; the host holds fp32 master, m, v
-  // and the bf16 gradient shard (ZeRO-Offload), or the disk holds master and
-  // states behind a host window of two unit shards (ZeRO-Infinity).
+  // The device keeps its 16-bit parameters and accumulates the bf16
+  // gradient shard; the host holds fp32 master, m, v, the shard's copy the
+  // CPU update reads and the bf16 parameters it writes (ZeRO-Offload), or the
+  // disk holds master and states behind a host window of two unit shards
+  // (ZeRO-Infinity).
   CHECK(cpu.line("params").device == none.line("params").device);
-  CHECK(cpu.line("grads").device == 0);
+  CHECK(cpu.line("grads").device == 2 * shard);
   CHECK(cpu.line("grads").host == 2 * shard);
   CHECK(cpu.line("master").host == 4 * shard);
   CHECK(cpu.line("optimizer_states").host == 8 * shard);
-  CHECK(cpu.total.device == none.total.device - 14 * shard);
+  CHECK(cpu.line("param_staging").host == 2 * shard);
+  CHECK(cpu.total.device == none.total.device - 12 * shard);
   CHECK(nvme.line("master").disk == 4 * shard);
   CHECK(nvme.line("optimizer_states").disk == 8 * shard);
   CHECK(nvme.line("nvme_window").host == 2 * (shard / 4) * 12);

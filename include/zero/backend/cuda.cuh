@@ -31,6 +31,10 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -142,6 +146,72 @@ class CudaBuffer {
   int device_ = 0;
 };
 
+// Host memory for offloaded model state and its transfers: page-locked
+// (cudaHostAlloc), so copies to and from the device run at full PCIe speed
+// and asynchronously. Where pinning fails (a low `ulimit -l`, a container's
+// limit) it falls back to pageable memory with a one-line warning, and says
+// so through page_locked(): the engine refuses it when
+// Options::require_pinned_memory is set. Zero-filled, move-only.
+template <class T>
+class CudaPinnedBuffer {
+ public:
+  CudaPinnedBuffer() = default;
+  explicit CudaPinnedBuffer(std::size_t n) : n_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    const cudaError_t status = cudaHostAlloc(&p, n * sizeof(T), cudaHostAllocPortable);
+    if (status == cudaSuccess) {
+      locked_ = true;
+    } else {
+      cudaGetLastError();  // not sticky
+      std::fprintf(stderr,
+                   "zero: warning: could not page-lock %zu bytes of host memory for offloaded state (%s); using "
+                   "pageable memory, whose transfers are slower and synchronous (raise `ulimit -l`, or set "
+                   "Options::require_pinned_memory to make this an error)\n",
+                   n * sizeof(T), cudaGetErrorString(status));
+      p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+      if (p == nullptr) throw std::bad_alloc();
+    }
+    std::memset(p, 0, n * sizeof(T));
+    data_ = static_cast<T*>(p);
+  }
+  CudaPinnedBuffer(CudaPinnedBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)), locked_(o.locked_) {}
+  CudaPinnedBuffer& operator=(CudaPinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+      locked_ = o.locked_;
+    }
+    return *this;
+  }
+  CudaPinnedBuffer(const CudaPinnedBuffer&) = delete;
+  CudaPinnedBuffer& operator=(const CudaPinnedBuffer&) = delete;
+  ~CudaPinnedBuffer() { release(); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  bool page_locked() const { return locked_; }
+
+ private:
+  // cudaFreeHost waits for the device, so a copy still reading it finishes first.
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    if (locked_)
+      cudaFreeHost(data_);
+    else
+      std::free(data_);
+    data_ = nullptr;
+    n_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+  bool locked_ = false;
+};
+
 template <>
 struct Ops<Cuda> {
   template <class T>
@@ -189,6 +259,18 @@ struct Ops<Cuda> {
     zero::cuda::wait_stream(stream());
   }
 
+  // The offload contract (see OffloadOps): copies between device memory and
+  // a PinnedBuffer, enqueued on the stream; the host waits with synchronize().
+  template <class T>
+  using PinnedBuffer = CudaPinnedBuffer<T>;
+  template <class T>
+  static void upload_async(T* dst, const T* host_src, std::size_t n) {
+    if (n != 0) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * sizeof(T), cudaMemcpyHostToDevice, stream()));
+  }
+  template <class T>
+  static void download_async(T* host_dst, const T* src, std::size_t n) {
+    if (n != 0) ZERO_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()));
+  }
   // dst = to<To>(src) elementwise.
   template <class To, class From>
   static void convert(To* dst, const From* src, std::size_t n) {
@@ -307,6 +389,6 @@ struct Ops<Cuda> {
   };
 };
 
-static_assert(BackendOps<Ops<Cuda>>);
+static_assert(OffloadOps<Ops<Cuda>>);
 
 }  // namespace zero::backend

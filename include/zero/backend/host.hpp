@@ -62,6 +62,8 @@ class HostBuffer {
   const T* data() const { return data_; }
   std::size_t size() const { return n_; }
   std::size_t bytes() const { return n_ * sizeof(T); }
+  // As a backend's PinnedBuffer: host memory is all the host backend has.
+  bool page_locked() const { return true; }
 
  private:
   T* data_ = nullptr;
@@ -91,6 +93,17 @@ struct Ops<Host> {
   }
   template <class T>
   static void download(T* host_dst, const T* src, std::size_t n) {
+    copy(host_dst, src, n);
+  }
+  // The offload contract (see OffloadOps): on the host, plain copies.
+  template <class T>
+  using PinnedBuffer = HostBuffer<T>;
+  template <class T>
+  static void upload_async(T* dst, const T* host_src, std::size_t n) {
+    copy(dst, host_src, n);
+  }
+  template <class T>
+  static void download_async(T* host_dst, const T* src, std::size_t n) {
     copy(host_dst, src, n);
   }
 
@@ -137,6 +150,6 @@ struct Ops<Host> {
   };
 };
 
-static_assert(BackendOps<Ops<Host>>);
+static_assert(OffloadOps<Ops<Host>>);
 
 }  // namespace zero::backend

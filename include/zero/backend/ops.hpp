@@ -69,4 +69,20 @@ concept BackendOps =
       O::synchronize();
     };
 
+// What offloading the model state to the host adds (offload::Cpu/Nvme):
+// host memory the backend's copies reach at full speed (page-locked on a
+// GPU; it reports whether it got that), and copies between it and backend
+// memory that are enqueued in stream order and return at once. The host may
+// read a download_async destination, or reuse an upload_async source, only
+// after synchronize() (or a later blocking call on the same stream).
+template <class O>
+concept OffloadOps = BackendOps<O> && BackendBuffer<typename O::template PinnedBuffer<float>, float> &&
+                     BackendBuffer<typename O::template PinnedBuffer<bf16>, bf16> &&
+                     requires(float* f, const float* cf, const typename O::template PinnedBuffer<float>& pinned,
+                              std::size_t n) {
+                       { pinned.page_locked() } -> std::same_as<bool>;
+                       O::upload_async(f, cf, n);
+                       O::download_async(f, cf, n);
+                     };
+
 }  // namespace zero::backend

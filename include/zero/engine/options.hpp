@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "zero/error.hpp"
+#include "zero/simd/dispatch.hpp"
 
 namespace zero {
 
@@ -48,6 +49,11 @@ struct Options {
   std::uint64_t seed = 0x5eed;
   // bf16 parameter copies written with stochastic rounding.
   bool stochastic_rounding = false;
+  // Offload (offload::Cpu): CPU threads of the host update (0: OpenMP's
+  // default, OMP_NUM_THREADS), and whether host buffers that could not be
+  // page-locked are an error (true) or a warning and pageable memory (false).
+  int offload_threads = 0;
+  bool require_pinned_memory = false;
 
   void validate() const {
     require(bucket_bytes >= 1, "Options::bucket_bytes is 0; it must be at least 1 (a bucket always holds one unit; "
@@ -60,6 +66,8 @@ struct Options {
             "; it must be >= 0 (0 turns clipping off)");
     require(std::isfinite(gradient_divisor) && gradient_divisor >= 0, "Options::gradient_divisor is ",
             gradient_divisor, "; it must be > 0, or 0 for ranks x accumulation steps");
+    require(offload_threads >= 0 && offload_threads <= simd::max_host_threads, "Options::offload_threads is ",
+            offload_threads, "; it must be in [0, ", simd::max_host_threads, "] (0: OpenMP's default)");
     const auto& ls = loss_scale;
     require(std::isfinite(ls.initial_scale) && ls.initial_scale >= 1, "Options::loss_scale.initial_scale is ",
             ls.initial_scale, "; it must be >= 1");

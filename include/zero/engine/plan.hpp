@@ -209,7 +209,7 @@ struct Plan {
   // control doubles and the NVMe window are not among them).
   std::uint64_t communication_buffers() const {
     return line("gradient_staging").total() + line("reduce_staging_fp32").total() + line("shard_staging").total() +
-           line("gather_slots").total();
+           line("gather_slots").total() + line("param_staging").total();
   }
 };
 
@@ -249,10 +249,12 @@ inline Plan make_plan(const Config& config) {
   const StagePlan rules = stage_plan(config.stage);
   const std::uint64_t owned = rules.states_sharded ? layout.shard_total() : layout.padded_total();
 
-  // Model states. Offloaded: the owned gradient shard streams to the host as
-  // it is reduced (stage 1 keeps its whole gradient on the device until the
-  // step, then copies its shard), the fp32 master (fp32 training too: the
-  // device copy is the working parameters) and states leave the device.
+  // Model states. Offloaded: the gradient still accumulates on the device
+  // (whole at stage 1, the owned shard at stages 2-3: one add per
+  // micro-batch at device bandwidth instead of a transfer), and the owned
+  // shard's host copy is what the CPU update reads; the fp32 master (fp32
+  // training too: the device copy is the working parameters) and states
+  // leave the device.
   Line params{"params"}, grads{"grads"}, master{"master"}, states{"optimizer_states"};
   params.device = s.params * pb;
   if (!offload) {
@@ -260,7 +262,7 @@ inline Plan make_plan(const Config& config) {
     master.device = s.master * 4;
     states.device = s.state_per_slot * 4 * static_cast<std::uint64_t>(config.state_slots);
   } else {
-    grads.device = rules.grads_sharded ? 0 : s.grads * gb;
+    grads.device = s.grads * gb;
     grads.host = owned * gb;
     const std::uint64_t m = owned * 4, st = owned * 4 * static_cast<std::uint64_t>(config.state_slots);
     if (config.offload == Offload::cpu) {
@@ -287,7 +289,11 @@ inline Plan make_plan(const Config& config) {
   shard.device = s.shard_staging * gb;
   slots.device = s.gather_slots * pb;
   control.device = s.control * sizeof(double);
-  plan.lines = {params, grads, master, states, padding, staging, wide, shard, slots, control};
+  // Offloaded mixed precision: the CPU writes the 16-bit parameters into
+  // host staging, whence they are copied to the device unit by unit.
+  Line param_staging{"param_staging"};
+  if (offload && mixed) param_staging.host = owned * pb;
+  plan.lines = {params, grads, master, states, padding, staging, wide, shard, slots, param_staging, control};
   if (config.offload == Offload::nvme) {
     // Pinned host window: shards of master + states in flight to and from disk.
     Line window{"nvme_window"};

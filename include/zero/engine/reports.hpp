@@ -16,6 +16,25 @@
 
 namespace zero {
 
+// Bytes of one kind of buffer by where they live: device memory, host memory
+// (page-locked where the backend can), disk.
+struct PlacedBytes {
+  std::uint64_t device = 0, host = 0, disk = 0;
+  std::uint64_t total() const { return device + host + disk; }
+  PlacedBytes& operator+=(const PlacedBytes& o) {
+    device += o.device;
+    host += o.host;
+    disk += o.disk;
+    return *this;
+  }
+  bool operator==(const PlacedBytes&) const = default;
+  std::string to_json() const {
+    std::ostringstream o;
+    o << "{\"device\":" << device << ",\"host\":" << host << ",\"disk\":" << disk << "}";
+    return o.str();
+  }
+};
+
 struct MemoryReport {
   int rank = 0, ranks = 1, stage = 0;
   std::uint64_t padded_elements = 0;  // Φ
@@ -27,8 +46,27 @@ struct MemoryReport {
   std::uint64_t optimizer_states = 0;  // e.g. Adam's m and v
   // Of the four lines above, the bytes that are padding (not additional).
   std::uint64_t padding = 0;
-  // Not model state: staging for reductions, stage-3 gather slots.
+  // Not model state: staging for reductions, stage-3 gather slots, and with
+  // offload the host staging of the parameters on their way to the device.
   std::uint64_t communication_buffers = 0;
+  // Each line above split by where it lives (totals equal the lines). With
+  // offload the master and state are on the host or disk, and the gradient
+  // line holds the device accumulator and its host copy.
+  struct Placement {
+    PlacedBytes params, grads, master, optimizer_states, communication_buffers;
+    PlacedBytes model_states() const {
+      PlacedBytes m = params;
+      m += grads;
+      m += master;
+      m += optimizer_states;
+      return m;
+    }
+    PlacedBytes total() const {
+      PlacedBytes t = model_states();
+      t += communication_buffers;
+      return t;
+    }
+  } placed;
 
   std::uint64_t model_states() const { return params + grads + master + optimizer_states; }
 
@@ -49,7 +87,10 @@ struct MemoryReport {
       << ",\"params_bytes\":" << params << ",\"grads_bytes\":" << grads << ",\"master_bytes\":" << master
       << ",\"optimizer_states_bytes\":" << optimizer_states << ",\"model_states_bytes\":" << model_states()
       << ",\"padding_bytes\":" << padding << ",\"communication_buffers_bytes\":" << communication_buffers
-      << ",\"total_bytes\":" << total() << "}";
+      << ",\"total_bytes\":" << total() << ",\"placed\":{\"params\":" << placed.params.to_json()
+      << ",\"grads\":" << placed.grads.to_json() << ",\"master\":" << placed.master.to_json()
+      << ",\"optimizer_states\":" << placed.optimizer_states.to_json()
+      << ",\"communication_buffers\":" << placed.communication_buffers.to_json() << "}}";
     return o.str();
   }
 };

@@ -20,26 +20,16 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "zero/backend/host.hpp"
+#include "zero/engine/reports.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/policies.hpp"
 
 namespace zero {
-
-// Bytes of one kind of state by where they live.
-struct PlacedBytes {
-  std::uint64_t device = 0, host = 0, disk = 0;
-  std::uint64_t total() const { return device + host + disk; }
-  PlacedBytes& operator+=(const PlacedBytes& o) {
-    device += o.device;
-    host += o.host;
-    disk += o.disk;
-    return *this;
-  }
-};
 
 // Which array of the store an import/export addresses: the fp32 master, or
 // optimizer-state slot k (Adam: 0 = first moment, 1 = second moment).
@@ -49,27 +39,26 @@ struct StateSlot {
   bool is_master() const { return index == master; }
 };
 
-// The offload::None tier: master and state resident in the backend's memory
-// (device memory on a GPU), updated by the backend's fused step.
-template <optim::Policy Optimizer, BackendPolicy Backend>
-class ResidentStateStore {
-  using Ops = backend::Ops<Backend>;
-  template <class T>
-  using Buffer = typename Ops::template Buffer<T>;
-
+// Master and state as arrays in memory the host or the backend can address.
+// Two tiers share it:
+// - offload::None: in the backend's memory (device memory on a GPU), updated
+//   by the backend's fused step (Ops = Ops<Backend>);
+// - offload::Cpu (ZeRO-Offload): in page-locked host memory, updated by the
+//   host fused step on the CPU (Ops = Ops<Host>) while the GPU computes.
+// `allocate(std::type_identity<Buf>, n, what)` is the engine's allocator:
+// it returns a Buf of n floats or throws an error naming the buffer.
+template <optim::Policy Optimizer, class Ops, class Buf, bool OnDevice>
+class ArrayStateStore {
  public:
   static constexpr int state_slots = Optimizer::state_slots;
-  static constexpr const char* tier = "resident";
 
-  // `allocate(n, what)` returns a Buffer<float> of n elements (the engine's
-  // allocator, which turns a failure into an error naming the buffer).
   // `separate_master` false: fp32 training without offload, where the
   // parameters are their own master and update() receives them as such.
   template <class Allocate>
   void allocate(std::size_t owned, bool separate_master, Allocate&& allocate) {
     owned_ = owned;
-    if (separate_master) master_ = allocate(owned, "fp32 master weights");
-    for (int k = 0; k < state_slots; ++k) states_[k] = allocate(owned, "optimizer state");
+    if (separate_master) master_ = allocate(std::type_identity<Buf>{}, owned, "fp32 master weights");
+    for (int k = 0; k < state_slots; ++k) states_[k] = allocate(std::type_identity<Buf>{}, owned, "optimizer state");
   }
   bool owns_master() const { return master_.size() != 0; }
 
@@ -82,11 +71,14 @@ class ResidentStateStore {
   }
 
   // The fused step over owned elements [offset, offset + args.n): the
-  // caller fills the gradient, the parameter copy, scalars and rounding;
-  // the store points the step at its master and state. Without a master of
-  // its own (fp32) args.master must already point at the parameters.
+  // caller fills the gradient, the parameter copy, scalars and rounding
+  // (in memory Ops reaches); the store points the step at its master and
+  // state. Without a master of its own (fp32) args.master must already point
+  // at the parameters. Afterwards args.master holds the updated master.
   template <class Grad, class Param>
   void update(std::size_t offset, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
+    require(offset <= owned_ && args.n <= owned_ - offset, "model-state store: update of owned elements [", offset,
+            ", ", offset + args.n, ") outside this rank's ", owned_);
     if (owns_master()) args.master = master_.data() + offset;
     for (int k = 0; k < state_slots; ++k) args.state[k] = states_[k].data() + offset;
     Ops::fused_step(args);
@@ -102,7 +94,7 @@ class ResidentStateStore {
  private:
   static PlacedBytes place(std::uint64_t bytes) {
     PlacedBytes p;
-    (Backend::device ? p.device : p.host) = bytes;
+    (OnDevice ? p.device : p.host) = bytes;
     return p;
   }
   float* array(StateSlot slot, std::size_t offset, std::size_t n) {
@@ -118,15 +110,23 @@ class ResidentStateStore {
   }
 
   std::size_t owned_ = 0;
-  Buffer<float> master_;
-  Buffer<float> states_[state_slots > 0 ? state_slots : 1];
+  Buf master_;
+  Buf states_[state_slots > 0 ? state_slots : 1];
 };
 
 // The store an offload policy selects.
 template <class Offload, optim::Policy Optimizer, BackendPolicy Backend>
 struct StateStoreFor {
-  static_assert(!Offload::to_host, "zero: this offload tier has no model-state store in this version");
-  using type = ResidentStateStore<Optimizer, Backend>;
+  using type = ArrayStateStore<Optimizer, backend::Ops<Backend>,
+                               typename backend::Ops<Backend>::template Buffer<float>, Backend::device>;
+};
+template <optim::Policy Optimizer, BackendPolicy Backend>
+struct StateStoreFor<offload::Cpu, Optimizer, Backend> {
+  static_assert(backend::OffloadOps<backend::Ops<Backend>>,
+                "zero: offload::Cpu needs a backend with page-locked host buffers and asynchronous copies "
+                "(backend/ops.hpp, OffloadOps)");
+  using type = ArrayStateStore<Optimizer, backend::Ops<backend::Host>,
+                               typename backend::Ops<Backend>::template PinnedBuffer<float>, false>;
 };
 
 }  // namespace zero

@@ -73,15 +73,15 @@ struct StepResult {
 template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
           BackendPolicy Backend = backend::Host>
 class ZeroOptimizer {
-  static_assert(!(Offload::to_host && !Backend::device),
-                "zero::ZeroOptimizer: offload::Cpu/Nvme move optimizer state from GPU memory to the host, but with "
-                "backend::Host it is already in host memory; use offload::None");
+  static_assert(!(std::is_same_v<Offload, offload::Cpu> && !Backend::device),
+                "zero::ZeroOptimizer: offload::Cpu moves optimizer state from GPU memory to the host, but with "
+                "backend::Host it is already in host memory; use offload::None (or offload::Nvme to move it to disk)");
   static_assert(!(Offload::to_host && Stage::value == 0),
                 "zero::ZeroOptimizer: ZeRO-Offload moves this rank's partition of the optimizer state to the host; "
                 "stage 0 has no partition: use stage<1> or higher with offload::Cpu/Nvme");
-  static_assert(!Offload::to_host,
-                "zero::ZeroOptimizer: offload::Cpu and offload::Nvme are not available in this version of zero; use "
-                "offload::None (see docs/design.md for the planned ZeRO-Offload engine)");
+  static_assert(!std::is_same_v<Offload, offload::Nvme>,
+                "zero::ZeroOptimizer: offload::Nvme is not available in this version of zero; use offload::Cpu (with "
+                "backend::Cuda) or offload::None");
 
  public:
   using precision_policy = Precision;
@@ -100,8 +100,16 @@ class ZeroOptimizer {
   using Ops = backend::Ops<Backend>;
   template <class T>
   using Buffer = typename Ops::template Buffer<T>;
-  // fp32 training: the parameters are their own master weights.
-  static constexpr bool separate_master = Precision::mixed;
+  // The update runs on the host, beside the backend's memory (ZeRO-Offload).
+  static constexpr bool offloaded = Offload::to_host;
+  // fp32 training: the parameters are their own master weights, unless the
+  // master moves to the host and the device keeps a working copy.
+  static constexpr bool separate_master = Precision::mixed || offloaded;
+  // What runs the update: the backend, or the CPU when offloaded.
+  using UpdateOps = std::conditional_t<offloaded, backend::Ops<backend::Host>, Ops>;
+  // Host staging of the offloaded update (empty types without offload).
+  template <class T>
+  using OffloadBuffer = typename std::conditional_t<offloaded, Ops, backend::Ops<backend::Host>>::template PinnedBuffer<T>;
   // Owner of the master weights and optimizer state, in the tier the offload
   // policy chose (engine/state_store.hpp).
   using StateStore = typename StateStoreFor<Offload, Optimizer, Backend>::type;
@@ -227,6 +235,16 @@ class ZeroOptimizer {
     else
       return grads_.data() + u.full_offset + update_begin(u);
   }
+  // Where the update reads unit u's owned gradient: the gradient buffer, or
+  // its host copy when offloaded.
+  grad_type* update_grad(const UnitInfo& u) {
+    if constexpr (offloaded)
+      return host_grads_.data() + state_offset(u);
+    else
+      return grad_ptr(u);
+  }
+  // Elements this rank updates (the store's owned elements).
+  std::size_t owned_total() const { return rules.states_sharded ? layout_.shard_total() : layout_.padded_total(); }
   // Unit u's updated range of the fp32 master into backend memory `dst`:
   // from the store, or from the parameters when they are their own master.
   void copy_master(const UnitInfo& u, float* dst);
@@ -275,7 +293,12 @@ class ZeroOptimizer {
   // allocation becomes an error naming the buffer, its bytes, this rank and
   // `lower_it` (the option or stage that makes it smaller).
   template <class T>
-  Buffer<T> allocate(std::size_t n, const char* what, const std::string& lower_it);
+  Buffer<T> allocate(std::size_t n, const char* what, const std::string& lower_it) {
+    return allocate_as<Buffer<T>>(n, what, lower_it);
+  }
+  // The same for any buffer type (the store's, page-locked host buffers).
+  template <class Buf>
+  Buf allocate_as(std::size_t n, const char* what, const std::string& lower_it);
   // Collective: every rank's values, rank-major, through a backend buffer
   // (collectives take backend memory), counted as control traffic.
   std::vector<std::uint64_t> all_gather_control(const std::vector<std::uint64_t>& mine);
@@ -316,6 +339,10 @@ class ZeroOptimizer {
   Buffer<param_type> params_;
   Buffer<grad_type> grads_;
   StateStore store_;  // fp32 master (mixed precision) and optimizer state
+  // Offload: the owned gradient's host copy (the update reads it there) and
+  // the 16-bit parameters the CPU writes before they are copied to the device.
+  OffloadBuffer<grad_type> host_grads_;
+  OffloadBuffer<param_type> host_params_;
   // Communication buffers, one slot per unit of a gradient bucket.
   Buffer<grad_type> grad_staging_;          // where the caller writes a unit's gradient
   Buffer<float> reduce_staging_fp32_;       // a unit widened to fp32, when reducing 16-bit gradients in fp32
@@ -374,9 +401,17 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
                                       "split the largest unit";
   params_ = allocate<param_type>(sizes.params, "parameters", rules.params_sharded ? "more ranks" : shard_params);
   grads_ = allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
-  store_.allocate(sizes.state_per_slot, separate_master, [&](std::size_t n, const char* what) {
-    return allocate<float>(n, what, rules.states_sharded ? "more ranks" : shard_states);
+  store_.allocate(sizes.state_per_slot, separate_master, [&]<class Buf>(std::type_identity<Buf>, std::size_t n,
+                                                                          const char* what) {
+    return allocate_as<Buf>(n, what, rules.states_sharded ? "more ranks" : shard_states);
   });
+  if constexpr (offloaded) {
+    host_grads_ = allocate_as<OffloadBuffer<grad_type>>(sizes.state_per_slot, "host copy of the owned gradient",
+                                                        "more ranks");
+    if constexpr (P::mixed)
+      host_params_ = allocate_as<OffloadBuffer<param_type>>(sizes.state_per_slot, "host staging of the parameters",
+                                                            "more ranks");
+  }
   max_shard_ = sizes.max_shard;
   bucket_units_ = sizes.bucket_units;
   grad_staging_ = allocate<grad_type>(sizes.grad_staging, "gradient staging (one bucket)", fewer_units);
@@ -400,23 +435,30 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-template <class T>
-auto ZeroOptimizer<P, O, S, F, B>::allocate(std::size_t n, const char* what, const std::string& lower_it)
-    -> Buffer<T> {
+template <class Buf>
+Buf ZeroOptimizer<P, O, S, F, B>::allocate_as(std::size_t n, const char* what, const std::string& lower_it) {
+  using T = std::remove_pointer_t<decltype(std::declval<Buf&>().data())>;
+  constexpr bool in_backend = std::is_same_v<Buf, Buffer<T>>;
+  const char* where = in_backend && B::device ? "device" : "host";
   const std::size_t bytes = checked_mul(n, sizeof(T), "finalize(): the ", what, " (", n, " elements)");
   auto failed = [&](const char* why) {
     return OutOfMemory(detail::concat("ZeroOptimizer::finalize() on rank ", rank(), ": could not allocate the ", what,
-                                      " (", bytes, " bytes: ", n, " elements of ", sizeof(T), " bytes) in ",
-                                      B::device ? "device" : "host", " memory: ", why,
-                                      ". To make it smaller: ", lower_it));
+                                      " (", bytes, " bytes: ", n, " elements of ", sizeof(T), " bytes) in ", where,
+                                      " memory: ", why, ". To make it smaller: ", lower_it));
   };
+  Buf buffer;
   try {
-    return Buffer<T>(n);
+    buffer = Buf(n);
   } catch (const std::bad_alloc&) {
     throw failed("out of memory");
   } catch (const BackendError& e) {
     throw failed(e.what());
   }
+  if constexpr (!in_backend)
+    if (options_.require_pinned_memory && !buffer.page_locked())
+      throw failed("page-locking failed and Options::require_pinned_memory is set (raise `ulimit -l`, or clear the "
+                   "option to accept pageable memory)");
+  return buffer;
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -458,6 +500,7 @@ std::vector<AgreedSetting> ZeroOptimizer<P, O, S, F, B>::agreed_settings() const
        }},
       {"the optimizer", optimizer, [](std::uint64_t v) { return short_text(v, "another optimizer"); }},
       {"the ZeRO stage", static_cast<std::uint64_t>(stage), number},
+      {"the offload tier", short_text_code(F::name), [](std::uint64_t v) { return short_text(v, "another tier"); }},
       {"Options::grad_accumulation_steps", static_cast<std::uint64_t>(options_.grad_accumulation_steps), number},
       {"Options::reduce_dtype", static_cast<std::uint64_t>(options_.reduce_dtype),
        [](std::uint64_t v) { return v == 0 ? "same_as_grad" : "fp32"; }},
@@ -498,13 +541,25 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
   m.stage = stage;
   m.padded_elements = layout_.padded_total();
   m.param_elements = layout_.param_total();
-  m.params = params_.bytes();
-  m.grads = grads_.bytes();
-  m.master = store_.master_bytes().total();
-  m.optimizer_states = store_.state_bytes().total();
+  auto in_backend = [](std::uint64_t bytes) {
+    PlacedBytes p;
+    (B::device ? p.device : p.host) = bytes;
+    return p;
+  };
+  m.placed.params = in_backend(params_.bytes());
+  m.placed.grads = in_backend(grads_.bytes());
+  m.placed.grads.host += host_grads_.bytes();
+  m.placed.master = store_.master_bytes();
+  m.placed.optimizer_states = store_.state_bytes();
+  m.placed.communication_buffers =
+      in_backend(grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gather_slots_.bytes());
+  m.placed.communication_buffers.host += host_params_.bytes();
+  m.params = m.placed.params.total();
+  m.grads = m.placed.grads.total();
+  m.master = m.placed.master.total();
+  m.optimizer_states = m.placed.optimizer_states.total();
   m.padding = MemoryReport::padding_share(m.param_elements, m.padded_elements, m.model_states());
-  m.communication_buffers =
-      grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gather_slots_.bytes();
+  m.communication_buffers = m.placed.communication_buffers.total();
   memory_ = m;
 }
 
@@ -817,6 +872,9 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
         Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
       else
         Ops::accumulate(acc, shard_staging_.data() + p.slot * max_shard_, u.shard, first);
+      // Offload: the finished shard leaves for the host while backward goes on.
+      if constexpr (offloaded)
+        if (last) Ops::download_async(host_grads_.data() + u.shard_offset, acc, u.shard);
     }
   }
   overlap_.mark(staging_event(set_));
@@ -933,14 +991,24 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     });
   }
 
-  // Global gradient statistics: squared norm and inf/NaN over the owned range.
-  // One pass where the owned gradient is contiguous (stage 0: all of it;
-  // stages 2-3: the shard buffer); stage 1's owned pieces are interleaved.
+  if constexpr (offloaded) {
+    // The owned gradient goes to the host (stages 2-3 sent each shard as its
+    // bucket was reduced; stage 1 sends its pieces now), where the CPU reads
+    // it: the step's one wait for the device.
+    if constexpr (!rules.reduce_scatter_on_flush)
+      for (const auto& u : units) Ops::download_async(update_grad(u), grad_ptr(u), update_size(u));
+    Ops::synchronize();
+  }
+  // Global gradient statistics: squared norm and inf/NaN over the owned range,
+  // where the update reads it. One pass where the owned gradient is
+  // contiguous (stage 0: all of it; stages 2-3: the shard buffer; offload:
+  // its host copy); stage 1's owned pieces are interleaved in the device
+  // buffer, and summed per unit everywhere so that the norm has one rounding.
   kernels::GradStats stats;
-  if constexpr (rules.states_sharded && !rules.grads_sharded) {
-    for (const auto& u : units) stats += Ops::grad_stats(grad_ptr(u), update_size(u));
+  if constexpr (rules.reduce_scatter_at_step) {
+    for (const auto& u : units) stats += UpdateOps::grad_stats(update_grad(u), update_size(u));
   } else {
-    stats = Ops::grad_stats(grads_.data(), grads_.size());
+    stats = UpdateOps::grad_stats(update_grad(units.front()), owned_total());
   }
   // The hyper-parameters may have changed since the last step (a schedule):
   // validated here, and their fingerprint compared across ranks below.
@@ -989,18 +1057,30 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   args.grad_scale = static_cast<float>(unscale * clip);
   args.scalars = scalars;
   args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
+  const simd::ScopedHostThreads update_threads(offloaded ? options_.offload_threads : 0);
   for (const auto& u : units) {
-    args.grad = grad_ptr(u);
-    if constexpr (separate_master)
-      args.param = param_ptr(u);
-    else
+    args.grad = update_grad(u);
+    if constexpr (!separate_master)
       args.master = param_ptr(u);  // fp32: the parameters are the master
+    else if constexpr (offloaded && P::mixed)
+      args.param = host_params_.data() + state_offset(u);
+    else if constexpr (!offloaded)
+      args.param = param_ptr(u);
     args.n = update_size(u);
     // Stochastic rounding draws from (seed, step, element id): the id is the
     // unit's index and the position in the unit, which no rank count or stage
     // changes (the padded full offset does), so copies do not depend on N.
     args.global_offset = (static_cast<std::uint64_t>(&u - units.data()) << 40) + update_begin(u);
     store_.update(state_offset(u), args);
+    // Offload: the unit's new parameters go to the device while the CPU
+    // updates the next unit (fp32 training copies the master itself). The
+    // host buffers are next written after the next step's synchronize().
+    if constexpr (offloaded) {
+      if constexpr (P::mixed)
+        Ops::upload_async(param_ptr(u), args.param, args.n);
+      else
+        Ops::upload_async(param_ptr(u), args.master, args.n);
+    }
   }
 
   // Stage 3: the shards changed, so every gathered copy is stale (none is in

@@ -142,6 +142,32 @@ inline int host_threads() {
 #endif
 }
 
+// For its lifetime, host kernels started on this thread use `threads`
+// threads (0: leave OpenMP's choice). The offloaded update runs under one,
+// sized by Options::offload_threads.
+class ScopedHostThreads {
+ public:
+  explicit ScopedHostThreads(int threads) {
+#if ZERO_HAS_OPENMP
+    if (threads <= 0) return;
+    before_ = omp_get_max_threads();
+    omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+  }
+  ~ScopedHostThreads() {
+#if ZERO_HAS_OPENMP
+    if (before_ > 0) omp_set_num_threads(before_);
+#endif
+  }
+  ScopedHostThreads(const ScopedHostThreads&) = delete;
+  ScopedHostThreads& operator=(const ScopedHostThreads&) = delete;
+
+ private:
+  int before_ = 0;
+};
+
 // Splits [0, n) into one contiguous range per thread (boundaries on multiples
 // of 64 elements, so packs and cache lines stay aligned) and runs
 // Body::run<Isa>(args..., thread, begin, end) on each. Thread t < host_threads(),

@@ -1,0 +1,286 @@
+// Why: ZeRO-Offload's pipeline runs on a GPU, which CI lacks: the owned
+// gradient shard leaves for the host as its bucket is reduced, the host waits
+// once, the CPU updates unit by unit and each unit's parameters go back while
+// the next is updated. So this test runs the engine on a backend with
+// device = true whose "device" buffers are separate host allocations and
+// whose asynchronous copies are LATE: queued, and run only when stream order
+// forces them (the next operation on the stream, a communication lane's
+// fork, or synchronize()), as a GPU runs them whenever it gets to them. A
+// host read of a download_async destination without the engine's wait reads
+// the previous step's gradient, and training departs from the run without
+// offload, which it must otherwise match bit for bit (the CPU's fused step
+// rounds exactly as the backend's).
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "engine_harness.hpp"
+
+namespace zero::test {
+
+// The stream's queued asynchronous copies (one stream per rank thread).
+struct LateCopyQueue {
+  std::vector<std::function<void()>> pending;
+  std::size_t deferred = 0;  // copies queued (the test's evidence that it deferred)
+  std::size_t ran_late = 0;  // ... and that were still queued when an operation forced them
+  void drain() {
+    ran_late += pending.size();
+    for (auto& copy : pending) copy();
+    pending.clear();
+  }
+};
+inline LateCopyQueue& late_copies() {
+  thread_local LateCopyQueue q;
+  return q;
+}
+
+}  // namespace zero::test
+
+namespace zero::backend {
+
+struct LateCopies {
+  static constexpr bool device = true;
+  static constexpr const char* name = "late-copies";
+};
+
+template <>
+struct Ops<LateCopies> {
+  using Eager = Ops<Host>;
+  template <class T>
+  using Buffer = HostBuffer<T>;
+  template <class T>
+  using PinnedBuffer = HostBuffer<T>;
+
+  static std::uint64_t allocation_count() { return Eager::allocation_count(); }
+
+  // Every operation on the stream first runs the copies queued before it.
+  static void in_order() { test::late_copies().drain(); }
+
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    in_order();
+    Eager::copy(dst, src, n);
+  }
+  template <class T>
+  static void zero(T* dst, std::size_t n) {
+    in_order();
+    Eager::zero(dst, n);
+  }
+  template <class T>
+  static void upload(T* dst, const T* host_src, std::size_t n) {
+    in_order();
+    Eager::upload(dst, host_src, n);
+  }
+  template <class T>
+  static void download(T* host_dst, const T* src, std::size_t n) {
+    in_order();
+    Eager::download(host_dst, src, n);
+  }
+  template <class T>
+  static void upload_async(T* dst, const T* host_src, std::size_t n) {
+    auto& q = test::late_copies();
+    q.pending.push_back([=] { Eager::copy(dst, host_src, n); });
+    ++q.deferred;
+  }
+  template <class T>
+  static void download_async(T* host_dst, const T* src, std::size_t n) {
+    upload_async(host_dst, src, n);  // the same late copy, the other way
+  }
+  template <class To, class From>
+  static void convert(To* dst, const From* src, std::size_t n) {
+    in_order();
+    Eager::convert(dst, src, n);
+  }
+  template <class T, class S>
+  static void accumulate(T* dst, const S* src, std::size_t n, bool overwrite) {
+    in_order();
+    Eager::accumulate(dst, src, n, overwrite);
+  }
+  template <class Opt, class Grad, class Param>
+  static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
+    in_order();
+    Eager::fused_step(args);
+  }
+  template <class Grad>
+  static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
+    in_order();
+    return Eager::grad_stats(grad, n);
+  }
+  static void synchronize() { in_order(); }
+
+  // One stream for compute and communication; a lane (where the collectives
+  // run) still starts after the copies queued before it.
+  class Overlap : public Eager::Overlap {
+   public:
+    using Eager::Overlap::Overlap;
+    [[nodiscard]] Lane lane() {
+      in_order();
+      return {};
+    }
+  };
+};
+
+static_assert(OffloadOps<Ops<LateCopies>>);
+
+}  // namespace zero::backend
+
+namespace {
+
+template <int S, class P, class O>
+struct Config {
+  static constexpr int stage = S;
+  using Precision = P;
+  using Optimizer = O;
+};
+
+using zero::bf16;
+using zero::fp16;
+using namespace zero::precision;
+using zero::optim::Adam;
+using zero::optim::AdamW;
+using zero::optim::Sgd;
+// Every stage meets every precision and every optimizer (a Latin square).
+using Configs = std::tuple<Config<1, Full<float>, Adam>, Config<1, Mixed<bf16>, AdamW>, Config<1, Mixed<fp16>, Sgd>,
+                           Config<2, Full<float>, AdamW>, Config<2, Mixed<bf16>, Sgd>, Config<2, Mixed<fp16>, Adam>,
+                           Config<3, Full<float>, Sgd>, Config<3, Mixed<bf16>, Adam>, Config<3, Mixed<fp16>, AdamW>>;
+
+template <class Opt>
+zero::test::RunResult train_ranks(int ranks, const typename Opt::Hyper& hyper, const zero::Options& options,
+                                  const zero::test::TrainSpec& spec, std::size_t* deferred) {
+  std::vector<zero::test::RunResult> results(static_cast<std::size_t>(ranks));
+  std::vector<std::size_t> late(results.size()), left(results.size());
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& c) {  // (no Catch2 assertions on these threads)
+    zero::test::late_copies() = {};
+    const auto r = static_cast<std::size_t>(c.rank());
+    results[r] = zero::test::train<Opt>(c, hyper, options, spec);
+    late[r] = zero::test::late_copies().ran_late;
+    left[r] = zero::test::late_copies().pending.size();
+  });
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK(left[static_cast<std::size_t>(r)] == 0);  // nothing was left queued
+    REQUIRE(results[static_cast<std::size_t>(r)].masters == results[0].masters);
+  }
+  if (deferred != nullptr) *deferred = late[0];
+  return results[0];
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("offload::Cpu trains bit for bit like no offload, through late copies", "[engine][offload]",
+                        Configs) {
+  using P = typename TestType::Precision;
+  using O = typename TestType::Optimizer;
+  using Offloaded = zero::ZeroOptimizer<P, O, zero::stage<TestType::stage>, zero::offload::Cpu,
+                                        zero::backend::LateCopies>;
+  using Resident = zero::ZeroOptimizer<P, O, zero::stage<TestType::stage>, zero::offload::None,
+                                       zero::backend::LateCopies>;
+  const auto hyper = zero::test::test_hyper<O>();
+  using zero::ReduceDType;
+  using zero::test::one_unit_bucket;
+  using zero::test::whole_model_bucket;
+  const zero::test::Variant variants[] = {
+      {"one unit per bucket, accumulate 3 + clip", 3, 0.05, ReduceDType::same_as_grad, one_unit_bucket},
+      {"whole model per bucket", 1, 0.0, ReduceDType::same_as_grad, whole_model_bucket},
+      {"one unit per bucket, reduce in fp32, accumulate 2", 2, 0.0, ReduceDType::fp32, one_unit_bucket}};
+  for (const int ranks : {1, 2, 4}) {
+    for (const auto& v : variants) {
+      INFO("stage " << TestType::stage << ", " << ranks << " rank(s), " << v.name);
+      zero::Options options = v.options();
+      options.offload_threads = 1 + ranks % 2;  // the host update's thread count is the option's
+      zero::test::TrainSpec spec;
+      spec.steps = 3;
+      spec.parts = ranks;
+      spec.check_acquired = true;
+      std::size_t late = 0;
+      const auto got = train_ranks<Offloaded>(ranks, hyper, options, spec, &late);
+      const auto want = train_ranks<Resident>(ranks, hyper, options, spec, nullptr);
+      // The copies really were late: queued and run only when forced.
+      CHECK(late > 0);
+      CHECK(got.masters == want.masters);
+      CHECK(got.params == want.params);
+      REQUIRE(got.steps.size() == want.steps.size());
+      for (std::size_t i = 0; i < got.steps.size(); ++i) {
+        CHECK(got.steps[i].stepped == want.steps[i].stepped);
+        CHECK(got.steps[i].grad_norm == want.steps[i].grad_norm);
+      }
+      // And both are the ZeRO semantics of the single-process reference.
+      zero::test::require_equivalent<typename Offloaded::param_type>(
+          got, zero::test::reference_train<P, O>(ranks, hyper, options, spec.steps));
+    }
+  }
+}
+
+TEST_CASE("offload::Cpu: memory_report() places master and state on the host, as the planner says",
+          "[engine][offload][plan]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::Cpu, zero::backend::LateCopies>;
+  const std::size_t ranks = 4, units = 4, unit_elements = 4 * 64 * 16;  // divisible: no padding
+  std::vector<zero::MemoryReport> reports(ranks);
+  zero::comm::LocalGroup group(static_cast<int>(ranks));
+  group.run([&](zero::comm::Local& c) {
+    Opt opt(c, zero::test::test_hyper<AdamW>());
+    for (std::size_t u = 0; u < units; ++u)
+      opt.add_param(opt.add_unit("u" + std::to_string(u)), "w" + std::to_string(u), unit_elements);
+    opt.finalize();
+    reports[static_cast<std::size_t>(c.rank())] = opt.memory_report();
+  });
+  const std::uint64_t phi = units * unit_elements, shard = phi / ranks;
+  for (const auto& m : reports) {
+    INFO("rank " << m.rank);
+    // Device model state of stage 2 with offload: the bf16 parameters (2Φ)
+    // and the bf16 gradient shard the device accumulates (2Φ/N).
+    CHECK(m.placed.model_states().device == 2 * phi + 2 * phi / ranks);
+    CHECK(m.placed.params == zero::PlacedBytes{2 * phi, 0, 0});
+    CHECK(m.placed.grads == zero::PlacedBytes{2 * shard, 2 * shard, 0});
+    CHECK(m.placed.master == zero::PlacedBytes{0, 4 * shard, 0});
+    CHECK(m.placed.optimizer_states == zero::PlacedBytes{0, 8 * shard, 0});
+    CHECK(m.placed.communication_buffers.host == 2 * shard);  // the bf16 parameters' host staging
+    CHECK(m.model_states() == m.placed.model_states().total());
+    CHECK(m.total() == m.placed.total().total());
+    // The planner predicts every line to the byte.
+    zero::plan::Model model;
+    for (std::size_t u = 0; u < units; ++u) model.units.push_back({"u" + std::to_string(u), {unit_elements}});
+    zero::plan::Config config = zero::plan::config_for<Opt>(model, static_cast<int>(ranks), {}, false);
+    config.offload = zero::plan::Offload::cpu;
+    const zero::plan::Plan plan = zero::plan::make_plan(config);
+    for (const auto& [line, placed] : {std::pair{"params", m.placed.params}, std::pair{"grads", m.placed.grads},
+                                       std::pair{"master", m.placed.master},
+                                       std::pair{"optimizer_states", m.placed.optimizer_states}}) {
+      INFO(line);
+      CHECK(plan.line(line).device == placed.device);
+      CHECK(plan.line(line).host == placed.host);
+      CHECK(plan.line(line).disk == placed.disk);
+    }
+    CHECK(plan.communication_buffers() == m.communication_buffers);
+  }
+}
+
+TEST_CASE("offload::Cpu: ranks that disagree on the offload tier are an error at finalize()", "[engine][offload]") {
+  using Offloaded = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::Cpu,
+                                        zero::backend::LateCopies>;
+  using Resident = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::None,
+                                       zero::backend::LateCopies>;
+  std::vector<std::string> errors(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    auto build = [&](auto& opt) {
+      opt.add_param(opt.add_unit("u"), "w", 1000);
+      try {
+        opt.finalize();
+      } catch (const zero::CommError& e) {
+        errors[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    };
+    if (c.rank() == 0) {
+      Offloaded opt(c, zero::test::test_hyper<AdamW>());
+      build(opt);
+    } else {
+      Resident opt(c, zero::test::test_hyper<AdamW>());
+      build(opt);
+    }
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("the offload tier") && Catch::Contains("rank"));
+}
