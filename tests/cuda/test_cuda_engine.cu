@@ -536,6 +536,76 @@ void equivalence_stage() {
   section(fmt("engine equivalence, stage %d (9 configs x N %s)", S, g_quick ? "2" : "1,2,4").c_str(), p0, f0);
 }
 
+// ---- ZeRO-Offload: the CPU update beside the GPU (tests/engine/test_engine_offload.cpp) ----
+
+// offload::Cpu on the GPU trains bit for bit like offload::None (the host
+// fused step rounds as the device's), with and without a separate compute
+// stream; the device holds what memory_report() places there, measured with
+// cudaMemGetInfo around finalize() (cudaMalloc rounds each buffer up to its
+// granularity, so the measurement may exceed the report by that much).
+template <int S, class P, class O>
+void offload_config() {
+  using Offloaded = zero::ZeroOptimizer<P, O, zero::stage<S>, zero::offload::Cpu, zero::backend::Cuda>;
+  using Resident = zero::ZeroOptimizer<P, O, zero::stage<S>, zero::offload::None, zero::backend::Cuda>;
+  const auto hyper = zero::test::test_hyper<O>();
+  for (const int ranks : {1, 2, 4}) {
+    for (const bool overlap : {false, true}) {
+      if (g_quick && ranks != 2) continue;
+      const std::string label = fmt("offload::Cpu stage %d %s %s, %d rank(s)%s", S, precision_name<P>(), O::name,
+                                    ranks, overlap ? ", overlap" : "");
+      try {
+        zero::test::Variant v{"accumulate 2 + clip, one unit per bucket", 2, 0.05,
+                              zero::ReduceDType::same_as_grad, zero::test::one_unit_bucket};
+        const zero::Options options = v.options();
+        const RunResult got = train_local_device<Offloaded>(ranks, hyper, options, 4, ranks, false, label, overlap);
+        const RunResult want = train_local_device<Resident>(ranks, hyper, options, 4, ranks, false, label, overlap);
+        CHECK(got.masters == want.masters, label + ": fp32 masters differ from the run without offload");
+        CHECK(got.params == want.params, label + ": parameters differ from the run without offload");
+      } catch (const std::exception& e) {
+        CHECK(false, label + ": exception: " + e.what());
+      }
+    }
+  }
+}
+
+void offload_tests() {
+  using namespace zero::precision;
+  const int p0 = g_passed, f0 = g_failed;
+  offload_config<1, Mixed<bf16>, zero::optim::AdamW>();
+  offload_config<2, Mixed<fp16>, zero::optim::Adam>();
+  offload_config<2, Full<float>, zero::optim::Sgd>();
+  offload_config<3, Mixed<bf16>, zero::optim::Adam>();
+  // Device memory: 64 Mi parameters at stage 2 on one rank, bf16 + AdamW.
+  try {
+    using Opt = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<2>, zero::offload::Cpu,
+                                    zero::backend::Cuda>;
+    zero::comm::LocalGroup group(1);
+    zero::comm::LocalDevice::run(group, [&](zero::comm::LocalDevice& c) {
+      std::size_t free_before = 0, free_after = 0, total = 0;
+      Opt opt(c, zero::test::test_hyper<zero::optim::AdamW>());
+      for (int u = 0; u < 8; ++u) opt.add_param(opt.add_unit("u" + std::to_string(u)), "w", std::size_t{8} << 20);
+      ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+      ZERO_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+      opt.finalize();
+      ZERO_CUDA_CHECK(cudaDeviceSynchronize());
+      ZERO_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+      const zero::MemoryReport m = opt.memory_report();
+      const double measured = static_cast<double>(free_before - free_after);
+      const double reported = static_cast<double>(m.placed.total().device);
+      std::printf("offload::Cpu stage 2, 64 Mi bf16 parameters: device memory %.1f MiB measured, %.1f MiB "
+                  "reported (host %.1f MiB)\n",
+                  measured / 1048576.0, reported / 1048576.0, static_cast<double>(m.placed.total().host) / 1048576.0);
+      CHECK(measured >= reported && measured <= reported + 64.0 * 1048576.0,
+            fmt("offload::Cpu device memory: %.0f bytes measured, %.0f reported", measured, reported));
+      CHECK(m.placed.master.device == 0 && m.placed.optimizer_states.device == 0,
+            "offload::Cpu keeps no master or optimizer state on the device");
+    });
+  } catch (const std::exception& e) {
+    CHECK(false, std::string("offload::Cpu device memory: exception: ") + e.what());
+  }
+  section("ZeRO-Offload (offload::Cpu) against no offload", p0, f0);
+}
+
 // ---- reports: the ZeRO paper's formulas (tests/engine/test_engine_reports.cpp) ----------
 
 template <int S>
@@ -758,7 +828,7 @@ void nccl_tests() {
 
 int main(int argc, char** argv) {
   zero::test::TestArgs args;
-  if (!zero::test::parse_test_args(argc, argv, {"ops", "collectives", "engine", "reports", "alloc", "nccl"}, true,
+  if (!zero::test::parse_test_args(argc, argv, {"ops", "collectives", "engine", "offload", "reports", "alloc", "nccl"}, true,
                                    args))
     return 2;
   g_quick = args.quick;
@@ -778,6 +848,7 @@ int main(int argc, char** argv) {
       equivalence_stage<2>();
       equivalence_stage<3>();
     }
+    if (runs("offload")) offload_tests();
     if (runs("reports")) report_tests();
     if (runs("alloc")) allocation_tests();
 #if defined(ZERO_TEST_WITH_NCCL)

@@ -284,3 +284,145 @@ TEST_CASE("offload::Cpu: ranks that disagree on the offload tier are an error at
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("the offload tier") && Catch::Contains("rank"));
 }
+
+// ---- The delayed parameter update ------------------------------------------------------------
+
+namespace {
+
+// What a delayed-update run saw and ended with.
+struct SeenRun {
+  std::vector<std::vector<float>> seen;  // per step: the parameters its micro-batches computed with (padded, fp32)
+  std::vector<float> masters;            // at the end (padded)
+};
+
+// Trains `steps` steps in which the gradient depends on the parameters
+// (g = w/4 + a rank- and step-dependent part), so which parameters a
+// micro-batch sees changes the result. `lagged`: the reference. The optimizer
+// updates in place and the test computes each step's gradient from the
+// parameters a delayed update would have shown: those after step t-2 once
+// step t-1 was past the warm-up, after step t-1 before.
+template <class Opt>
+SeenRun train_seen(int ranks, const zero::Options& options, bool lagged, int steps) {
+  using G = typename Opt::grad_type;
+  using PT = typename Opt::param_type;
+  using Ops = zero::backend::Ops<typename Opt::backend_policy>;
+  std::vector<SeenRun> runs(static_cast<std::size_t>(ranks));
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& c) {
+    SeenRun& run = runs[static_cast<std::size_t>(c.rank())];
+    Opt opt(c, zero::test::test_hyper<typename Opt::optimizer_policy>(), options);
+    const std::size_t sizes[] = {300, 517};
+    std::vector<zero::UnitId> units;
+    std::vector<zero::ParamId> params;
+    for (std::size_t u = 0; u < 2; ++u) {
+      units.push_back(opt.add_unit("unit" + std::to_string(u)));
+      params.push_back(opt.add_param(units.back(), "w" + std::to_string(u), sizes[u]));
+    }
+    opt.finalize();
+    for (std::size_t p = 0; p < 2; ++p) {
+      std::vector<float> v(sizes[p]);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = zero::test::init_value(p, i);
+      opt.set_param(params[p], v.data());
+    }
+    const zero::Layout& layout = opt.layout();
+    auto gathered = [&] {
+      std::vector<PT> low(layout.padded_total());
+      opt.gather_params(low.data());
+      std::vector<float> all(low.size());
+      for (std::size_t i = 0; i < low.size(); ++i) all[i] = zero::to_float(low[i]);
+      return all;
+    };
+    std::vector<std::vector<float>> history;  // reference: the parameters after each step
+    if (lagged) history.push_back(gathered());
+    std::vector<float> current(layout.padded_total());
+    std::vector<PT> unit_params(layout.max_unit());
+    std::vector<G> grad(layout.max_unit());
+    for (int t = 1; t <= steps; ++t) {
+      for (int m = 0; m < options.grad_accumulation_steps; ++m) {
+        for (const zero::UnitId u : units) {  // forward: what the device holds now
+          const zero::UnitInfo& info = layout.unit(u);
+          Ops::download(unit_params.data(), opt.acquire_unit(u), info.padded);
+          for (std::size_t i = 0; i < info.padded; ++i) current[info.full_offset + i] = zero::to_float(unit_params[i]);
+          opt.release_unit(u);
+        }
+        const bool delayed = t - 1 > options.delayed_update_warmup;
+        const std::vector<float>& basis =
+            !lagged ? current : history[static_cast<std::size_t>(delayed ? t - 2 : t - 1)];
+        if (m == 0) run.seen.push_back(basis);
+        for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward
+          const zero::UnitInfo& info = layout.unit(*it);
+          opt.acquire_unit(*it);
+          G* g = opt.grad_buffer(*it);
+          for (std::size_t i = 0; i < info.padded; ++i)
+            grad[i] = zero::from_float<G>(0.25f * basis[info.full_offset + i] +
+                                          zero::test::grad_part(c.rank(), it->index, i, t, m));
+          Ops::upload(g, grad.data(), info.padded);
+          opt.grad_ready(*it);
+          opt.release_unit(*it);
+        }
+        opt.step();
+      }
+      if (lagged) history.push_back(gathered());
+    }
+    opt.wait_update();
+    run.masters.resize(layout.padded_total());
+    opt.gather_masters(run.masters.data());
+  });
+  for (int r = 1; r < ranks; ++r) REQUIRE(runs[static_cast<std::size_t>(r)].masters == runs[0].masters);
+  return runs[0];
+}
+
+using DelayConfigs = std::tuple<Config<1, Mixed<bf16>, AdamW>, Config<2, Full<float>, Adam>,
+                                Config<3, Mixed<bf16>, Sgd>>;
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("the delayed update equals an update applied one step late, bit for bit",
+                        "[engine][offload][delayed]", DelayConfigs) {
+  using Opt = zero::ZeroOptimizer<typename TestType::Precision, typename TestType::Optimizer,
+                                  zero::stage<TestType::stage>, zero::offload::Cpu, zero::backend::LateCopies>;
+  for (const int ranks : {1, 2}) {
+    for (const int accumulation : {1, 2}) {
+      INFO("stage " << TestType::stage << ", " << ranks << " rank(s), accumulation " << accumulation);
+      zero::Options options;
+      options.grad_accumulation_steps = accumulation;
+      options.bucket_bytes = 1;  // one unit per bucket: shards leave for the host during backward
+      options.delayed_update = true;
+      options.delayed_update_warmup = 2;
+      const int steps = 7;
+      const SeenRun delayed = train_seen<Opt>(ranks, options, false, steps);
+      zero::Options in_place = options;
+      in_place.delayed_update = false;
+      const SeenRun reference = train_seen<Opt>(ranks, in_place, true, steps);
+      REQUIRE(delayed.seen.size() == reference.seen.size());
+      for (std::size_t t = 0; t < delayed.seen.size(); ++t) {
+        INFO("step " << t + 1);
+        CHECK(delayed.seen[t] == reference.seen[t]);
+      }
+      CHECK(delayed.masters == reference.masters);
+      // The delay is real: from step warm-up + 2 on, the parameters seen lag
+      // those an in-place run would have used.
+      const SeenRun plain = train_seen<Opt>(ranks, in_place, false, steps);
+      CHECK(plain.seen[3] != delayed.seen[3]);
+      CHECK(plain.masters != delayed.masters);
+    }
+  }
+}
+
+TEST_CASE("the delayed update needs offload", "[engine][offload][delayed][errors]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::None, zero::backend::LateCopies>;
+  std::string error;
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {
+    zero::Options options;
+    options.delayed_update = true;
+    Opt opt(c, zero::test::test_hyper<AdamW>(), options);
+    opt.add_param(opt.add_unit("u"), "w", 100);
+    try {
+      opt.finalize();
+    } catch (const zero::Error& e) {
+      error = e.what();
+    }
+  });
+  CHECK_THAT(error, Catch::Contains("delayed_update") && Catch::Contains("offload::Cpu"));
+}

@@ -54,6 +54,13 @@ struct Options {
   // page-locked are an error (true) or a warning and pageable memory (false).
   int offload_threads = 0;
   bool require_pinned_memory = false;
+  // Offload: the delayed parameter update of the ZeRO-Offload paper. After
+  // `delayed_update_warmup` steps, step t's CPU update runs in the
+  // background while step t+1's micro-batches use the parameters of step
+  // t-1; it lands (parameters copied to the device, gathered at stages 1-2)
+  // at the next step(), wait_update(), or any call that reads the state.
+  bool delayed_update = false;
+  int delayed_update_warmup = 10;
 
   void validate() const {
     require(bucket_bytes >= 1, "Options::bucket_bytes is 0; it must be at least 1 (a bucket always holds one unit; "
@@ -68,6 +75,8 @@ struct Options {
             gradient_divisor, "; it must be > 0, or 0 for ranks x accumulation steps");
     require(offload_threads >= 0 && offload_threads <= simd::max_host_threads, "Options::offload_threads is ",
             offload_threads, "; it must be in [0, ", simd::max_host_threads, "] (0: OpenMP's default)");
+    require(delayed_update_warmup >= 0, "Options::delayed_update_warmup is ", delayed_update_warmup,
+            "; it must be >= 0 (steps updated in place before the update is delayed)");
     const auto& ls = loss_scale;
     require(std::isfinite(ls.initial_scale) && ls.initial_scale >= 1, "Options::loss_scale.initial_scale is ",
             ls.initial_scale, "; it must be >= 1");

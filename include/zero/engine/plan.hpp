@@ -263,7 +263,7 @@ inline Plan make_plan(const Config& config) {
     states.device = s.state_per_slot * 4 * static_cast<std::uint64_t>(config.state_slots);
   } else {
     grads.device = s.grads * gb;
-    grads.host = owned * gb;
+    grads.host = owned * gb * (config.options.delayed_update ? 2 : 1);  // two sets: one per step in flight
     const std::uint64_t m = owned * 4, st = owned * 4 * static_cast<std::uint64_t>(config.state_slots);
     if (config.offload == Offload::cpu) {
       master.host = m;

@@ -55,6 +55,7 @@
 #include "zero/engine/reports.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/engine/state_store.hpp"
+#include "zero/engine/update_worker.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/policy.hpp"
@@ -187,8 +188,18 @@ class ZeroOptimizer {
   // communication, has finished (before timing a step, say). On the host
   // there is nothing to wait for.
   void synchronize() {
+    if (update_pending_) worker_.wait();
     overlap_.join();
     Ops::synchronize();
+  }
+  // Options::delayed_update: lands the update still running in the
+  // background (waits for it, copies its parameters to the device, and at
+  // stages 1-2 all-gathers them: collective). Call it before evaluating the
+  // model; gather_*, master_values, set_param and step() call it themselves.
+  // Without a pending update it does nothing.
+  void wait_update() {
+    require_finalized("wait_update");
+    land_update();
   }
 
   double loss_scale() const { return scaler_.scale(); }
@@ -237,12 +248,26 @@ class ZeroOptimizer {
   }
   // Where the update reads unit u's owned gradient: the gradient buffer, or
   // its host copy when offloaded.
-  grad_type* update_grad(const UnitInfo& u) {
+  grad_type* update_grad(const UnitInfo& u) { return update_grad(u, host_grad_set_); }
+  grad_type* update_grad(const UnitInfo& u, std::size_t host_set) {
     if constexpr (offloaded)
-      return host_grads_.data() + state_offset(u);
+      return host_grads_.data() + host_set * owned_total() + state_offset(u);
     else
       return grad_ptr(u);
   }
+  // The update of every unit with `args` (gradient scale, scalars, rounding
+  // set). upload_each: copy each unit's new parameters to the device as it
+  // finishes (offload without delay); otherwise land_update() copies them.
+  using StepArgs = kernels::FusedStepArgs<Optimizer, grad_type, param_type>;
+  // host_set: the host gradient set it reads (offload).
+  void update_units(StepArgs args, bool upload_each, std::size_t host_set);
+  // Offload: unit u's updated parameters, host to device (async).
+  void upload_updated(const UnitInfo& u);
+  // After the parameters changed: stage 3 drops its gathered copies, stages
+  // 1-2 all-gather the updated shards (collective).
+  void publish_params();
+  // Delayed update: waits for the background update and publishes it.
+  void land_update();
   // Elements this rank updates (the store's owned elements).
   std::size_t owned_total() const { return rules.states_sharded ? layout_.shard_total() : layout_.padded_total(); }
   // Unit u's updated range of the fp32 master into backend memory `dst`:
@@ -343,6 +368,14 @@ class ZeroOptimizer {
   // the 16-bit parameters the CPU writes before they are copied to the device.
   OffloadBuffer<grad_type> host_grads_;
   OffloadBuffer<param_type> host_params_;
+  std::vector<const float*> updated_master_;  // fp32 offload: where each unit's updated master is
+  // Delayed update: the host gradient is double-buffered (the background
+  // update reads one set while the next step's shards arrive in the other).
+  std::size_t host_grad_set_ = 0;
+  bool update_pending_ = false;
+  StepArgs pending_args_{};
+  std::size_t pending_set_ = 0;
+  detail::UpdateWorker worker_;
   // Communication buffers, one slot per unit of a gradient bucket.
   Buffer<grad_type> grad_staging_;          // where the caller writes a unit's gradient
   Buffer<float> reduce_staging_fp32_;       // a unit widened to fp32, when reducing 16-bit gradients in fp32
@@ -405,9 +438,16 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
                                                                           const char* what) {
     return allocate_as<Buf>(n, what, rules.states_sharded ? "more ranks" : shard_states);
   });
+  require(!options_.delayed_update || offloaded,
+          "Options::delayed_update overlaps the CPU update of offload with the next step; it needs offload::Cpu "
+          "(without offload the update runs on the backend: clear the option)");
   if constexpr (offloaded) {
-    host_grads_ = allocate_as<OffloadBuffer<grad_type>>(sizes.state_per_slot, "host copy of the owned gradient",
-                                                        "more ranks");
+    host_grads_ = allocate_as<OffloadBuffer<grad_type>>(
+        checked_mul(sizes.state_per_slot, std::size_t{options_.delayed_update ? 2u : 1u}, "the host gradient"),
+        options_.delayed_update ? "host copies of the owned gradient (two: delayed update)"
+                                : "host copy of the owned gradient",
+        "more ranks");
+    updated_master_.assign(layout_.units().size(), nullptr);
     if constexpr (P::mixed)
       host_params_ = allocate_as<OffloadBuffer<param_type>>(sizes.state_per_slot, "host staging of the parameters",
                                                             "more ranks");
@@ -517,6 +557,8 @@ std::vector<AgreedSetting> ZeroOptimizer<P, O, S, F, B>::agreed_settings() const
       {"Options::stochastic_rounding", options_.stochastic_rounding ? 1u : 0u,
        [](std::uint64_t v) { return v ? "true" : "false"; }},
       {"Options::seed", options_.seed, number},
+      {"Options::delayed_update", options_.delayed_update ? 1u : 0u, [](std::uint64_t v) { return v ? "true" : "false"; }},
+      {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options_.delayed_update_warmup), number},
   };
 }
 
@@ -566,6 +608,7 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
   require_finalized("set_param");
+  land_update();
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = layout_.units()[p.unit];
@@ -615,6 +658,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
   require_finalized("gather_masters");
+  land_update();
   gather_units(out, [this](const UnitInfo& u, float* dst) { copy_master(u, dst); });
 }
 
@@ -632,6 +676,7 @@ void ZeroOptimizer<P, O, S, F, B>::copy_master(const UnitInfo& u, float* dst) {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
   require_finalized("gather_params");
+  land_update();
   if constexpr (rules.params_whole()) {
     Ops::download(out, params_.data(), layout_.padded_total());
   } else {
@@ -874,7 +919,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
         Ops::accumulate(acc, shard_staging_.data() + p.slot * max_shard_, u.shard, first);
       // Offload: the finished shard leaves for the host while backward goes on.
       if constexpr (offloaded)
-        if (last) Ops::download_async(host_grads_.data() + u.shard_offset, acc, u.shard);
+        if (last) Ops::download_async(update_grad(u), acc, u.shard);
     }
   }
   overlap_.mark(staging_event(set_));
@@ -970,6 +1015,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   }
   micro_ = 0;
   overlap_.join();  // the step reads the reduced gradients
+  land_update();    // delayed update: the previous step's, before this one
 
   // Stage 1 reduce-scatters the accumulated gradient now, in place.
   if constexpr (rules.reduce_scatter_at_step) {
@@ -1057,9 +1103,31 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   args.grad_scale = static_cast<float>(unscale * clip);
   args.scalars = scalars;
   args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
+  if (offloaded && options_.delayed_update && steps_ > options_.delayed_update_warmup) {
+    // Step t's update runs in the background; step t+1's shards arrive in
+    // the other host gradient set meanwhile.
+    pending_args_ = args;
+    pending_set_ = host_grad_set_;
+    update_pending_ = true;
+    worker_.start([](void* self) {
+      auto* opt = static_cast<ZeroOptimizer*>(self);
+      opt->update_units(opt->pending_args_, false, opt->pending_set_);
+    }, this);
+    host_grad_set_ ^= 1;
+  } else {
+    update_units(args, true, host_grad_set_);
+    publish_params();
+  }
+  result.stepped = true;
+  return result;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::update_units(StepArgs args, bool upload_each, std::size_t host_set) {
+  const auto& units = layout_.units();
   const simd::ScopedHostThreads update_threads(offloaded ? options_.offload_threads : 0);
   for (const auto& u : units) {
-    args.grad = update_grad(u);
+    args.grad = update_grad(u, host_set);
     if constexpr (!separate_master)
       args.master = param_ptr(u);  // fp32: the parameters are the master
     else if constexpr (offloaded && P::mixed)
@@ -1072,31 +1140,52 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     // changes (the padded full offset does), so copies do not depend on N.
     args.global_offset = (static_cast<std::uint64_t>(&u - units.data()) << 40) + update_begin(u);
     store_.update(state_offset(u), args);
-    // Offload: the unit's new parameters go to the device while the CPU
-    // updates the next unit (fp32 training copies the master itself). The
-    // host buffers are next written after the next step's synchronize().
     if constexpr (offloaded) {
-      if constexpr (P::mixed)
-        Ops::upload_async(param_ptr(u), args.param, args.n);
-      else
-        Ops::upload_async(param_ptr(u), args.master, args.n);
+      updated_master_[static_cast<std::size_t>(&u - units.data())] = args.master;
+      // The unit's new parameters go to the device while the CPU updates the
+      // next unit. The host buffers are next written after the next step's
+      // synchronize(), which this copy precedes.
+      if (upload_each) upload_updated(u);
     }
   }
+}
 
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::upload_updated(const UnitInfo& u) {
+  if constexpr (offloaded) {
+    if constexpr (P::mixed)
+      Ops::upload_async(param_ptr(u), host_params_.data() + state_offset(u), update_size(u));
+    else  // fp32: the device's working copy is the master itself
+      Ops::upload_async(param_ptr(u), updated_master_[static_cast<std::size_t>(&u - layout_.units().data())],
+                        update_size(u));
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::publish_params() {
   // Stage 3: the shards changed, so every gathered copy is stale (none is in
-  // use: checked above); acquire_unit gathers the updated values.
+  // use: step() checked); acquire_unit gathers the updated values.
   if constexpr (rules.params_sharded) std::fill(slot_unit_.begin(), slot_unit_.end(), npos);
   // Stages 1 and 2: every rank needs the full updated parameters again.
   if constexpr (rules.all_gather_after_step) {
     communicate([&] {
-      for (const auto& u : units) {
+      for (const auto& u : layout_.units()) {
         param_type* full = params_.data() + u.full_offset;
         comm_->all_gather(full + update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);
       }
     });
   }
-  result.stepped = true;
-  return result;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+void ZeroOptimizer<P, O, S, F, B>::land_update() {
+  if (!update_pending_) return;
+  update_pending_ = false;
+  worker_.wait();  // rethrows what the update threw
+  for (const auto& u : layout_.units()) upload_updated(u);
+  publish_params();
+  // The next background update writes the host parameters these copies read.
+  Ops::synchronize();
 }
 
 }  // namespace zero
