@@ -334,11 +334,10 @@ TEST_CASE("A file truncated underneath gives an IoError, then the swap refuses e
   swap.wait(swap.write(0, data.data(), 2 * MiB));
   REQUIRE(::truncate(swap.path().c_str(), static_cast<off_t>(MiB)) == 0);
   AlignedBuffer<unsigned char> back(2 * MiB);
-  REQUIRE_THROWS_AS(swap.read(0, back.data(), 2 * MiB), zero::IoError);
+  REQUIRE_THROWS_AS(swap.wait(swap.read(0, back.data(), 2 * MiB)), zero::IoError);
   CHECK(swap.failed());
-  CHECK_THAT(swap.failure(), Catch::Contains(swap.path()));
-  CHECK_THAT(swap.failure(), Catch::Contains("byte offset 0"));
-  CHECK_THAT(swap.failure(), Catch::Contains("the file is now 1048576 bytes instead of 4194304"));
+  CHECK_THAT(swap.failure(), Catch::Contains("read of 2097152 bytes at byte offset 0 of " + swap.path()));
+  CHECK_THAT(swap.failure(), Catch::Contains("the file is now 1048576 bytes instead of 4194304, so it was truncated"));
   CHECK_THAT(swap.failure(), Catch::Contains("What to do:"));
   // Every call now refuses, naming the first cause.
   for (int call = 0; call < 5; ++call) {
@@ -356,6 +355,24 @@ TEST_CASE("A file truncated underneath gives an IoError, then the swap refuses e
       CHECK_THAT(e.what(), Catch::Contains("instead of 4194304"));
     }
   }
+}
+
+TEST_CASE("A file truncated while a read is queued ends the read early: an IoError", "[offload][disk][fault]") {
+  TempDir dir;
+  DiskSwap swap(4 * MiB, options_in(dir.path, MiB, 1));  // one request in flight, the others queued
+  const auto data = random_bytes(4 * MiB, 4);
+  swap.wait(swap.write(0, data.data(), 4 * MiB));
+  AlignedBuffer<unsigned char> back(4 * MiB);
+  const Ticket t = swap.read(0, back.data(), 4 * MiB);  // at most the first MiB is under way
+  REQUIRE(::truncate(swap.path().c_str(), static_cast<off_t>(MiB)) == 0);
+  try {
+    swap.wait(t);
+    FAIL("the truncated read went unnoticed");
+  } catch (const zero::IoError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("read of 1048576 bytes at byte offset 1048576 of " + swap.path()));
+    CHECK_THAT(e.what(), Catch::Contains("the read ended early (0 bytes), so the file was truncated"));
+  }
+  CHECK(swap.failed());
 }
 
 TEST_CASE("Bytes changed underneath fail their checksum, naming the piece", "[offload][disk][fault]") {
@@ -420,20 +437,22 @@ TEST_CASE("A file-size limit gives EFBIG errors, not SIGXFSZ", "[offload][disk][
                                        "/zero-swap-r0-"));
   CHECK_THAT(at_start, Catch::Contains("File too large") && Catch::Contains("ulimit -f"));
 
-  // Lowered after the file exists: the write past the limit fails (after a
-  // short write up to it), with requests still in flight behind it.
+  // Lowered after the file exists: the write past the limit fails. One
+  // request in flight, so the pieces go in order.
   const std::string mid_run = in_child([&]() -> std::string {
     try {
-      DiskSwap swap(2 * MiB, o);
+      DiskSwap swap(2 * MiB, options_in(dir.path, 256 * KiB, 1));
       const auto data = random_bytes(2 * MiB, 3);
-      if (!limit_file_size(MiB)) return "setrlimit failed";
+      if (!limit_file_size(MiB + 128 * KiB)) return "setrlimit failed";  // inside the fifth piece
       swap.wait(swap.write(0, data.data(), 2 * MiB));
       return "no error";
     } catch (const zero::IoError& e) {
       return e.what();
     }
   });
-  CHECK_THAT(mid_run, Catch::Contains("write of 262144 bytes at byte offset 1048576 of " + dir.path));
+  // The piece at 1 MiB is written short (128 KiB); its remainder, asked for
+  // again, is what fails.
+  CHECK_THAT(mid_run, Catch::Contains("write of 131072 bytes at byte offset 1179648 of " + dir.path));
   CHECK_THAT(mid_run, Catch::Contains("File too large"));
   CHECK(dir.files() == 0);  // the children removed their files
 }
