@@ -338,7 +338,7 @@ class DiskSwap {
     checksums_.erase(first, last);
     for (std::size_t at = 0; at < r.bytes; at += options_.block_bytes) {
       const std::size_t n = std::min(options_.block_bytes, r.bytes - at);
-      r.pieces.push_back(Piece{r.offset + at, n, false, XXH3_64bits(r.buffer + at, n)});
+      r.pieces.push_back(Piece{r.offset + at, n, false, 0});  // hashed when submitted, while others are in flight
     }
   }
 
@@ -390,6 +390,8 @@ class DiskSwap {
       }
       const std::size_t s = free_slots_.back();
       free_slots_.pop_back();
+      Piece& p = r.pieces[r.next_piece];
+      if (r.write) p.hash = XXH3_64bits(r.buffer + (p.offset - r.offset), p.bytes);
       slots_[s] = Slot{it->first, r.next_piece++, 0};
       ++r.outstanding;
       prepare(s);
