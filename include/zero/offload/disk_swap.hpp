@@ -278,7 +278,7 @@ class DiskSwap {
     std::size_t offset;
     std::size_t bytes;
     bool verify;
-    XXH64_hash_t hash;  // of the data written, or expected when read
+    XXH64_hash_t hash;  // expected when read
   };
   struct Request {
     bool write;
@@ -287,7 +287,7 @@ class DiskSwap {
     std::size_t bytes;
     std::vector<Piece> pieces;
     std::size_t next_piece = 0;   // first one not yet handed to the kernel
-    std::size_t outstanding = 0;  // handed over, not yet complete
+    std::size_t outstanding = 0;  // handed over, not yet transferred and checked
   };
   struct Slot {
     std::uint64_t request;
@@ -338,7 +338,7 @@ class DiskSwap {
     checksums_.erase(first, last);
     for (std::size_t at = 0; at < r.bytes; at += options_.block_bytes) {
       const std::size_t n = std::min(options_.block_bytes, r.bytes - at);
-      r.pieces.push_back(Piece{r.offset + at, n, false, 0});  // hashed when submitted, while others are in flight
+      r.pieces.push_back(Piece{r.offset + at, n, false, 0});  // hashed once written
     }
   }
 
@@ -361,7 +361,9 @@ class DiskSwap {
   }
 
   // Hands queued pieces to the kernel while slots are free, then takes the
-  // completions there are (waiting for one when `block`).
+  // completions there are (waiting for one when `block`). After each, the
+  // disk gets its next request before the CPU hashes the finished piece, so
+  // hashing overlaps the transfers even with one request in flight.
   void progress(bool block) {
     std::string error;
     try {
@@ -373,6 +375,7 @@ class DiskSwap {
         wait = false;  // a blocking call waited for one completion; it takes the others that are ready
         complete(static_cast<std::size_t>(slot), result, error);
         if (error.empty()) submit_queued(error);
+        if (error.empty()) check_transferred(error);
       }
     } catch (const IoError& e) {  // the ring itself broke
       error = e.what();
@@ -390,8 +393,6 @@ class DiskSwap {
       }
       const std::size_t s = free_slots_.back();
       free_slots_.pop_back();
-      Piece& p = r.pieces[r.next_piece];
-      if (r.write) p.hash = XXH3_64bits(r.buffer + (p.offset - r.offset), p.bytes);
       slots_[s] = Slot{it->first, r.next_piece++, 0};
       ++r.outstanding;
       prepare(s);
@@ -415,9 +416,12 @@ class DiskSwap {
                    p.offset + slot.done, s);
   }
 
+  // A completion of slot s: an error, a short transfer (asked for again), or
+  // a piece transferred whole, which frees the slot and waits in
+  // transferred_ for its checksum.
   void complete(std::size_t s, int result, std::string& error) {
     Slot& slot = slots_[s];
-    Request& r = requests_.at(slot.request);
+    const Request& r = requests_.at(slot.request);
     const Piece& p = r.pieces[slot.piece];
     const char* op = r.write ? "write" : "read";
     const std::size_t at = p.offset + slot.done, left = p.bytes - slot.done;
@@ -425,43 +429,26 @@ class DiskSwap {
       retry(s);
       return;
     }
-    if (result < 0) {
-      error = describe(op, at, left, detail::errno_text(-result), detail::io_advice(-result));
-      return release(s);
-    }
-    if (result == 0) {
-      error = r.write ? describe(op, at, left, "the write made no progress (0 bytes written)",
-                                 "check the disk's free space and the file-size limit (ulimit -f)")
-                      : describe(op, at, left, file_now() + ": the read ended early (0 bytes), so the file was "
-                                                 "truncated underneath",
-                                 "nothing else may write, truncate or remove the swap files while training runs");
-      return release(s);
+    if (result <= 0) {
+      if (result < 0)
+        error = describe(op, at, left, detail::errno_text(-result), detail::io_advice(-result));
+      else if (r.write)
+        error = describe(op, at, left, "the write made no progress (0 bytes written)",
+                         "check the disk's free space and the file-size limit (ulimit -f)");
+      else
+        error = describe(op, at, left, file_now() + ": the read ended early (0 bytes), so the file was truncated "
+                                                    "underneath",
+                         "nothing else may write, truncate or remove the swap files while training runs");
+      free_slots_.push_back(s);
+      return;
     }
     slot.done += static_cast<std::size_t>(result);
     if (slot.done < p.bytes) {  // short transfer: the rest is asked for again
       retry(s);
       return;
     }
-    if (r.write) {
-      checksums_[p.offset] = Checksum{p.bytes, p.hash};
-      bytes_written_ += p.bytes;
-    } else {
-      bytes_read_ += p.bytes;
-      if (p.verify) {
-        const XXH64_hash_t got = XXH3_64bits(r.buffer + (p.offset - r.offset), p.bytes);
-        if (got != p.hash) {
-          error = describe(op, p.offset, p.bytes,
-                           zero::detail::concat("the bytes read differ from those written there (XXH3-64 ", std::hex,
-                                                got, " instead of ", p.hash, std::dec,
-                                                "), so the file was changed underneath or the disk returned bad data"),
-                           "nothing else may write to the swap files while training runs; check the disk, then "
-                           "restart from a checkpoint");
-          return release(s);
-        }
-        verified_bytes_ += p.bytes;
-      }
-    }
-    release(s);
+    transferred_.push_back(Slot{slot.request, slot.piece, p.bytes});
+    free_slots_.push_back(s);
   }
 
   void retry(std::size_t s) {
@@ -469,12 +456,37 @@ class DiskSwap {
     ++pending_resubmits_;
   }
 
-  // The slot's piece is finished (or failed): the slot is free again and the
-  // request is complete once its last piece is.
-  void release(std::size_t s) {
-    auto it = requests_.find(slots_[s].request);
-    free_slots_.push_back(s);
-    if (--it->second.outstanding == 0 && it->second.next_piece == it->second.pieces.size()) requests_.erase(it);
+  // Pieces transferred whole: a written one's checksum is recorded, a read
+  // one is verified; a request is complete when its last piece is.
+  void check_transferred(std::string& error) {
+    for (const Slot& done : transferred_) {
+      auto it = requests_.find(done.request);
+      Request& r = it->second;
+      const Piece& p = r.pieces[done.piece];
+      const unsigned char* bytes = r.buffer + (p.offset - r.offset);
+      if (r.write) {
+        checksums_[p.offset] = Checksum{p.bytes, XXH3_64bits(bytes, p.bytes)};
+        bytes_written_ += p.bytes;
+      } else {
+        bytes_read_ += p.bytes;
+        if (p.verify) {
+          const XXH64_hash_t got = XXH3_64bits(bytes, p.bytes);
+          if (got != p.hash) {
+            error = describe("read", p.offset, p.bytes,
+                             zero::detail::concat("the bytes read differ from those written there (XXH3-64 ",
+                                                  std::hex, got, " instead of ", p.hash, std::dec,
+                                                  "), so the file was changed underneath or the disk returned bad "
+                                                  "data"),
+                             "nothing else may write to the swap files while training runs; check the disk, then "
+                             "restart from a checkpoint");
+            break;
+          }
+          verified_bytes_ += p.bytes;
+        }
+      }
+      if (--r.outstanding == 0 && r.next_piece == r.pieces.size()) requests_.erase(it);
+    }
+    transferred_.clear();
   }
 
   std::size_t in_flight() const { return slots_.size() - free_slots_.size(); }
@@ -493,6 +505,7 @@ class DiskSwap {
       // The ring itself broke; nothing more can be waited for.
     }
     requests_.clear();
+    transferred_.clear();
   }
 
   [[noreturn]] void fail(const std::string& message) {
@@ -581,6 +594,7 @@ class DiskSwap {
   std::map<std::uint64_t, Request> requests_;  // queued or in flight, by ticket id (submission order)
   std::vector<Slot> slots_;                    // one per request the kernel may hold
   std::vector<std::size_t> free_slots_;
+  std::vector<Slot> transferred_;  // pieces transferred whole, their checksums not yet done
   int pending_resubmits_ = 0;
   std::map<std::size_t, Checksum> checksums_;  // written pieces by offset
   std::uint64_t next_id_ = 1;
