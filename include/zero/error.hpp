@@ -44,6 +44,14 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+// A file operation failed (the disk tier's swap files: a full disk, a short
+// read, a file changed underneath); the message names the file, the byte
+// offset, the size, the cause and what to do.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 template <class... Parts>
