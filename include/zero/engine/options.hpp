@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "zero/error.hpp"
 #include "zero/simd/dispatch.hpp"
@@ -24,6 +25,16 @@ struct LossScaleOptions {
   double backoff_factor = 0.5;     // on overflow
   int hysteresis = 1;              // overflows tolerated before backing off (DeepSpeed's "hysteresis")
   double min_scale = 1.0;
+};
+
+// offload::Nvme (zero/offload/disk_state_store.hpp): where the swap files of
+// the master and optimizer state go, and how they stream.
+struct NvmeOptions {
+  std::string directory;                             // on a fast local disk; files are removed at destruction
+  std::size_t window_bytes = std::size_t{64} << 20;  // host memory the state passes through (three chunks)
+  std::size_t block_bytes = std::size_t{1} << 20;    // bytes per disk request (a multiple of 4096)
+  unsigned queue_depth = 8;                          // disk requests in flight
+  bool direct = true;                                // O_DIRECT (buffered, with a notice, where refused)
 };
 
 struct Options {
@@ -61,6 +72,7 @@ struct Options {
   // at the next step(), wait_update(), or any call that reads the state.
   bool delayed_update = false;
   int delayed_update_warmup = 10;
+  NvmeOptions nvme{};
 
   void validate() const {
     require(bucket_bytes >= 1, "Options::bucket_bytes is 0; it must be at least 1 (a bucket always holds one unit; "
@@ -77,6 +89,8 @@ struct Options {
             offload_threads, "; it must be in [0, ", simd::max_host_threads, "] (0: OpenMP's default)");
     require(delayed_update_warmup >= 0, "Options::delayed_update_warmup is ", delayed_update_warmup,
             "; it must be >= 0 (steps updated in place before the update is delayed)");
+    require(nvme.window_bytes >= (std::size_t{3} << 12), "Options::nvme.window_bytes is ", nvme.window_bytes,
+            "; the window holds three chunks of at least 4 KiB per array: give it 64 MiB or more");
     const auto& ls = loss_scale;
     require(std::isfinite(ls.initial_scale) && ls.initial_scale >= 1, "Options::loss_scale.initial_scale is ",
             ls.initial_scale, "; it must be >= 1");

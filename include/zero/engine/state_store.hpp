@@ -114,9 +114,13 @@ class ArrayStateStore {
   Buf states_[state_slots > 0 ? state_slots : 1];
 };
 
-// The store an offload policy selects.
+// The store an offload policy selects. offload::Nvme's is specialised in
+// zero/offload/disk_state_store.hpp, which needs liburing.
 template <class Offload, optim::Policy Optimizer, BackendPolicy Backend>
 struct StateStoreFor {
+  static_assert(!std::is_same_v<Offload, offload::Nvme>,
+                "zero: offload::Nvme needs its store: #include \"zero/offload/disk_state_store.hpp\" (liburing, "
+                "xxhash.h) before naming the optimizer type");
   using type = ArrayStateStore<Optimizer, backend::Ops<Backend>,
                                typename backend::Ops<Backend>::template Buffer<float>, Backend::device>;
 };

@@ -80,9 +80,6 @@ class ZeroOptimizer {
   static_assert(!(Offload::to_host && Stage::value == 0),
                 "zero::ZeroOptimizer: ZeRO-Offload moves this rank's partition of the optimizer state to the host; "
                 "stage 0 has no partition: use stage<1> or higher with offload::Cpu/Nvme");
-  static_assert(!std::is_same_v<Offload, offload::Nvme>,
-                "zero::ZeroOptimizer: offload::Nvme is not available in this version of zero; use offload::Cpu (with "
-                "backend::Cuda) or offload::None");
 
  public:
   using precision_policy = Precision;
@@ -103,6 +100,14 @@ class ZeroOptimizer {
   using Buffer = typename Ops::template Buffer<T>;
   // The update runs on the host, beside the backend's memory (ZeRO-Offload).
   static constexpr bool offloaded = Offload::to_host;
+  // Offloaded from device memory: the owned gradient is copied to the host
+  // for the CPU update and the 16-bit parameters staged back (backend::Host
+  // with offload::Nvme updates straight from and into its own buffers).
+  static constexpr bool host_staging = offloaded && Backend::device;
+  // The store hands out its master only in passing (offload::Nvme's window):
+  // fp32 parameters are then staged like 16-bit ones instead of uploaded
+  // from the master.
+  static constexpr bool stage_params = host_staging && (Precision::mixed || std::is_same_v<Offload, offload::Nvme>);
   // fp32 training: the parameters are their own master weights, unless the
   // master moves to the host and the device keeps a working copy.
   static constexpr bool separate_master = Precision::mixed || offloaded;
@@ -250,7 +255,7 @@ class ZeroOptimizer {
   // its host copy when offloaded.
   grad_type* update_grad(const UnitInfo& u) { return update_grad(u, host_grad_set_); }
   grad_type* update_grad(const UnitInfo& u, std::size_t host_set) {
-    if constexpr (offloaded)
+    if constexpr (host_staging)
       return host_grads_.data() + host_set * owned_total() + state_offset(u);
     else
       return grad_ptr(u);
@@ -434,21 +439,22 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
                                       "split the largest unit";
   params_ = allocate<param_type>(sizes.params, "parameters", rules.params_sharded ? "more ranks" : shard_params);
   grads_ = allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
+  if constexpr (requires { store_.configure(options_.nvme, 0); }) store_.configure(options_.nvme, rank());
   store_.allocate(sizes.state_per_slot, separate_master, [&]<class Buf>(std::type_identity<Buf>, std::size_t n,
                                                                           const char* what) {
     return allocate_as<Buf>(n, what, rules.states_sharded ? "more ranks" : shard_states);
   });
-  require(!options_.delayed_update || offloaded,
-          "Options::delayed_update overlaps the CPU update of offload with the next step; it needs offload::Cpu "
-          "(without offload the update runs on the backend: clear the option)");
-  if constexpr (offloaded) {
+  require(!options_.delayed_update || host_staging,
+          "Options::delayed_update overlaps the CPU update of offload with the next step's work on the device; it "
+          "needs offload::Cpu or offload::Nvme with a device backend (backend::Cuda); clear the option otherwise");
+  if constexpr (host_staging) {
     host_grads_ = allocate_as<OffloadBuffer<grad_type>>(
         checked_mul(sizes.state_per_slot, std::size_t{options_.delayed_update ? 2u : 1u}, "the host gradient"),
         options_.delayed_update ? "host copies of the owned gradient (two: delayed update)"
                                 : "host copy of the owned gradient",
         "more ranks");
     updated_master_.assign(layout_.units().size(), nullptr);
-    if constexpr (P::mixed)
+    if constexpr (stage_params)
       host_params_ = allocate_as<OffloadBuffer<param_type>>(sizes.state_per_slot, "host staging of the parameters",
                                                             "more ranks");
   }
@@ -596,6 +602,7 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
   m.placed.communication_buffers =
       in_backend(grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gather_slots_.bytes());
   m.placed.communication_buffers.host += host_params_.bytes();
+  if constexpr (requires { store_.window_bytes(); }) m.placed.communication_buffers.host += store_.window_bytes();
   m.params = m.placed.params.total();
   m.grads = m.placed.grads.total();
   m.master = m.placed.master.total();
@@ -918,7 +925,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
       else
         Ops::accumulate(acc, shard_staging_.data() + p.slot * max_shard_, u.shard, first);
       // Offload: the finished shard leaves for the host while backward goes on.
-      if constexpr (offloaded)
+      if constexpr (host_staging)
         if (last) Ops::download_async(update_grad(u), acc, u.shard);
     }
   }
@@ -1037,7 +1044,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     });
   }
 
-  if constexpr (offloaded) {
+  if constexpr (host_staging) {
     // The owned gradient goes to the host (stages 2-3 sent each shard as its
     // bucket was reduced; stage 1 sends its pieces now), where the CPU reads
     // it: the step's one wait for the device.
@@ -1130,17 +1137,17 @@ void ZeroOptimizer<P, O, S, F, B>::update_units(StepArgs args, bool upload_each,
     args.grad = update_grad(u, host_set);
     if constexpr (!separate_master)
       args.master = param_ptr(u);  // fp32: the parameters are the master
-    else if constexpr (offloaded && P::mixed)
+    else if constexpr (stage_params)
       args.param = host_params_.data() + state_offset(u);
-    else if constexpr (!offloaded)
-      args.param = param_ptr(u);
+    else if constexpr (!host_staging)
+      args.param = param_ptr(u);  // (fp32 on backend::Host with offload::Nvme: the store copies the master in)
     args.n = update_size(u);
     // Stochastic rounding draws from (seed, step, element id): the id is the
     // unit's index and the position in the unit, which no rank count or stage
     // changes (the padded full offset does), so copies do not depend on N.
     args.global_offset = (static_cast<std::uint64_t>(&u - units.data()) << 40) + update_begin(u);
     store_.update(state_offset(u), args);
-    if constexpr (offloaded) {
+    if constexpr (host_staging) {
       updated_master_[static_cast<std::size_t>(&u - units.data())] = args.master;
       // The unit's new parameters go to the device while the CPU updates the
       // next unit. The host buffers are next written after the next step's
@@ -1152,8 +1159,8 @@ void ZeroOptimizer<P, O, S, F, B>::update_units(StepArgs args, bool upload_each,
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::upload_updated(const UnitInfo& u) {
-  if constexpr (offloaded) {
-    if constexpr (P::mixed)
+  if constexpr (host_staging) {
+    if constexpr (stage_params)
       Ops::upload_async(param_ptr(u), host_params_.data() + state_offset(u), update_size(u));
     else  // fp32: the device's working copy is the master itself
       Ops::upload_async(param_ptr(u), updated_master_[static_cast<std::size_t>(&u - layout_.units().data())],

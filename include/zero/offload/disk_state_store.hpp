@@ -1,0 +1,235 @@
+// Why: ZeRO-Infinity's disk tier. The fp32 master and the optimizer state of
+// this rank's shard live in a swap file on a fast disk (zero/offload/
+// disk_swap.hpp) and pass through a small host window, so a run can hold
+// optimizer state many times the host memory it is given. The update streams
+// through the window in chunks: while the CPU updates chunk k, chunk k+1 is
+// read and chunk k-1 written, so the step runs at the disk's pace, not at the
+// sum of disk and CPU time.
+//
+// Include this header (it needs liburing and xxhash.h) before naming
+// ZeroOptimizer<..., offload::Nvme, ...>; Options::nvme says where the files
+// go and how large the window is.
+//
+// On disk, chunk c of the owned elements is one record: its master, then
+// each state slot, C floats each, at byte c * record_bytes. A record is a
+// multiple of 4096 bytes (O_DIRECT), and the window is three records.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "zero/backend/host.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/engine/state_store.hpp"
+#include "zero/error.hpp"
+#include "zero/kernels/fused_step.hpp"
+#include "zero/offload/aligned_buffer.hpp"
+#include "zero/offload/disk_swap.hpp"
+
+namespace zero::offload {
+
+// Elements per chunk for a window of `window_bytes` (three records of
+// 1 + state_slots arrays): a multiple of 1024 (4 KiB of fp32), at least one
+// block, no more than the owned elements need.
+inline std::size_t disk_chunk_elements(std::size_t window_bytes, int state_slots, std::size_t owned) {
+  constexpr std::size_t block = disk_alignment / sizeof(float);
+  const std::size_t per_element = 3 * sizeof(float) * (1 + static_cast<std::size_t>(state_slots));
+  std::size_t c = window_bytes / per_element / block * block;
+  c = std::max(c, block);
+  return std::min(c, std::max(block, (owned + block - 1) / block * block));
+}
+
+template <optim::Policy Optimizer>
+class DiskStateStore {
+ public:
+  static constexpr int state_slots = Optimizer::state_slots;
+  static constexpr int arrays = 1 + state_slots;  // master, then the state slots
+  static constexpr int window_slots = 3;          // read ahead, update, write behind
+
+  // `allocate` is unused: the window is allocated here, 4 KiB aligned.
+  template <class Allocate>
+  void allocate(std::size_t owned, bool /*separate_master: always, the master is on disk*/, Allocate&&) {
+    require(!options_.directory.empty(),
+            "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
+            "files of the master weights and optimizer state");
+    owned_ = owned;
+    chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned);
+    chunks_ = (owned + chunk_ - 1) / chunk_;
+    record_floats_ = chunk_ * static_cast<std::size_t>(arrays);
+    DiskOptions disk;
+    disk.directory = options_.directory;
+    disk.block_bytes = options_.block_bytes;
+    disk.queue_depth = options_.queue_depth;
+    disk.direct = options_.direct;
+    swap_ = std::make_unique<DiskSwap>(checked_mul(std::max<std::size_t>(chunks_, 1), record_bytes(), "the swap file"),
+                                       disk, rank_);
+    window_ = AlignedBuffer<float>(record_floats_ * window_slots);
+    for (Slot& s : slots_) s = Slot{};
+  }
+  // Set by the engine before allocate(): the run's options and this rank.
+  void configure(const NvmeOptions& options, int rank) {
+    options_ = options;
+    rank_ = rank;
+  }
+  bool owns_master() const { return true; }
+  const DiskSwap& swap() const { return *swap_; }
+  std::size_t chunk_elements() const { return chunk_; }
+
+  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n) {
+    transfer(slot, offset, n, [&](float* stored, std::size_t done, std::size_t count) {
+      std::memcpy(stored, host + done, count * sizeof(float));
+      return true;
+    });
+  }
+  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n) {
+    transfer(slot, offset, n, [&](float* stored, std::size_t done, std::size_t count) {
+      std::memcpy(host + done, stored, count * sizeof(float));
+      return false;
+    });
+  }
+
+  // The fused step over owned elements [offset, offset + args.n), chunk by
+  // chunk through the window (calls come in increasing offset order within a
+  // step, as the engine walks its units). fp32 parameters (Param = float)
+  // get the updated master copied into args.param when it is given, since
+  // the master's window slot is reused.
+  template <class Grad, class Param>
+  void update(std::size_t offset, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
+    require(offset <= owned_ && args.n <= owned_ - offset, "offload::Nvme: update of owned elements [", offset, ", ",
+            offset + args.n, ") outside this rank's ", owned_);
+    const std::size_t end = offset + args.n;
+    for (std::size_t c = offset / chunk_; c * chunk_ < end; ++c) {
+      const int s = resident(c);
+      prefetch(c + 1);
+      const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(end, (c + 1) * chunk_);
+      const std::size_t at = lo - c * chunk_, skip = lo - offset;
+      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args;
+      part.master = array(s, 0) + at;
+      for (int k = 0; k < state_slots; ++k) part.state[k] = array(s, 1 + k) + at;
+      part.grad = args.grad + skip;
+      if (args.param != nullptr) part.param = args.param + skip;
+      part.n = hi - lo;
+      part.global_offset = args.global_offset + skip;
+      backend::Ops<backend::Host>::fused_step(part);
+      if constexpr (std::is_same_v<Param, float>)
+        if (args.param != nullptr) std::memcpy(part.param, part.master, part.n * sizeof(float));
+      slots_[s].dirty = true;
+      // Written behind as soon as the update has passed the chunk's end.
+      if (hi == std::min(owned_, (c + 1) * chunk_)) write_back(s);
+    }
+  }
+
+  PlacedBytes master_bytes() const { return {0, 0, static_cast<std::uint64_t>(owned_) * sizeof(float)}; }
+  PlacedBytes state_bytes() const {
+    return {0, 0, static_cast<std::uint64_t>(owned_) * sizeof(float) * static_cast<std::uint64_t>(state_slots)};
+  }
+  // The host window (not model state: it holds three chunks in passing).
+  std::uint64_t window_bytes() const { return window_.bytes(); }
+
+ private:
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  struct Slot {
+    std::size_t chunk = none;
+    Ticket io{};         // the read or write in flight on it
+    bool dirty = false;  // updated since read: must be written before reuse
+    std::uint64_t used = 0;
+  };
+
+  std::size_t record_bytes() const { return record_floats_ * sizeof(float); }
+  float* array(int slot, int a) {
+    return window_.data() + static_cast<std::size_t>(slot) * record_floats_ + static_cast<std::size_t>(a) * chunk_;
+  }
+  // The slot holding chunk c, read in and with no transfer on it in flight
+  // (the update may modify it).
+  int resident(std::size_t c) {
+    int s = find(c);
+    if (s < 0) {
+      s = victim(none);
+      start_read(s, c);
+    }
+    swap_->wait(slots_[s].io);
+    slots_[s].used = ++clock_;
+    return s;
+  }
+  // Starts reading chunk c into a free slot unless it is there already.
+  void prefetch(std::size_t c) {
+    if (c >= chunks_ || find(c) >= 0) return;
+    start_read(victim(c - 1), c);
+  }
+  void start_read(int s, std::size_t c) {
+    Slot& slot = slots_[s];
+    swap_->wait(slot.io);  // its write-behind
+    slot.chunk = c;
+    slot.dirty = false;
+    slot.io = swap_->read(c * record_bytes(), array(s, 0), record_bytes());
+  }
+  void write_back(int s) {
+    Slot& slot = slots_[s];
+    slot.io = swap_->write(slot.chunk * record_bytes(), array(s, 0), record_bytes());
+    slot.dirty = false;
+  }
+  int find(std::size_t c) const {
+    for (int s = 0; s < window_slots; ++s)
+      if (slots_[s].chunk == c) return s;
+    return -1;
+  }
+  // The least recently used slot other than the one holding `keep`,
+  // written back first if it holds changes.
+  int victim(std::size_t keep) {
+    int best = -1;
+    for (int s = 0; s < window_slots; ++s) {
+      if (keep != none && slots_[s].chunk == keep) continue;
+      if (best < 0 || slots_[s].used < slots_[best].used) best = s;
+    }
+    if (slots_[best].dirty) {
+      swap_->wait(slots_[best].io);
+      write_back(best);
+    }
+    return best;
+  }
+  // Owned elements [offset, offset + n) of one array, chunk by chunk:
+  // visit(stored, done, count) reads or fills them and returns whether it
+  // changed them (they are then written back at once).
+  template <class Visit>
+  void transfer(StateSlot slot, std::size_t offset, std::size_t n, Visit&& visit) {
+    require(offset <= owned_ && n <= owned_ - offset, "offload::Nvme: owned elements [", offset, ", ", offset + n,
+            ") are outside this rank's ", owned_);
+    require(slot.is_master() || (slot.index >= 0 && slot.index < state_slots), "offload::Nvme: the optimizer has ",
+            state_slots, " state slot(s), not slot ", slot.index);
+    const int a = slot.is_master() ? 0 : 1 + slot.index;
+    for (std::size_t c = offset / chunk_; n != 0 && c * chunk_ < offset + n; ++c) {
+      const int s = resident(c);
+      const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(offset + n, (c + 1) * chunk_);
+      if (visit(array(s, a) + (lo - c * chunk_), lo - offset, hi - lo)) {
+        write_back(s);
+        swap_->wait(slots_[s].io);
+      }
+    }
+  }
+
+  NvmeOptions options_{};
+  int rank_ = 0;
+  std::size_t owned_ = 0, chunk_ = 0, chunks_ = 0, record_floats_ = 0;
+  std::unique_ptr<DiskSwap> swap_;
+  AlignedBuffer<float> window_;
+  std::array<Slot, window_slots> slots_{};
+  std::uint64_t clock_ = 0;
+};
+
+}  // namespace zero::offload
+
+namespace zero {
+template <optim::Policy Optimizer, BackendPolicy Backend>
+struct StateStoreFor<offload::Nvme, Optimizer, Backend> {
+  using type = offload::DiskStateStore<Optimizer>;
+};
+}  // namespace zero
