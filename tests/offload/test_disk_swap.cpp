@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -281,6 +282,22 @@ TEST_CASE("Requests overlap up to the queue depth and complete in any order", "[
     CHECK(std::memcmp(back.data(), data.data(), n * each) == 0);
     CHECK(swap.verified_bytes() == n * each);
   }
+}
+
+TEST_CASE("Swap files never share a name, and one destroyed mid-transfer waits, then goes", "[offload][disk]") {
+  TempDir dir;
+  {
+    DiskSwap a(MiB, options_in(dir.path)), b(MiB, options_in(dir.path));  // same rank, same directory
+    CHECK(a.path() != b.path());
+    CHECK(dir.files() == 2);
+    auto big = std::make_unique<DiskSwap>(64 * MiB, options_in(dir.path, MiB, 4));
+    const auto data = random_bytes(64 * MiB, 9);
+    big->write(0, data.data(), 64 * MiB);  // not waited for
+    CHECK_FALSE(big->poll());              // still under way (64 requests, 4 at a time)
+    big.reset();                           // waits out the 4 with the kernel before `data` goes
+    CHECK(dir.files() == 2);
+  }
+  CHECK(dir.files() == 0);
 }
 
 TEST_CASE("Misaligned, out-of-range and conflicting requests are refused", "[offload][disk]") {
