@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
   Options o;
   zero::bench::Args args(argc, argv,
                          "[--dir DIR (/tmp)] [--bytes B (1G)] [--block B (repeatable; 1M)] [--depth D (repeatable; "
-                         "8)] [--sweep (blocks 128K..4M x depths 1..32)] [--reps R (3)] [--json]");
+                         "16)] [--sweep (blocks 128K..4M x depths 1..32)] [--reps R (3)] [--json]");
   bool sweep = false;
   while (args.next()) {
     if (args.is("--dir")) {

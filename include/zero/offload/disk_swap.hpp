@@ -60,7 +60,7 @@ struct DiskOptions {
 
   std::string directory;                         // on a fast local disk; must exist and be writable
   std::size_t block_bytes = std::size_t{1} << 20;  // bytes per request (a multiple of 4096)
-  unsigned queue_depth = 8;                       // requests in flight per file
+  unsigned queue_depth = 16;                      // requests in flight per file
   bool direct = true;                             // O_DIRECT (falls back to buffered where refused)
 
   void validate() const {
