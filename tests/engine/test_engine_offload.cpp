@@ -1,15 +1,12 @@
 // Why: ZeRO-Offload's pipeline runs on a GPU, which CI lacks: the owned
 // gradient shard leaves for the host as its bucket is reduced, the host waits
 // once, the CPU updates unit by unit and each unit's parameters go back while
-// the next is updated. So this test runs the engine on a backend with
-// device = true whose "device" buffers are separate host allocations and
-// whose asynchronous copies are LATE: queued, and run only when stream order
-// forces them (the next operation on the stream, a communication lane's
-// fork, or synchronize()), as a GPU runs them whenever it gets to them. A
-// host read of a download_async destination without the engine's wait reads
-// the previous step's gradient, and training departs from the run without
-// offload, which it must otherwise match bit for bit (the CPU's fused step
-// rounds exactly as the backend's).
+// the next is updated. So this test runs the engine on a backend whose
+// asynchronous copies run as late as stream order allows (late_copies.hpp):
+// a host read of a download_async destination without the engine's wait
+// reads the previous step's gradient, and training departs from the run
+// without offload, which it must otherwise match bit for bit (the CPU's
+// fused step rounds exactly as the backend's).
 #include <functional>
 #include <string>
 #include <tuple>
@@ -17,114 +14,8 @@
 #include <vector>
 
 #include "engine_harness.hpp"
+#include "late_copies.hpp"
 
-namespace zero::test {
-
-// The stream's queued asynchronous copies (one stream per rank thread).
-struct LateCopyQueue {
-  std::vector<std::function<void()>> pending;
-  std::size_t deferred = 0;  // copies queued (the test's evidence that it deferred)
-  std::size_t ran_late = 0;  // ... and that were still queued when an operation forced them
-  void drain() {
-    ran_late += pending.size();
-    for (auto& copy : pending) copy();
-    pending.clear();
-  }
-};
-inline LateCopyQueue& late_copies() {
-  thread_local LateCopyQueue q;
-  return q;
-}
-
-}  // namespace zero::test
-
-namespace zero::backend {
-
-struct LateCopies {
-  static constexpr bool device = true;
-  static constexpr const char* name = "late-copies";
-};
-
-template <>
-struct Ops<LateCopies> {
-  using Eager = Ops<Host>;
-  template <class T>
-  using Buffer = HostBuffer<T>;
-  template <class T>
-  using PinnedBuffer = HostBuffer<T>;
-
-  static std::uint64_t allocation_count() { return Eager::allocation_count(); }
-
-  // Every operation on the stream first runs the copies queued before it.
-  static void in_order() { test::late_copies().drain(); }
-
-  template <class T>
-  static void copy(T* dst, const T* src, std::size_t n) {
-    in_order();
-    Eager::copy(dst, src, n);
-  }
-  template <class T>
-  static void zero(T* dst, std::size_t n) {
-    in_order();
-    Eager::zero(dst, n);
-  }
-  template <class T>
-  static void upload(T* dst, const T* host_src, std::size_t n) {
-    in_order();
-    Eager::upload(dst, host_src, n);
-  }
-  template <class T>
-  static void download(T* host_dst, const T* src, std::size_t n) {
-    in_order();
-    Eager::download(host_dst, src, n);
-  }
-  template <class T>
-  static void upload_async(T* dst, const T* host_src, std::size_t n) {
-    auto& q = test::late_copies();
-    q.pending.push_back([=] { Eager::copy(dst, host_src, n); });
-    ++q.deferred;
-  }
-  template <class T>
-  static void download_async(T* host_dst, const T* src, std::size_t n) {
-    upload_async(host_dst, src, n);  // the same late copy, the other way
-  }
-  template <class To, class From>
-  static void convert(To* dst, const From* src, std::size_t n) {
-    in_order();
-    Eager::convert(dst, src, n);
-  }
-  template <class T, class S>
-  static void accumulate(T* dst, const S* src, std::size_t n, bool overwrite) {
-    in_order();
-    Eager::accumulate(dst, src, n, overwrite);
-  }
-  template <class Opt, class Grad, class Param>
-  static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
-    in_order();
-    Eager::fused_step(args);
-  }
-  template <class Grad>
-  static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
-    in_order();
-    return Eager::grad_stats(grad, n);
-  }
-  static void synchronize() { in_order(); }
-
-  // One stream for compute and communication; a lane (where the collectives
-  // run) still starts after the copies queued before it.
-  class Overlap : public Eager::Overlap {
-   public:
-    using Eager::Overlap::Overlap;
-    [[nodiscard]] Lane lane() {
-      in_order();
-      return {};
-    }
-  };
-};
-
-static_assert(OffloadOps<Ops<LateCopies>>);
-
-}  // namespace zero::backend
 
 namespace {
 

@@ -33,7 +33,7 @@ struct NvmeOptions {
   std::string directory;                             // on a fast local disk; files are removed at destruction
   std::size_t window_bytes = std::size_t{64} << 20;  // host memory the state passes through (three chunks)
   std::size_t block_bytes = std::size_t{1} << 20;    // bytes per disk request (a multiple of 4096)
-  unsigned queue_depth = 8;                          // disk requests in flight
+  unsigned queue_depth = 16;                         // disk requests in flight
   bool direct = true;                                // O_DIRECT (buffered, with a notice, where refused)
 };
 

@@ -1,0 +1,268 @@
+// Why: offload::Nvme keeps the master and optimizer state in swap files and
+// streams them through a small host window. It must train bit for bit like
+// the state kept in memory (same fused step, chunk by chunk), on the Host
+// backend and on a device backend, keep its peak memory near the window
+// however large the state, leave no files behind, and turn every disk fault
+// into an error naming the file that stops training instead of going on with
+// partial state.
+#include <catch2/catch.hpp>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine_harness.hpp"
+#include "late_copies.hpp"
+#include "zero/offload/disk_state_store.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zero::bf16;
+using zero::fp16;
+using namespace zero::precision;
+using zero::optim::Adam;
+using zero::optim::AdamW;
+using zero::optim::Sgd;
+
+// A fresh directory under /tmp (a real disk here: O_DIRECT), removed after.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char name[] = "/tmp/zero-nvme-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::size_t files() const {
+    return static_cast<std::size_t>(std::distance(fs::directory_iterator(path), fs::directory_iterator()));
+  }
+};
+
+// A window of three chunks of 1024 elements: the test model spans several.
+zero::Options nvme_options(const zero::test::Variant& v, const std::string& dir, int state_slots) {
+  zero::Options o = v.options();
+  o.nvme.directory = dir;
+  o.nvme.window_bytes = std::size_t{3} * 4096 * static_cast<std::size_t>(1 + state_slots);
+  return o;
+}
+
+template <int S, class P, class O>
+struct Config {
+  static constexpr int stage = S;
+  using Precision = P;
+  using Optimizer = O;
+};
+using Configs = std::tuple<Config<1, Mixed<bf16>, AdamW>, Config<1, Full<float>, Sgd>, Config<2, Mixed<fp16>, Adam>,
+                           Config<2, Full<float>, AdamW>, Config<3, Mixed<bf16>, Sgd>, Config<3, Full<float>, Adam>>;
+
+template <class Opt>
+zero::test::RunResult train_ranks(int ranks, const zero::Options& options, int steps) {
+  std::vector<zero::test::RunResult> results(static_cast<std::size_t>(ranks));
+  zero::comm::LocalGroup group(ranks);
+  zero::test::TrainSpec spec;
+  spec.steps = steps;
+  spec.parts = ranks;
+  spec.check_acquired = true;
+  group.run([&](zero::comm::Local& c) {
+    zero::test::late_copies() = {};
+    results[static_cast<std::size_t>(c.rank())] =
+        zero::test::train<Opt>(c, zero::test::test_hyper<typename Opt::optimizer_policy>(), options, spec);
+  });
+  return results[0];
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("offload::Nvme trains bit for bit like state in memory", "[offload][nvme]", Configs) {
+  using P = typename TestType::Precision;
+  using O = typename TestType::Optimizer;
+  constexpr int S = TestType::stage;
+  using HostNvme = zero::ZeroOptimizer<P, O, zero::stage<S>, zero::offload::Nvme, zero::backend::Host>;
+  using HostNone = zero::ZeroOptimizer<P, O, zero::stage<S>, zero::offload::None, zero::backend::Host>;
+  using DeviceNvme = zero::ZeroOptimizer<P, O, zero::stage<S>, zero::offload::Nvme, zero::backend::LateCopies>;
+  const zero::test::Variant variants[] = {
+      {"accumulate 2 + clip, one unit per bucket", 2, 0.05, zero::ReduceDType::same_as_grad,
+       zero::test::one_unit_bucket},
+      {"whole model per bucket", 1, 0.0, zero::ReduceDType::same_as_grad, zero::test::whole_model_bucket}};
+  for (const int ranks : {1, 2, 4}) {
+    for (const auto& v : variants) {
+      INFO("stage " << S << ", " << ranks << " rank(s), " << v.name);
+      TempDir dir;
+      const zero::Options options = nvme_options(v, dir.path.string(), O::state_slots);
+      const auto want = train_ranks<HostNone>(ranks, options, 3);
+      const auto on_host = train_ranks<HostNvme>(ranks, options, 3);
+      CHECK(on_host.masters == want.masters);
+      CHECK(on_host.params == want.params);
+      // Master and state are on disk, the window on the host.
+      const std::uint64_t owned_fp32 = want.memory.optimizer_states / O::state_slots;  // bytes of one array
+      CHECK(on_host.memory.placed.master.disk == owned_fp32);
+      CHECK(on_host.memory.placed.optimizer_states.disk == want.memory.optimizer_states);
+      CHECK(on_host.memory.placed.master.host + on_host.memory.placed.master.device == 0);
+      const auto on_device = train_ranks<DeviceNvme>(ranks, options, 3);
+      CHECK(on_device.masters == want.masters);
+      CHECK(on_device.params == want.params);
+      CHECK(dir.files() == 0);  // every swap file removed with its optimizer
+    }
+  }
+}
+
+TEST_CASE("offload::Nvme: peak memory stays near the window while the state is many times it",
+          "[offload][nvme][memory]") {
+  // In a child process, so its peak resident memory (VmHWM) is this run's.
+  TempDir dir;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int code = 0;
+    try {
+      using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<1>, zero::offload::Nvme, zero::backend::Host>;
+      constexpr std::size_t params = 48, per_param = std::size_t{1} << 18;  // 12.6 M parameters
+      zero::Options options;
+      options.nvme.directory = dir.path.string();
+      options.nvme.window_bytes = std::size_t{6} << 20;
+      auto hwm = [] {
+        std::ifstream status("/proc/self/status");
+        std::string line;
+        while (std::getline(status, line))
+          if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+        return 0ull;
+      };
+      const unsigned long long before = hwm();
+      zero::comm::LocalGroup group(1);
+      group.run([&](zero::comm::Local& c) {
+        Opt opt(c, zero::test::test_hyper<AdamW>(), options);
+        std::vector<zero::ParamId> ids;
+        for (std::size_t p = 0; p < params; ++p)
+          ids.push_back(opt.add_param(opt.add_unit("u" + std::to_string(p)), "w" + std::to_string(p), per_param));
+        opt.finalize();
+        std::vector<float> values(per_param);
+        for (std::size_t p = 0; p < params; ++p) {
+          for (std::size_t i = 0; i < per_param; ++i) values[i] = zero::test::init_value(p, i);
+          opt.set_param(ids[p], values.data());
+        }
+        for (int step = 0; step < 2; ++step) {
+          for (std::size_t u = params; u-- > 0;) {
+            bf16* g = opt.grad_buffer(zero::UnitId{u});
+            for (std::size_t i = 0; i < per_param; ++i) g[i] = zero::from_float<bf16>(0.001f * (i % 5));
+            opt.grad_ready(zero::UnitId{u});
+          }
+          opt.step();
+        }
+        const zero::MemoryReport m = opt.memory_report();
+        const unsigned long long grew = hwm() - before;
+        const unsigned long long state = m.placed.master.disk + m.placed.optimizer_states.disk;
+        const unsigned long long in_memory = m.placed.total().host;  // parameters, gradient, window
+        std::printf("offload::Nvme: state %.1f MiB on disk, window %.1f MiB, host buffers %.1f MiB, peak grew by "
+                    "%.1f MiB\n",
+                    state / 1048576.0, options.nvme.window_bytes / 1048576.0, in_memory / 1048576.0,
+                    grew / 1048576.0);
+        // Everything resident is what the report lists in host memory plus
+        // this test's own vectors and the runtime (16 MiB); the state is not.
+        if (!(state >= 10 * options.nvme.window_bytes && grew <= in_memory + (16u << 20) && grew < state / 2))
+          code = 1;
+      });
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      code = 2;
+    }
+    std::fflush(stdout);
+    std::_Exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(dir.files() == 0);
+}
+
+namespace {
+using OneRank = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::Nvme, zero::backend::Host>;
+
+// One rank, two units, a step; `between` runs after the first step.
+template <class Between>
+std::vector<std::string> run_with_fault(const zero::Options& options, Between between) {
+  std::vector<std::string> errors;
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {
+    try {
+      OneRank opt(c, zero::test::test_hyper<AdamW>(), options);
+      opt.add_param(opt.add_unit("a"), "w", 5000);
+      opt.add_param(opt.add_unit("b"), "v", 7000);
+      opt.finalize();
+      auto step = [&] {
+        for (std::size_t u = 2; u-- > 0;) {
+          bf16* g = opt.grad_buffer(zero::UnitId{u});
+          for (std::size_t i = 0; i < opt.layout().units()[u].numel; ++i) g[i] = zero::from_float<bf16>(0.01f);
+          opt.grad_ready(zero::UnitId{u});
+        }
+        opt.step();
+      };
+      step();
+      between();
+      for (int k = 0; k < 2; ++k) {
+        try {
+          step();
+        } catch (const zero::Error& e) {
+          errors.push_back(e.what());
+        }
+      }
+    } catch (const zero::Error& e) {
+      errors.push_back(e.what());
+    }
+  });
+  return errors;
+}
+}  // namespace
+
+TEST_CASE("offload::Nvme: disk faults are errors naming the file, and training stops", "[offload][nvme][errors]") {
+  TempDir dir;
+  zero::Options options;
+  options.nvme.directory = dir.path.string();
+  options.nvme.window_bytes = 3 * 4096 * 3;  // 1024-element chunks: each step reads and writes the file
+  SECTION("a missing directory") {
+    options.nvme.directory = (dir.path / "missing").string();
+    const auto errors = run_with_fault(options, [] {});
+    REQUIRE(errors.size() == 1);
+    CHECK_THAT(errors[0], Catch::Contains("missing"));
+  }
+  SECTION("no directory at all") {
+    options.nvme.directory.clear();
+    const auto errors = run_with_fault(options, [] {});
+    REQUIRE(errors.size() == 1);
+    CHECK_THAT(errors[0], Catch::Contains("Options::nvme.directory"));
+  }
+  SECTION("the swap file truncated underneath") {
+    const auto errors = run_with_fault(options, [&] {
+      for (const auto& f : fs::directory_iterator(dir.path)) fs::resize_file(f.path(), 4096);
+    });
+    REQUIRE(errors.size() == 2);
+    CHECK_THAT(errors[0], Catch::Contains(dir.path.string()) && Catch::Contains("zero-swap"));
+    // Every later step refuses instead of training on partial state.
+    CHECK_THAT(errors[1], Catch::Contains("failed earlier"));
+  }
+  SECTION("the swap file changed underneath") {
+    const auto errors = run_with_fault(options, [&] {
+      for (const auto& f : fs::directory_iterator(dir.path)) {
+        std::fstream file(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+        file.seekp(100);
+        file.put('\x7f');
+      }
+    });
+    REQUIRE(errors.size() == 2);
+    CHECK_THAT(errors[0], Catch::Contains("zero-swap"));
+  }
+  CHECK(dir.files() == 0);
+}
