@@ -20,6 +20,11 @@ struct ZeroChoices {
   int stage = 3;
   std::string precision = "bf16";
   std::string optimizer = "adamw";
+  // Where master weights and optimizer state live: none (with the backend)
+  // or nvme (swap files under nvme_dir, through a host window).
+  std::string offload = "none";
+  std::string nvme_dir;
+  double nvme_window_mib = 64;
 };
 
 // How the data-parallel ranks run.
@@ -54,6 +59,29 @@ inline void add_zero_options(CLI::App& app, ZeroChoices& choices) {
   app.add_option("--optimizer", choices.optimizer, "optimizer (torch.optim semantics)")
       ->check(CLI::IsMember(kOptimizers))
       ->capture_default_str();
+}
+
+// --offload, one of `tiers` (those this program was built with, the first
+// the default), --nvme-dir DIR and --nvme-window-mib; checked together.
+inline void add_offload_options(CLI::App& app, ZeroChoices& choices, std::vector<std::string> tiers) {
+  app.add_option("--offload", choices.offload,
+                 "where the fp32 master weights and optimizer state live: none (with the parameters), nvme (swap "
+                 "files under --nvme-dir, streamed through a host window; stages 1-3)")
+      ->check(CLI::IsMember(std::move(tiers)))
+      ->capture_default_str();
+  app.add_option("--nvme-dir", choices.nvme_dir, "directory for --offload nvme's swap files (a fast local disk)");
+  app.add_option("--nvme-window-mib", choices.nvme_window_mib, "host memory --offload nvme streams the state through")
+      ->check(kPositive)
+      ->capture_default_str();
+}
+// The checks between them and --stage (from app.callback()).
+inline void check_offload_choices(const ZeroChoices& choices) {
+  if (choices.offload == "none") return;
+  if (choices.stage == 0)
+    throw CLI::ValidationError("--offload " + choices.offload,
+                               "needs --stage 1, 2 or 3: stage 0 has no partition of the optimizer state to offload");
+  if (choices.offload == "nvme" && choices.nvme_dir.empty())
+    throw CLI::ValidationError("--offload nvme", "needs --nvme-dir DIR, a directory on a fast local disk");
 }
 
 // --ranks N (in-process ranks; 1..max_ranks) and --comm, one of `comms`

@@ -52,6 +52,7 @@ struct Args {
 void add_options(CLI::App& app, Args& a) {
   zero::examples::add_launch_options(app, a.launch, {"local", "mpi"});
   zero::examples::add_zero_options(app, a.zero);
+  zero::examples::add_offload_options(app, a.zero, zero::examples::built_offload_tiers());
   app.add_option("--epochs", a.epochs, "passes over the 60000 training images")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
@@ -68,6 +69,7 @@ void add_options(CLI::App& app, Args& a) {
                  "write the configuration and per-epoch loss, test_accuracy, samples_per_s and seconds as JSON")
       ->type_name("FILE");
   app.callback([&a] {
+    zero::examples::check_offload_choices(a.zero);
     if (a.launch.comm == "local" && a.batch % a.launch.ranks != 0)
       throw CLI::ValidationError("--batch", std::to_string(a.batch) + " is not a multiple of --ranks " +
                                                 std::to_string(a.launch.ranks));
@@ -114,6 +116,8 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
   if constexpr (std::is_same_v<typename Opt::optimizer_policy, zero::optim::Sgd>) hyper.momentum = 0.9;
   zero::Options options;
   options.seed = args.seed;
+  options.nvme.directory = args.zero.nvme_dir;
+  options.nvme.window_bytes = static_cast<std::size_t>(args.zero.nvme_window_mib * 1048576.0);
   Opt opt(comm, hyper, options);
 
   std::vector<zero::UnitId> units;
@@ -259,7 +263,7 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
 // Maps the runtime choices onto the optimizer types (each is its own instantiation).
 template <class Comm>
 double dispatch(Comm& comm, const Args& a, const fashion_mnist::FashionMnist& data) {
-  return zero::examples::with_optimizer_type<zero::offload::None, zero::backend::Host>(
+  return zero::examples::with_offload_and_optimizer_type<zero::backend::Host>(
       a.zero, [&]<class Opt>() { return train_rank<Opt>(comm, a, data); });
 }
 
