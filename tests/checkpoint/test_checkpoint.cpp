@@ -97,7 +97,7 @@ class FakeRank : public StateSource {
  public:
   FakeRank(std::vector<UnitDesc> units, std::vector<SlotDesc> slots, std::uint64_t rank, std::uint64_t ranks,
            bool sharded, std::string optimizer = "adamw")
-      : units_(std::move(units)), slots_(std::move(slots)), rank_(rank), ranks_(ranks), sharded_(sharded) {
+      : units_(std::move(units)), slots_(std::move(slots)), sharded_(sharded) {
     run_.optimizer = std::move(optimizer);
     run_.precision = "bf16";
     run_.stage = sharded ? 3 : 0;
@@ -201,7 +201,6 @@ class FakeRank : public StateSource {
 
   std::vector<UnitDesc> units_;
   std::vector<SlotDesc> slots_;
-  std::uint64_t rank_, ranks_;
   bool sharded_;
   std::vector<OwnedRange> owned_, split_;
   std::vector<std::vector<std::vector<char>>> data_;  // [slot][owned range] bytes
