@@ -7,7 +7,7 @@
 // formula, not against another run of the same code.
 #include <catch2/catch.hpp>
 
-#include <sys/resource.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -640,6 +640,49 @@ TEST_CASE("checkpoint: asynchronous saves, step directories and crash safety", "
   REQUIRE(parse_manifest(read_text(step_directory(tmp.path, 2) / manifest_file_name), "m").run.step == 2);
 }
 
+TEST_CASE("checkpoint: a process killed (SIGKILL) while saving leaves the newest complete checkpoint loadable",
+          "[checkpoint][crash]") {
+  TempDir tmp;
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // saves step after step until killed
+    try {
+      FakeRank m(model_units(40), mixed_slots(), 0, 1, true);
+      SaveOptions o;
+      o.checksum_chunk_bytes = 4096;
+      Checkpointer ck(Collective{}, o);
+      for (std::uint64_t step = 1;; ++step) {
+        m.fill(step);
+        m.run_.step = step;
+        ck.save_step(tmp.path, m, step % 2 == 0);  // every other one in the background
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "saving child: %s\n", e.what());
+    }
+    std::_Exit(3);
+  }
+  // Kill it at some point after its first checkpoint, mid-save most likely.
+  for (int i = 0; i < 2000 && !fs::exists(tmp.path / "latest"); ++i) ::usleep(5000);
+  ::usleep(150000);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  const auto latest = find_latest_checkpoint(tmp.path);
+  REQUIRE(latest.has_value());
+  std::vector<std::uint64_t> steps(2);
+  const auto errors = on_ranks(2, [&](std::uint64_t r, Collective c) {
+    FakeRank m(model_units(40), mixed_slots(), r, 2, true);
+    const auto res = load_checkpoint(tmp.path, m, c);
+    steps[r] = res.manifest.run.step;
+    for (std::size_t s = 0; s < 4; ++s) REQUIRE(m.mismatches(s, s, res.manifest.run.step) == 0);
+  });
+  for (const auto& e : errors) REQUIRE(e.empty());
+  INFO("killed after step " << steps[0]);
+  REQUIRE(steps[0] >= 1);
+  REQUIRE(steps[0] == steps[1]);
+}
+
 TEST_CASE("checkpoint: ranks that pass different directories all stop", "[checkpoint][errors]") {
   TempDir tmp;
   const auto errors = on_ranks(2, [&](std::uint64_t r, Collective c) {
@@ -738,23 +781,16 @@ TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][me
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    auto hwm_kib = [] {
+    auto status_kib = [](const std::string& key) {  // a line of /proc/self/status, in KiB
       std::ifstream in("/proc/self/status");
       std::string line;
       while (std::getline(in, line))
-        if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
-      return -1L;
-    };
-    auto rss_kib = [] {
-      std::ifstream in("/proc/self/status");
-      std::string line;
-      while (std::getline(in, line))
-        if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+        if (line.rfind(key, 0) == 0) return std::stol(line.substr(key.size()));
       return -1L;
     };
     // Reset the peak to the present (Linux >= 4.0: writing 5 to clear_refs).
     { std::ofstream("/proc/self/clear_refs") << "5"; }
-    const long before = rss_kib();
+    const long before = status_kib("VmRSS:");
     const std::vector<HfTensor> model = {{"a", {16 << 20}, TensorType::F32}, {"b", {16 << 20}, TensorType::F32}};
     HfExportOptions o;
     o.buffer_bytes = 4 << 20;
@@ -762,7 +798,7 @@ TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][me
     hf_export(tmp.path, model, [](std::size_t, std::uint64_t first, std::uint64_t n, void* d) {
       for (std::uint64_t i = 0; i < n; ++i) static_cast<float*>(d)[i] = static_cast<float>(first + i);
     }, o);
-    const long growth = hwm_kib() - before;
+    const long growth = status_kib("VmHWM:") - before;
     std::printf("hf_export of 128 MiB through a 4 MiB buffer: peak RSS grew by %ld KiB\n", growth);
     std::fflush(stdout);
     std::_Exit(growth >= 0 && growth < 16 * 1024 ? 0 : 1);

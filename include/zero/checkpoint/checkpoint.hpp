@@ -561,6 +561,12 @@ inline LoadResult load_checkpoint(const std::filesystem::path& path, StateSource
   const std::vector<OwnedRange> owned = source.owned();
   std::vector<std::vector<char>> loaded;  // per (slot, owned range)
   detail::on_every_rank(c, result.directory, "reading the rank files", [&] {
+    // The tensors of each (saved slot, unit), so that finding the ones an
+    // owned range overlaps does not scan every file for every range.
+    std::vector<std::vector<std::pair<const FileRecord*, const TensorRecord*>>> by_slot_unit(m.slots.size() *
+                                                                                            m.units.size());
+    for (const FileRecord& f : m.files)
+      for (const TensorRecord& t : f.tensors) by_slot_unit[t.slot * m.units.size() + t.unit].emplace_back(&f, &t);
     detail::ChunkedRead reader{m, result.directory, options.io_buffer_bytes, {}, {}, 0};
     for (std::size_t s = 0; s < slots.size(); ++s) {
       for (const OwnedRange& o : owned) {
@@ -569,13 +575,10 @@ inline LoadResult load_checkpoint(const std::filesystem::path& path, StateSource
         auto& out = loaded.back();
         const std::size_t es = dtype_bytes(slots[s].dtype);
         out.resize(static_cast<std::size_t>(o.count * es));
-        for (const FileRecord& f : m.files)
-          for (const TensorRecord& t : f.tensors) {
-            if (t.slot != saved_slot[s] || t.unit != o.unit) continue;
-            const std::uint64_t lo = std::max(o.begin, t.begin), hi = std::min(o.begin + o.count, t.begin + t.count);
-            if (lo >= hi) continue;
-            reader.read(f, t, lo - t.begin, hi - lo, out.data() + (lo - o.begin) * es, slots[s].dtype);
-          }
+        for (const auto& [f, t] : by_slot_unit[saved_slot[s] * m.units.size() + o.unit]) {
+          const std::uint64_t lo = std::max(o.begin, t->begin), hi = std::min(o.begin + o.count, t->begin + t->count);
+          if (lo < hi) reader.read(*f, *t, lo - t->begin, hi - lo, out.data() + (lo - o.begin) * es, slots[s].dtype);
+        }
       }
     }
     result.bytes_read = reader.bytes_read;
