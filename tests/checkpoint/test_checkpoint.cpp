@@ -762,6 +762,10 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
                       Catch::Contains("model-00002-of-00003.safetensors") &&
                           Catch::Contains("tensor 'h.0.weight' has shape [40, 80], the model expects [80, 40]"));
 
+  auto twice = model;
+  twice[3].name = "h.0.bias";
+  REQUIRE_THROWS_WITH(hf_export(tmp.path / "twice", twice, [](auto...) {}), Catch::Contains("two tensors are named 'h.0.bias'"));
+
   // A single file works the same way.
   const auto single = hf_model(1);
   HfExportOptions big;

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,8 +74,10 @@ inline HfExportResult hf_export(const std::filesystem::path& dir, const std::vec
   std::vector<std::vector<std::size_t>> shards;
   std::uint64_t shard_bytes = 0;
   HfExportResult result;
+  std::set<std::string_view> names;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const HfTensor& t = tensors[i];
+    require(names.insert(t.name).second, "hf_export: two tensors are named '", t.name, "'");
     require(t.dtype != TensorType::I64, "hf_export: tensor '", t.name, "' must be F32, F16 or BF16");
     const auto bytes = TensorSpec{t.name, t.dtype, t.shape}.checked_bytes();
     require(bytes.has_value(), "hf_export: tensor '", t.name, "' has more bytes than fit in 64 bits");
