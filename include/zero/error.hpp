@@ -37,6 +37,14 @@ class BackendError : public Error {
   using Error::Error;
 };
 
+// A checkpoint or safetensors file set cannot be written or read: the message
+// names the file and the problem (missing, truncated, checksum mismatch, a
+// header that contradicts itself, a manifest of another model or optimizer).
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A buffer could not be allocated; the message names the buffer, its bytes,
 // the rank and the option or stage that makes it smaller.
 class OutOfMemory : public Error {

@@ -66,7 +66,7 @@ OLD_STANDARD_CASES = [
 # Headers that need something g++ alone does not have.
 SKIP = {"zero/comm/mpi.hpp", "zero/comm/mpi_c_api.hpp"}  # need mpi.h: compiled by the MPI tests
 # The disk tier needs liburing.h and xxhash.h: checked where they are installed.
-DISK_TIER = {"zero/offload/uring.hpp", "zero/offload/disk_swap.hpp"}
+DISK_TIER = {"zero/offload/uring.hpp", "zero/offload/disk_swap.hpp", "zero/offload/disk_state_store.hpp"}
 DISK_TIER_PROBE = "#include <liburing.h>\n#include <xxhash.h>\nint main() {}\n"
 
 
@@ -111,6 +111,12 @@ def main():
             if compile_source(cxx, include, DISK_TIER_PROBE, "disk tier probe")[1] != 0:
                 print("skip zero/offload/{uring,disk_swap}.hpp: liburing.h or xxhash.h is not installed")
                 skip |= DISK_TIER
+            # The checkpoint headers need nlohmann-json and xxHash; where those
+            # are not installed, neither are the checkpoint tests.
+            probe = "#include <nlohmann/json.hpp>\n#include <xxhash.h>\nint main() {}\n"
+            if compile_source(cxx, include, probe, "probe")[1] != 0:
+                print("skip zero/checkpoint/: nlohmann-json or xxHash headers are not installed")
+                skip.update(f"zero/checkpoint/{n}" for n in os.listdir(os.path.join(include, "zero", "checkpoint")))
             for root, _, files in os.walk(os.path.join(include, "zero")):
                 for name in sorted(files):
                     if not name.endswith(".hpp"):
