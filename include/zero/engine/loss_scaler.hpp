@@ -21,6 +21,19 @@ class DynamicLossScaler {
   double scale() const { return scale_; }
   bool enabled() const { return enabled_; }
 
+  // What a checkpoint keeps, so a resumed run scales as the interrupted one would.
+  struct State {
+    double scale = 1.0;
+    int clean_steps = 0;      // overflow-free steps since the scale last changed
+    int hysteresis_left = 1;  // overflows still tolerated before backing off
+  };
+  State state() const { return {scale_, clean_steps_, hysteresis_left_}; }
+  void restore(const State& s) {
+    scale_ = s.scale;
+    clean_steps_ = s.clean_steps;
+    hysteresis_left_ = s.hysteresis_left;
+  }
+
   // Records the outcome of one step. Returns true if the step must be skipped.
   bool update(bool overflow) {
     if (!enabled_) return false;

@@ -63,6 +63,13 @@
 
 namespace zero {
 
+namespace checkpoint {
+// Saves and loads a ZeroOptimizer's state: zero/checkpoint/optimizer_io.hpp
+// (needs nlohmann-json and xxHash), included only by programs that checkpoint.
+template <class Opt>
+struct OptimizerIo;
+}  // namespace checkpoint
+
 struct StepResult {
   bool stepped = false;         // the optimizer updated the parameters
   bool skipped_overflow = false;  // fp16: inf/NaN in the gradients; nothing was updated
@@ -207,6 +214,21 @@ class ZeroOptimizer {
     land_update();
   }
 
+  // ---- Checkpoints (#include "zero/checkpoint/optimizer_io.hpp") ----------
+  // Collective. Writes this run's state into directory `dir` (one
+  // safetensors file per rank, a manifest last; docs/checkpoint-format.md).
+  template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
+  void save(const std::string& dir) {
+    Io::save(*this, dir);
+  }
+  // Collective. Loads a checkpoint saved by any number of ranks at any stage
+  // and offload tier (the same optimizer and model); `path` is a checkpoint
+  // directory or a root holding step-* checkpoints (the newest complete one).
+  template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
+  auto load(const std::string& path) {
+    return Io::load(*this, path);
+  }
+
   double loss_scale() const { return scaler_.scale(); }
   // e.g. hyper().lr = schedule(step), the same on every rank (checked at the step)
   Hyper& hyper() { return hyper_; }
@@ -229,6 +251,9 @@ class ZeroOptimizer {
   }
 
  private:
+  template <class>
+  friend struct checkpoint::OptimizerIo;
+
   // The range of elements of unit u that this rank updates: its shard, or the
   // whole unit at stage 0 (every rank updates everything).
   std::size_t update_begin(const UnitInfo& u) const {

@@ -1,0 +1,210 @@
+// Why: a training library nobody can resume from is not usable. This header
+// connects a ZeroOptimizer to the checkpoint format (checkpoint.hpp): the
+// optimizer's state is exposed as a StateSource in coordinates no rank count
+// or stage changes (unit, element range of the unpadded unit), read and
+// written only through the model-state store (so every offload tier saves
+// the same way, the disk tier included), and the run's scalars (step, loss
+// scaler, seed, hyper-parameters) travel in the manifest. A checkpoint saved
+// by N ranks at stage s loads on M ranks at stage t.
+//
+//   #include "zero/checkpoint/optimizer_io.hpp"
+//   opt.save("ckpt/step-100");   // collective
+//   opt.load("ckpt");            // collective: the newest complete checkpoint under ckpt/
+//
+// Slots: "master" (fp32; the parameters themselves in fp32 training),
+// "state0".."stateK-1" (the optimizer's fp32 state), and "param" (the 16-bit
+// copy, so stochastic rounding resumes bit for bit; optional: a run in
+// another precision derives it from the master).
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "zero/checkpoint/checkpoint.hpp"
+#include "zero/engine/zero_optimizer.hpp"
+
+namespace zero::checkpoint {
+
+namespace detail {
+// The built-in optimizers' hyper-parameters by name (recorded for the reader;
+// loading keeps the running program's, which a schedule sets per step).
+template <class Hyper>
+nlohmann::json hyper_json(const Hyper& h) {
+  nlohmann::json j = nlohmann::json::object();
+  if constexpr (requires { h.lr; }) j["lr"] = h.lr;
+  if constexpr (requires { h.beta1; }) j["beta1"] = h.beta1;
+  if constexpr (requires { h.beta2; }) j["beta2"] = h.beta2;
+  if constexpr (requires { h.eps; }) j["eps"] = h.eps;
+  if constexpr (requires { h.momentum; }) j["momentum"] = h.momentum;
+  if constexpr (requires { h.dampening; }) j["dampening"] = h.dampening;
+  if constexpr (requires { h.weight_decay; }) j["weight_decay"] = h.weight_decay;
+  if constexpr (requires { h.nesterov; }) j["nesterov"] = h.nesterov;
+  return j;
+}
+}  // namespace detail
+
+template <class Opt>
+struct OptimizerIo {
+  using param_type = typename Opt::param_type;
+  using Ops = backend::Ops<typename Opt::backend_policy>;
+  static constexpr bool mixed = Opt::precision_policy::mixed;
+  static constexpr int state_slots = Opt::state_slots;
+
+  // The optimizer as the checkpoint layer sees it.
+  class Source final : public StateSource {
+   public:
+    explicit Source(Opt& opt, nlohmann::json extra = nlohmann::json::object())
+        : opt_(opt), extra_(std::move(extra)) {}
+
+    std::vector<UnitDesc> units() const override {
+      std::vector<UnitDesc> out;
+      for (const UnitInfo& u : opt_.layout_.units()) {
+        UnitDesc d{u.name, u.numel, {}};
+        for (const std::size_t p : u.params) {
+          const ParamInfo& info = opt_.layout_.params()[p];
+          d.params.push_back({info.name, info.offset, info.numel, {}});
+        }
+        out.push_back(std::move(d));
+      }
+      return out;
+    }
+    std::vector<SlotDesc> slots() const override {
+      std::vector<SlotDesc> s{{"master", DType::f32, true}};
+      for (int k = 0; k < state_slots; ++k) s.push_back({"state" + std::to_string(k), DType::f32, true});
+      if constexpr (mixed) s.push_back({"param", dtype_traits<param_type>::dtype, false});
+      return s;
+    }
+    // Stages 1-3: this rank's shard of each unit (within its unpadded data);
+    // stage 0: all of it.
+    std::vector<OwnedRange> owned() const override { return ranges(Opt::rules.states_sharded); }
+    // Saved: the shards at every stage (at stage 0 each rank writes a part).
+    std::vector<OwnedRange> save_ranges() const override { return ranges(true); }
+
+    void read(std::size_t slot, const OwnedRange& r, void* dst) const override {
+      auto& opt = const_cast<Opt&>(opt_);
+      const UnitInfo& u = opt.layout_.units()[r.unit];
+      const std::size_t local = r.begin - opt.update_begin(u);
+      if (is_param(slot)) {
+        Ops::download(static_cast<param_type*>(dst), opt.param_ptr(u) + local, r.count);
+      } else if (slot == 0 && !opt.store_.owns_master()) {
+        if constexpr (std::is_same_v<param_type, float>)
+          Ops::download(static_cast<float*>(dst), opt.param_ptr(u) + local, r.count);
+      } else {
+        opt.store_.export_values(store_slot(slot), opt.state_offset(u) + local, static_cast<float*>(dst), r.count);
+      }
+    }
+    void write(std::size_t slot, const OwnedRange& r, const void* src) override {
+      const UnitInfo& u = opt_.layout_.units()[r.unit];
+      const std::size_t local = r.begin - opt_.update_begin(u);
+      if (is_param(slot)) {
+        Ops::upload(opt_.param_ptr(u) + local, static_cast<const param_type*>(src), r.count);
+      } else if (slot == 0 && !opt_.store_.owns_master()) {
+        if constexpr (std::is_same_v<param_type, float>)
+          Ops::upload(opt_.param_ptr(u) + local, static_cast<const float*>(src), r.count);
+      } else {
+        opt_.store_.import_values(store_slot(slot), opt_.state_offset(u) + local, static_cast<const float*>(src),
+                                  r.count);
+      }
+    }
+
+    RunState run_state() const override {
+      RunState s;
+      s.world_size = static_cast<std::uint64_t>(opt_.ranks());
+      s.stage = static_cast<std::uint64_t>(Opt::stage);
+      s.precision = mixed ? dtype_name(dtype_traits<param_type>::dtype) : "fp32";
+      s.optimizer = Opt::optimizer_policy::name;
+      s.hyper = detail::hyper_json(opt_.hyper_);
+      s.step = static_cast<std::uint64_t>(opt_.steps_);
+      const auto scaler = opt_.scaler_.state();
+      s.loss_scaler = {scaler.scale, static_cast<std::uint64_t>(scaler.clean_steps),
+                       static_cast<std::uint64_t>(scaler.hysteresis_left)};
+      if (opt_.options_.stochastic_rounding) s.rounding_seed = opt_.options_.seed;
+      s.extra = extra_;
+      return s;
+    }
+
+   private:
+    static bool is_param(std::size_t slot) { return mixed && slot == 1 + static_cast<std::size_t>(state_slots); }
+    static StateSlot store_slot(std::size_t slot) {
+      return slot == 0 ? StateSlot{} : StateSlot{static_cast<int>(slot) - 1};
+    }
+    std::vector<OwnedRange> ranges(bool sharded) const {
+      std::vector<OwnedRange> out;
+      const std::size_t r = static_cast<std::size_t>(opt_.rank());
+      for (std::size_t i = 0; i < opt_.layout_.units().size(); ++i) {
+        const UnitInfo& u = opt_.layout_.units()[i];
+        const std::size_t begin = sharded ? r * u.shard : 0;
+        const std::size_t end = sharded ? std::min(u.numel, (r + 1) * u.shard) : u.numel;
+        if (begin < end) out.push_back({i, begin, end - begin});
+      }
+      return out;
+    }
+
+    Opt& opt_;
+    nlohmann::json extra_;
+  };
+
+  // The optimizer's control all-gather (counted as control traffic).
+  static Collective collective(Opt& opt) {
+    Collective c;
+    c.rank = static_cast<std::uint64_t>(opt.rank());
+    c.size = static_cast<std::uint64_t>(opt.ranks());
+    c.all_gather_u64 = [&opt](std::uint64_t v) { return opt.all_gather_control({v}); };
+    return c;
+  }
+
+  // Collective: the optimizer's state into `dir`; `extra` (the trainer's
+  // epoch, data order, ...) is kept in the manifest for its resume.
+  static void save(Opt& opt, const std::string& dir, nlohmann::json extra = nlohmann::json::object()) {
+    settle(opt, "save");
+    Source source(opt, std::move(extra));
+    save_checkpoint(dir, source, collective(opt));
+  }
+
+  // Collective: the state of the checkpoint at (or newest under) `path`.
+  // Parameters it lacks (a run in another precision) are rounded from the
+  // master; stages 1-2 then all-gather them. Returns the manifest (step,
+  // `extra`) and what was read.
+  static LoadResult load(Opt& opt, const std::string& path) {
+    settle(opt, "load");
+    Source source(opt);
+    LoadResult result = load_checkpoint(path, source, collective(opt));
+    if constexpr (mixed) {
+      if (!result.slots_not_loaded.empty()) {
+        std::vector<float> master;
+        std::vector<param_type> low;
+        for (const OwnedRange& r : source.owned()) {
+          master.resize(r.count);
+          low.resize(r.count);
+          source.read(0, r, master.data());
+          for (std::size_t i = 0; i < r.count; ++i) low[i] = from_float<param_type>(master[i]);
+          source.write(1 + static_cast<std::size_t>(state_slots), r, low.data());
+        }
+      }
+    }
+    const RunState& run = result.manifest.run;
+    opt.steps_ = static_cast<std::int64_t>(run.step);
+    opt.steps_at_reset_ = opt.steps_;
+    opt.scaler_.restore({run.loss_scaler.scale, static_cast<int>(run.loss_scaler.growth_counter),
+                         static_cast<int>(run.loss_scaler.hysteresis_left)});
+    opt.publish_params();
+    return result;
+  }
+
+ private:
+  // Between optimizer steps, with nothing in flight.
+  static void settle(Opt& opt, const char* what) {
+    require(opt.finalized_, what, ": call finalize() first");
+    require(opt.micro_ == 0, what, ": call it between optimizer steps, not within a gradient-accumulation window");
+    opt.land_update();
+    opt.synchronize();
+  }
+};
+
+}  // namespace zero::checkpoint
