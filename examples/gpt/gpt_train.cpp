@@ -5,8 +5,8 @@
 //
 //   gpt_train [--ranks 4] [--comm local|mpi] [--stage 3] [--precision fp32|bf16|fp16]
 //             [--optimizer adamw|adam|sgd] [--layers 4] [--width 128] [--heads 4]
-//             [--context 128] [--micro-batch 8] [--grad-accum 1] [--lr 3e-3] [--warmup 30]
-//             [--min-lr 3e-4] [--clip 1] [--seed 1] [--steps 300] [--eval-every 50]
+//             [--context 128] [--micro-batch 8] [--grad-accum 1] [--lr 6e-3] [--warmup 30]
+//             [--min-lr 6e-4] [--clip 1] [--seed 1] [--steps 400] [--eval-every 100]
 //             [--checkpoint-activations] [--sample 200] [--data FILE] [--report]
 //
 // (--help lists them with their defaults.) Every --eval-every steps it prints
@@ -46,13 +46,13 @@ struct Args {
   gpt::Config model;
   int micro_batch = 8;
   int grad_accum = 1;
-  double lr = 3e-3;
+  double lr = 6e-3;
   int warmup = 30;
-  double min_lr = 3e-4;
+  double min_lr = 6e-4;
   double clip = 1.0;
   std::uint64_t seed = 1;
-  int steps = 300;
-  int eval_every = 50;
+  int steps = 400;
+  int eval_every = 100;
   bool checkpoint_activations = false;
   int sample = 200;
   std::string data = gpt::kDefaultCorpus;
