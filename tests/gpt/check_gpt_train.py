@@ -9,8 +9,10 @@ Skips (77) when The Devil's Dictionary is not installed.
 import math
 import os
 import re
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from trainer_output import run_for_last_line  # noqa: E402
 
 CORPUS = "/usr/share/dictd/devil.dict.dz"
 
@@ -20,20 +22,11 @@ def main():
     if not os.path.exists(CORPUS):
         print(f"SKIP: {CORPUS} missing (apt-get install dict-devil)")
         return 77
-    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    print(run.stdout[-4000:])
-    print(run.stderr[-4000:], file=sys.stderr)
-    if run.returncode != 0:
-        print(f"FAIL: exit code {run.returncode}")
+    stdout, val = run_for_last_line(command, "val_loss")
+    if stdout is None:
         return 1
-    lines = run.stdout.strip().splitlines()
-    last = re.fullmatch(r"val_loss=([-+0-9.eEnaif]+)", lines[-1]) if lines else None
-    if not last:
-        print("FAIL: the last line is not val_loss=<value>")
-        return 1
-    val = float(last.group(1))
-    entropy = re.search(r"unigram entropy ([0-9.]+) nats/char", run.stdout)
-    progress = [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+ .* val_loss ([0-9.]+) nats/char", run.stdout, re.M)]
+    entropy = re.search(r"unigram entropy ([0-9.]+) nats/char", stdout)
+    progress = [float(m.group(1)) for m in re.finditer(r"^step \d+/\d+ .* val_loss ([0-9.]+) nats/char", stdout, re.M)]
     steps = int(command[command.index("--steps") + 1])
     every = int(command[command.index("--eval-every") + 1])
     if len(progress) != (steps + every - 1) // every:
