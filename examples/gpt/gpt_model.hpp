@@ -18,12 +18,13 @@
 // the arena keeps each block's input only, plus one block's worth of
 // activations that backward recomputes block by block.
 //
-// Host code: OpenBLAS sgemm for the matrix products, the per-row and
-// per-element math of gpt_ops.hpp (shared with the CUDA kernels) in OpenMP
-// loops. Each rank thread uses its own Gpt (the arena is per model).
+// GptModel<Compute> is the order of the computation, written once; Compute
+// says how each step runs: HostCompute (gpt_host.hpp: OpenBLAS, OpenMP;
+// gpt::Gpt) or CudaCompute (gpt_cuda.cuh: cuBLAS and kernels). Both call the
+// per-row and per-element math of gpt_ops.hpp. Each rank thread uses its own
+// model (the arena is per model). Parameter, gradient, token and logit
+// pointers live where Compute computes (device memory for CUDA).
 #pragma once
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,7 +35,6 @@
 #include <string>
 #include <vector>
 
-#include "gpt/gpt_ops.hpp"
 #include "zero/error.hpp"
 
 namespace gpt {
@@ -127,25 +127,25 @@ struct ActivationBytes {
   std::size_t total() const { return saved + scratch; }
 };
 
-// A bump allocator over one float buffer. Without storage it only counts, so
+// A bump allocator over one float buffer. Without a base it only counts, so
 // the same carving code sizes the arena and then hands it out.
 class Arena {
  public:
   Arena() = default;
-  explicit Arena(std::size_t floats) : storage_(floats, 0.0f), sized_(true) {}
+  Arena(float* base, std::size_t floats) : base_(base), capacity_(floats) {}
   float* take(std::size_t n) {
     n = (n + 15) / 16 * 16;  // 64-byte steps: rows of different buffers never share a cache line
-    float* p = sized_ ? storage_.data() + used_ : nullptr;
+    float* p = base_ != nullptr ? base_ + used_ : nullptr;
     used_ += n;
-    zero::require(!sized_ || used_ <= storage_.size(), "gpt::Arena: carved past its end (", used_, " > ",
-                  storage_.size(), " floats)");
+    zero::require(base_ == nullptr || used_ <= capacity_, "gpt::Arena: carved past its end (", used_, " > ",
+                  capacity_, " floats)");
     return p;
   }
   std::size_t used_floats() const { return used_; }
 
  private:
-  std::vector<float> storage_;
-  bool sized_ = false;
+  float* base_ = nullptr;
+  std::size_t capacity_ = 0;
   std::size_t used_ = 0;
 };
 
@@ -160,20 +160,23 @@ inline void fill_normal(float* out, std::size_t n, float stddev, std::uint64_t s
   }
 }
 
-class Gpt {
+template <class Compute>
+class GptModel {
  public:
   // Sized for micro-batches of up to max_batch sequences of config.context tokens.
-  Gpt(const Config& config, int max_batch, bool checkpoint_activations)
-      : cfg_(config), max_batch_(max_batch), checkpoint_(checkpoint_activations), units_(describe_units(config)) {
+  GptModel(const Config& config, int max_batch, bool checkpoint_activations, Compute compute = {})
+      : cfg_(config), max_batch_(max_batch), checkpoint_(checkpoint_activations), units_(describe_units(config)),
+        compute_(std::move(compute)) {
     cfg_.validate();
     zero::require(max_batch >= 1, "GPT micro-batch is ", max_batch, "; it must be >= 1");
     Arena counter;
     carve(counter);
-    arena_ = Arena(counter.used_floats());
-    carve(arena_);
+    storage_ = Compute::allocate(counter.used_floats());
+    Arena arena(storage_.data(), counter.used_floats());
+    carve(arena);
   }
-  Gpt(const Gpt&) = delete;
-  Gpt& operator=(const Gpt&) = delete;
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
 
   const Config& config() const { return cfg_; }
   int max_batch() const { return max_batch_; }
@@ -228,7 +231,7 @@ class Gpt {
   ActivationBytes activation_bytes() const { return bytes_; }
   // The same figure for another setting, from the same carving code.
   static ActivationBytes plan_activation_bytes(const Config& config, int max_batch, bool checkpoint_activations) {
-    return Gpt(config, max_batch, checkpoint_activations, PlanOnly{}).bytes_;
+    return GptModel(config, max_batch, checkpoint_activations, PlanOnly{}).bytes_;
   }
 
   // One forward and backward pass over `batch` sequences (tokens and targets:
@@ -248,17 +251,15 @@ class Gpt {
     zero::require(std::isfinite(grad_scale) && grad_scale > 0.0f, "Gpt::forward_backward: grad_scale is ", grad_scale,
                   "; it must be positive and finite");
     const std::size_t N = rows(batch);
-    forward_to_head(tokens, batch, params);
+    const std::uint8_t* ids = forward_to_head(tokens, batch, params);
     const float* wte = acquire(params, 0) + units_[0].offsets[kTokenEmbedding];
     head_logits(wte, N);
     const float loss = cross_entropy(targets, N, true, grad_scale);
     // Head backward: d(wte) from the head (added to the lookup's later),
     // d(ln_f output) = d(logits) wte.
-    const int C = cfg_.width, V = cfg_.vocab;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, static_cast<int>(N), 1.0f, logits_, V, lnf_out_, C,
-                0.0f, head_wte_grad_, C);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(N), C, V, 1.0f, logits_, V, wte, C, 0.0f,
-                dtmp_, C);
+    const int C = cfg_.width, V = cfg_.vocab, n = static_cast<int>(N);
+    compute_.gemm(true, false, V, C, n, logits_, V, lnf_out_, C, head_wte_grad_, C);
+    compute_.gemm(false, false, n, C, V, logits_, V, wte, C, dtmp_, C);
     release(params, 0);
 
     // Final LayerNorm.
@@ -267,9 +268,9 @@ class Gpt {
       const float* p = acquire(params, u);
       float* g = grad_buffer(grads, u);
       const std::vector<std::size_t>& off = units_[static_cast<std::size_t>(u)].offsets;
-      std::fill(dres_, dres_ + N * static_cast<std::size_t>(C), 0.0f);
-      layernorm_backward(dtmp_, inputs_[static_cast<std::size_t>(cfg_.layers)], p + off[kLnfWeight], lnf_stats_, N,
-                         dres_, g + off[kLnfWeight], g + off[kLnfBias]);
+      compute_.fill(dres_, N * static_cast<std::size_t>(C), 0.0f);
+      compute_.layernorm_backward(dtmp_, inputs_[static_cast<std::size_t>(cfg_.layers)], p + off[kLnfWeight],
+                                  lnf_mean_, lnf_rstd_, N, C, dres_, g + off[kLnfWeight], g + off[kLnfBias]);
       zero_gaps(u, g);
       if (grads.ready) grads.ready(u);
       release(params, u);
@@ -285,31 +286,23 @@ class Gpt {
       if (grads.ready) grads.ready(u);
       release(params, u);
     }
-    // Embeddings: the lookup's gradient plus the head's.
+    // Embeddings: the head's gradient plus the lookup's.
     {
       float* g = grad_buffer(grads, 0);
       const std::vector<std::size_t>& off = units_[0].offsets;
       float* dwte = g + off[kTokenEmbedding];
       float* dwpe = g + off[kPositionEmbedding];
-      std::copy(head_wte_grad_, head_wte_grad_ + static_cast<std::size_t>(V) * C, dwte);
-      std::fill(dwpe, dwpe + static_cast<std::size_t>(cfg_.context) * C, 0.0f);
-      for (std::size_t n = 0; n < N; ++n) {
-        const float* d = dres_ + n * C;
-        float* te = dwte + static_cast<std::size_t>(tokens[n]) * C;
-        float* pe = dwpe + (n % static_cast<std::size_t>(cfg_.context)) * C;
-        for (int c = 0; c < C; ++c) {
-          te[c] += d[c];
-          pe[c] += d[c];
-        }
-      }
+      compute_.copy(dwte, head_wte_grad_, static_cast<std::size_t>(V) * C);
+      compute_.fill(dwpe, static_cast<std::size_t>(cfg_.context) * C, 0.0f);
+      compute_.embed_backward(ids, dres_, N, cfg_.context, C, dwte, dwpe);
       zero_gaps(0, g);
       if (grads.ready) grads.ready(0);
     }
     return loss;
   }
 
-  // Forward only: the mean loss over `batch` sequences; logits() then holds
-  // the batch's logits (batch x context x vocab).
+  // Forward only: the mean loss over `batch` sequences (targets may be null:
+  // no loss); logits() then holds the batch's logits (batch x context x vocab).
   float loss(const std::uint8_t* tokens, const std::uint8_t* targets, int batch, const ParamHooks& params) {
     const std::size_t N = rows(batch);
     forward_to_head(tokens, batch, params);
@@ -317,11 +310,13 @@ class Gpt {
     release(params, 0);
     return targets != nullptr ? cross_entropy(targets, N, false, 1.0f) : 0.0f;
   }
+  // Where Compute computes (device memory for CUDA).
   const float* logits() const { return logits_; }
+  Compute& compute() { return compute_; }
 
  private:
   struct PlanOnly {};
-  Gpt(const Config& config, int max_batch, bool checkpoint_activations, PlanOnly)
+  GptModel(const Config& config, int max_batch, bool checkpoint_activations, PlanOnly)
       : cfg_(config), max_batch_(max_batch), checkpoint_(checkpoint_activations), units_(describe_units(config)) {
     cfg_.validate();
     Arena counter;
@@ -376,8 +371,8 @@ class Gpt {
     blocks_.assign(checkpoint_ ? 1 : L, BlockActs{});
     for (BlockActs& b : blocks_) carve_block(a, b);
     lnf_out_ = a.take(N * C);
-    lnf_stats_.mean = a.take(N);
-    lnf_stats_.rstd = a.take(N);
+    lnf_mean_ = a.take(N);
+    lnf_rstd_ = a.take(N);
     logits_ = a.take(N * static_cast<std::size_t>(cfg_.vocab));
     bytes_.saved = a.used_floats() * sizeof(float);
     // Backward's temporaries.
@@ -411,33 +406,37 @@ class Gpt {
     return g;
   }
   // The unit's padding holds no gradient: zero it so the whole flat buffer is defined.
-  void zero_gaps(int u, float* g) const {
+  void zero_gaps(int u, float* g) {
     const UnitSpec& s = units_[static_cast<std::size_t>(u)];
     std::size_t end = 0;
     for (std::size_t k = 0; k <= s.params.size(); ++k) {
       const std::size_t begin = k < s.params.size() ? s.offsets[k] : s.numel;
-      std::fill(g + end, g + begin, 0.0f);
+      if (begin > end) compute_.fill(g + end, begin - end, 0.0f);
       if (k < s.params.size()) end = s.offsets[k] + s.params[k].numel;
     }
   }
 
+
+  // Checks the ids on the host, where the caller has them.
+  void check_ids(const std::uint8_t* ids, std::size_t N, const char* what) const {
+    zero::require(ids != nullptr, "Gpt: ", what, " is null");
+    for (std::size_t n = 0; n < N; ++n)
+      zero::require(ids[n] < cfg_.vocab, "Gpt: ", what, " ", static_cast<int>(ids[n]), " at position ", n,
+                    " is not below the vocabulary size ", cfg_.vocab);
+  }
+
   // Embeddings, every block, the final LayerNorm: lnf_out_ holds its output.
-  void forward_to_head(const std::uint8_t* tokens, int batch, const ParamHooks& params) {
-    zero::require(tokens != nullptr, "Gpt: tokens is null");
+  // Returns the token ids where Compute reads them.
+  const std::uint8_t* forward_to_head(const std::uint8_t* tokens, int batch, const ParamHooks& params) {
     zero::require(static_cast<bool>(params.acquire), "Gpt: ParamHooks::acquire is empty");
-    const std::size_t N = rows(batch), C = cfg_.width;
+    const std::size_t N = rows(batch);
+    const int C = cfg_.width;
+    check_ids(tokens, N, "token");
+    const std::uint8_t* ids = compute_.stage_tokens(tokens, N, 0);
     {
       const float* p = acquire(params, 0);
-      const float* wte = p + units_[0].offsets[kTokenEmbedding];
-      const float* wpe = p + units_[0].offsets[kPositionEmbedding];
-      float* x = inputs_[0];
-      for (std::size_t n = 0; n < N; ++n) {
-        zero::require(tokens[n] < cfg_.vocab, "Gpt: token ", static_cast<int>(tokens[n]), " at position ", n,
-                      " is not below the vocabulary size ", cfg_.vocab);
-        const float* te = wte + static_cast<std::size_t>(tokens[n]) * C;
-        const float* pe = wpe + (n % static_cast<std::size_t>(cfg_.context)) * C;
-        for (std::size_t c = 0; c < C; ++c) x[n * C + c] = ops::add(te[c], pe[c]);
-      }
+      compute_.embed_forward(ids, p + units_[0].offsets[kTokenEmbedding], p + units_[0].offsets[kPositionEmbedding],
+                             N, cfg_.context, C, inputs_[0]);
       release(params, 0);
     }
     for (int l = 0; l < cfg_.layers; ++l) {
@@ -449,119 +448,76 @@ class Gpt {
     const int u = final_unit();
     const float* p = acquire(params, u);
     const std::vector<std::size_t>& off = units_[static_cast<std::size_t>(u)].offsets;
-    layernorm_forward(inputs_[static_cast<std::size_t>(cfg_.layers)], p + off[kLnfWeight], p + off[kLnfBias], N,
-                      lnf_out_, lnf_stats_);
+    compute_.layernorm_forward(inputs_[static_cast<std::size_t>(cfg_.layers)], p + off[kLnfWeight], p + off[kLnfBias],
+                               N, C, lnf_out_, lnf_mean_, lnf_rstd_);
     release(params, u);
+    return ids;
   }
 
   void head_logits(const float* wte, std::size_t N) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), cfg_.vocab, cfg_.width, 1.0f, lnf_out_,
-                cfg_.width, wte, cfg_.width, 0.0f, logits_, cfg_.vocab);
+    compute_.gemm(false, true, static_cast<int>(N), cfg_.vocab, cfg_.width, lnf_out_, cfg_.width, wte, cfg_.width,
+                  logits_, cfg_.vocab);
   }
 
   // Mean loss over N rows; with `backward`, logits_ becomes grad_scale x d(sum)/d(logits).
   float cross_entropy(const std::uint8_t* targets, std::size_t N, bool backward, float grad_scale) {
-    zero::require(targets != nullptr, "Gpt: targets is null");
-    const int V = cfg_.vocab;
-    double sum = 0.0;
-    for (std::size_t n = 0; n < N; ++n)
-      zero::require(targets[n] < V, "Gpt: target ", static_cast<int>(targets[n]), " at position ", n,
-                    " is not below the vocabulary size ", V);
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (std::size_t n = 0; n < N; ++n) {
-      float* z = logits_ + n * static_cast<std::size_t>(V);
-      sum += ops::cross_entropy_row(z, backward ? z : nullptr, V, targets[n], grad_scale);
-    }
+    check_ids(targets, N, "target");
+    const double sum =
+        compute_.cross_entropy(logits_, compute_.stage_tokens(targets, N, 1), N, cfg_.vocab, backward, grad_scale);
     return static_cast<float>(sum / static_cast<double>(N));
   }
 
-  struct Stats {
-    float* mean = nullptr;
-    float* rstd = nullptr;
-  };
-
-  void layernorm_forward(const float* x, const float* w, const float* b, std::size_t N, float* out, Stats s) const {
-    const int C = cfg_.width;
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n) {
-      const ops::RowStats r = ops::layernorm_forward_row(x + n * C, w, b, out + n * C, C);
-      s.mean[n] = r.mean;
-      s.rstd[n] = r.rstd;
-    }
-  }
-
-  // dx += d(loss)/d(x); dw, db overwritten.
-  void layernorm_backward(const float* dout, const float* x, const float* w, Stats s, std::size_t N, float* dx,
-                          float* dw, float* db) const {
-    const int C = cfg_.width;
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{s.mean[n], s.rstd[n]}, dx + n * C, C);
-    std::fill(dw, dw + C, 0.0f);
-    std::fill(db, db + C, 0.0f);
-    for (std::size_t n = 0; n < N; ++n) {
-      const ops::RowStats r{s.mean[n], s.rstd[n]};
-      for (int c = 0; c < C; ++c) {
-        dw[c] += dout[n * C + c] * ops::layernorm_normalized(x[n * C + c], r);
-        db[c] += dout[n * C + c];
-      }
-    }
-  }
-
   // out (N x O) = in (N x I) W^T + b, W as nn.Linear: O x I.
-  static void linear_forward(const float* in, const float* w, const float* b, std::size_t N, int I, int O, float* out) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), O, I, 1.0f, in, I, w, I, 0.0f, out, O);
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      for (int o = 0; o < O; ++o) out[n * O + o] = ops::add(out[n * O + o], b[o]);
+  void linear_forward(const float* in, const float* w, const float* b, std::size_t N, int I, int O, float* out) {
+    compute_.gemm(false, true, static_cast<int>(N), O, I, in, I, w, I, out, O);
+    compute_.add_bias(out, b, N, O);
   }
 
-  // dW = dout^T in, db = column sums of dout (both overwritten);
-  // din = dout W (overwritten), skipped when din is null.
-  static void linear_backward(const float* dout, const float* in, const float* w, std::size_t N, int I, int O,
-                              float* dw, float* db, float* din) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, static_cast<int>(N), 1.0f, dout, O, in, I, 0.0f, dw, I);
-    std::fill(db, db + O, 0.0f);
-    for (std::size_t n = 0; n < N; ++n)
-      for (int o = 0; o < O; ++o) db[o] += dout[n * O + o];
-    if (din != nullptr)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(N), I, O, 1.0f, dout, O, w, I, 0.0f, din,
-                  I);
+  // dW = dout^T in, db = column sums of dout, din = dout W (all overwritten).
+  void linear_backward(const float* dout, const float* in, const float* w, std::size_t N, int I, int O, float* dw,
+                       float* db, float* din) {
+    compute_.gemm(true, false, O, I, static_cast<int>(N), dout, O, in, I, dw, I);
+    compute_.column_sums(dout, N, O, db);
+    compute_.gemm(false, false, static_cast<int>(N), I, O, dout, O, w, I, din, I);
+  }
+
+  // Query, key and value of head h of sequence b inside qkv (rows of 3C), and
+  // the head's slice of a C-wide row.
+  std::size_t qkv_at(int b, int h) const {
+    return static_cast<std::size_t>(b) * cfg_.context * 3 * cfg_.width + static_cast<std::size_t>(h) * cfg_.head_size();
+  }
+  std::size_t head_at(int b, int h) const {
+    return static_cast<std::size_t>(b) * cfg_.context * cfg_.width + static_cast<std::size_t>(h) * cfg_.head_size();
+  }
+  std::size_t att_at(int b, int h) const {
+    return (static_cast<std::size_t>(b) * cfg_.heads + h) * cfg_.context * cfg_.context;
   }
 
   // a.x_out = block(a.x_in).
-  void block_forward(const float* p, const std::vector<std::size_t>& off, BlockActs& a, int batch) const {
+  void block_forward(const float* p, const std::vector<std::size_t>& off, BlockActs& a, int batch) {
     const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
     const std::size_t N = rows(batch);
-    layernorm_forward(a.x_in, p + off[kLn1Weight], p + off[kLn1Bias], N, a.ln1, Stats{a.ln1_mean, a.ln1_rstd});
+    compute_.layernorm_forward(a.x_in, p + off[kLn1Weight], p + off[kLn1Bias], N, C, a.ln1, a.ln1_mean, a.ln1_rstd);
     linear_forward(a.ln1, p + off[kQkvWeight], p + off[kQkvBias], N, C, 3 * C, a.qkv);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    for (int b = 0; b < batch; ++b) {
+    // Scores q k^T, causal softmax of scores / sqrt(head size), then P v.
+    for (int b = 0; b < batch; ++b)
       for (int h = 0; h < H; ++h) {
-        const float* q = a.qkv + static_cast<std::size_t>(b) * T * 3 * C + static_cast<std::size_t>(h) * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* att = a.att + (static_cast<std::size_t>(b) * H + h) * T * T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, q, 3 * C, k, 3 * C, 0.0f, att, T);
-        for (int i = 0; i < T; ++i) ops::causal_softmax_row(att + static_cast<std::size_t>(i) * T, i, T, scale);
-        float* y = a.y + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, att, T, v, 3 * C, 0.0f, y, C);
+        const float* q = a.qkv + qkv_at(b, h);
+        compute_.gemm(false, true, T, T, hs, q, 3 * C, q + C, 3 * C, a.att + att_at(b, h), T);
       }
-    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    compute_.causal_softmax(a.att, static_cast<std::size_t>(batch) * H, T, scale);
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < H; ++h)
+        compute_.gemm(false, false, T, hs, T, a.att + att_at(b, h), T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
+                      a.y + head_at(b, h), C);
     linear_forward(a.y, p + off[kAttnProjWeight], p + off[kAttnProjBias], N, C, C, a.x_mid);
-    add_into(a.x_mid, a.x_in, N * C);
-    layernorm_forward(a.x_mid, p + off[kLn2Weight], p + off[kLn2Bias], N, a.ln2, Stats{a.ln2_mean, a.ln2_rstd});
+    compute_.add_into(a.x_mid, a.x_in, N * C);
+    compute_.layernorm_forward(a.x_mid, p + off[kLn2Weight], p + off[kLn2Bias], N, C, a.ln2, a.ln2_mean, a.ln2_rstd);
     linear_forward(a.ln2, p + off[kFcWeight], p + off[kFcBias], N, C, 4 * C, a.fc);
-    const std::size_t n4 = N * 4 * static_cast<std::size_t>(C);
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n4; ++i) a.gelu[i] = ops::gelu_forward(a.fc[i]);
+    compute_.gelu_forward(a.fc, a.gelu, N * 4 * static_cast<std::size_t>(C));
     linear_forward(a.gelu, p + off[kMlpProjWeight], p + off[kMlpProjBias], N, 4 * C, C, a.x_out);
-    add_into(a.x_out, a.x_mid, N * C);
-  }
-
-  static void add_into(float* x, const float* y, std::size_t n) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) x[i] = ops::add(x[i], y[i]);
+    compute_.add_into(a.x_out, a.x_mid, N * C);
   }
 
   // dres_ holds d(loss)/d(a.x_out) and becomes d(loss)/d(a.x_in); g gets the
@@ -572,52 +528,45 @@ class Gpt {
     // MLP: x_out = x_mid + proj(gelu(fc(ln2(x_mid)))).
     linear_backward(dres_, a.gelu, p + off[kMlpProjWeight], N, 4 * C, C, g + off[kMlpProjWeight], g + off[kMlpProjBias],
                     d4_);
-    const std::size_t n4 = N * 4 * static_cast<std::size_t>(C);
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n4; ++i) d4_[i] = ops::gelu_backward(a.fc[i], d4_[i]);
+    compute_.gelu_backward(a.fc, d4_, N * 4 * static_cast<std::size_t>(C));
     linear_backward(d4_, a.ln2, p + off[kFcWeight], N, C, 4 * C, g + off[kFcWeight], g + off[kFcBias], dtmp_);
-    layernorm_backward(dtmp_, a.x_mid, p + off[kLn2Weight], Stats{a.ln2_mean, a.ln2_rstd}, N, dres_,
-                       g + off[kLn2Weight], g + off[kLn2Bias]);
-    // Attention: x_mid = x_in + proj(attention(ln1(x_in))).
+    compute_.layernorm_backward(dtmp_, a.x_mid, p + off[kLn2Weight], a.ln2_mean, a.ln2_rstd, N, C, dres_,
+                                g + off[kLn2Weight], g + off[kLn2Bias]);
+    // Attention: x_mid = x_in + proj(attention(ln1(x_in))); dtmp_ = d(attention output).
     linear_backward(dres_, a.y, p + off[kAttnProjWeight], N, C, C, g + off[kAttnProjWeight], g + off[kAttnProjBias],
                     dtmp_);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    for (int b = 0; b < batch; ++b) {
+    for (int b = 0; b < batch; ++b)
       for (int h = 0; h < H; ++h) {
-        const std::size_t at = static_cast<std::size_t>(b) * T * 3 * C + static_cast<std::size_t>(h) * hs;
-        const float* q = a.qkv + at;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* dq = dqkv_ + at;
-        float* dk = dq + C;
-        float* dv = dq + 2 * C;
-        const float* att = a.att + (static_cast<std::size_t>(b) * H + h) * T * T;
-        float* datt = datt_ + (static_cast<std::size_t>(b) * H + h) * T * T;
-        const float* dy = dtmp_ + static_cast<std::size_t>(b) * T * C + static_cast<std::size_t>(h) * hs;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, 3 * C, 0.0f, datt, T);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, att, T, dy, C, 0.0f, dv, 3 * C);
-        for (int i = 0; i < T; ++i)
-          ops::causal_softmax_backward_row(att + static_cast<std::size_t>(i) * T, datt + static_cast<std::size_t>(i) * T,
-                                           i, T, scale);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, k, 3 * C, 0.0f, dq, 3 * C);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, datt, T, q, 3 * C, 0.0f, dk, 3 * C);
+        const float* v = a.qkv + qkv_at(b, h) + 2 * C;
+        const float* dy = dtmp_ + head_at(b, h);
+        compute_.gemm(false, true, T, T, hs, dy, C, v, 3 * C, datt_ + att_at(b, h), T);                  // dP = dy v^T
+        compute_.gemm(true, false, T, hs, T, a.att + att_at(b, h), T, dy, C, dqkv_ + qkv_at(b, h) + 2 * C, 3 * C);  // dv = P^T dy
       }
-    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    compute_.causal_softmax_backward(a.att, datt_, static_cast<std::size_t>(batch) * H, T, scale);
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < H; ++h) {
+        const float* q = a.qkv + qkv_at(b, h);
+        const float* ds = datt_ + att_at(b, h);
+        compute_.gemm(false, false, T, hs, T, ds, T, q + C, 3 * C, dqkv_ + qkv_at(b, h), 3 * C);      // dq = dS k
+        compute_.gemm(true, false, T, hs, T, ds, T, q, 3 * C, dqkv_ + qkv_at(b, h) + C, 3 * C);       // dk = dS^T q
+      }
     linear_backward(dqkv_, a.ln1, p + off[kQkvWeight], N, C, 3 * C, g + off[kQkvWeight], g + off[kQkvBias], dtmp_);
-    layernorm_backward(dtmp_, a.x_in, p + off[kLn1Weight], Stats{a.ln1_mean, a.ln1_rstd}, N, dres_,
-                       g + off[kLn1Weight], g + off[kLn1Bias]);
+    compute_.layernorm_backward(dtmp_, a.x_in, p + off[kLn1Weight], a.ln1_mean, a.ln1_rstd, N, C, dres_,
+                                g + off[kLn1Weight], g + off[kLn1Bias]);
   }
 
   Config cfg_;
   int max_batch_;
   bool checkpoint_;
   std::vector<UnitSpec> units_;
-  Arena arena_;
+  Compute compute_;
+  typename Compute::Buffer storage_;  // the arena
   ActivationBytes bytes_;
   std::vector<float*> inputs_;      // residual stream: inputs_[l] enters block l, inputs_[L] leaves the last
   std::vector<BlockActs> blocks_;   // one per block, or one shared when recomputing
   float* lnf_out_ = nullptr;
-  Stats lnf_stats_;
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   float* logits_ = nullptr;         // logits, then grad_scale x d(loss)/d(logits)
   float* dres_ = nullptr;           // d(loss)/d(residual stream)
   float* dtmp_ = nullptr;           // d(loss)/d(a LayerNorm output or the attention output)

@@ -28,7 +28,7 @@
 #include "common/cli.hpp"
 #include "common/openblas_core.hpp"
 #include "common/optimizer_type.hpp"
-#include "gpt/gpt_model.hpp"
+#include "gpt/gpt_host.hpp"
 #include "gpt/gpt_zero.hpp"
 #include "gpt/text_corpus.hpp"
 #include "zero/zero.hpp"
@@ -198,7 +198,7 @@ double train_rank(Comm& comm, const Args& args, const gpt::TextCorpus& corpus) {
   options.clip_norm = args.clip;
   options.grad_accumulation_steps = args.grad_accum;
   Opt opt(comm, hyper, options);
-  gpt::ZeroBinding<Opt> binding(opt, model);
+  gpt::ZeroBinding<Opt, gpt::Gpt> binding(opt, model);
   opt.finalize();
   binding.adopt_layout();
   binding.set_params([&](int u, int k, float* out) { model.init_param(u, k, out, args.seed); });

@@ -4,7 +4,8 @@
 // hooks that hand the model each unit's parameters (acquire_unit, all-
 // gathered at stage 3) and take its gradients (grad_buffer, grad_ready).
 // The model computes in fp32; with bf16/fp16 storage the hooks convert one
-// unit at a time into a float copy (the model holds at most one unit at once).
+// unit at a time into a float copy (the model holds at most one unit at once);
+// that copy is host memory, so 16-bit storage needs a host model.
 #pragma once
 
 #include <string>
@@ -16,7 +17,7 @@
 
 namespace gpt {
 
-template <class Opt>
+template <class Opt, class Model>
 class ZeroBinding {
   using P = typename Opt::param_type;
   using G = typename Opt::grad_type;
@@ -24,7 +25,7 @@ class ZeroBinding {
 
  public:
   // Registers the model's units and parameters; call before opt.finalize().
-  ZeroBinding(Opt& opt, Gpt& model) : opt_(opt), model_(model) {
+  ZeroBinding(Opt& opt, Model& model) : opt_(opt), model_(model) {
     for (const UnitSpec& u : model.units()) {
       units_.push_back(opt.add_unit(u.name));
       params_.emplace_back();
@@ -96,7 +97,7 @@ class ZeroBinding {
 
  private:
   Opt& opt_;
-  Gpt& model_;
+  Model& model_;
   std::vector<zero::UnitId> units_;
   std::vector<std::vector<zero::ParamId>> params_;
   std::vector<float> wide_params_, wide_grads_;  // one unit in fp32 (16-bit storage only)

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "gpt/gpt_model.hpp"
+#include "gpt/gpt_host.hpp"
 #include "gpt/gpt_zero.hpp"
 #include "gpt/text_corpus.hpp"
 #include "zero/zero.hpp"
@@ -256,7 +256,7 @@ void check_through_optimizer(bool checkpoint) {
     hyper.lr = lr;
     Opt opt(comm, hyper);
     gpt::Gpt model(fx.config, 1, checkpoint);
-    gpt::ZeroBinding<Opt> binding(opt, model);
+    gpt::ZeroBinding<Opt, gpt::Gpt> binding(opt, model);
     opt.finalize();
     binding.adopt_layout();
     binding.set_params(weights);
