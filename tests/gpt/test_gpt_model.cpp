@@ -2,11 +2,7 @@
 // PyTorch 1.13: tests/gpt/make_gpt_fixture.py runs the same tiny model in
 // float64 on one batch and stores the logits, the loss and every parameter's
 // gradient. Weights and tokens come from a formula both sides compute.
-//
-// "Within 1e-5 relative" means, per tensor, max |ours - torch| <= 1e-5 x
-// max |torch| (the error measured against the tensor's scale, so elements
-// that cancel to near zero do not need more digits than fp32 has); the loss
-// is a scalar: |ours - torch| <= 1e-5 |torch|.
+// Tolerance and error measure: tests/gpt/gpt_fixture.hpp.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,6 +13,7 @@
 #include <vector>
 
 #include "gpt/gpt_host.hpp"
+#include "gpt_fixture.hpp"
 #include "gpt/gpt_zero.hpp"
 #include "gpt/text_corpus.hpp"
 #include "zero/zero.hpp"
@@ -27,111 +24,14 @@
 
 namespace {
 
-constexpr double kTolerance = 1e-5;
-
-struct Fixture {
-  gpt::Config config;
-  int batch = 0;
-  std::vector<std::uint8_t> tokens, targets;
-  double loss = 0;
-  std::vector<float> logits;
-  std::vector<std::vector<std::vector<float>>> grads;  // [unit][param]
-};
-
-template <class T>
-void read_exact(std::FILE* f, T* out, std::size_t n) {
-  REQUIRE(std::fread(out, sizeof(T), n, f) == n);
-}
+using gpt::fixture::Fixture;
+using gpt::fixture::FormulaWeights;
+using gpt::fixture::kTolerance;
+using gpt::fixture::relative_error;
 
 const Fixture& fixture() {
-  static const Fixture fx = [] {
-    Fixture x;
-    std::FILE* f = std::fopen(ZERO_GPT_FIXTURE, "rb");
-    INFO("fixture " << ZERO_GPT_FIXTURE << " (regenerate: /usr/bin/python3 tests/gpt/make_gpt_fixture.py)");
-    REQUIRE(f != nullptr);
-    char magic[8];
-    read_exact(f, magic, 8);
-    REQUIRE(std::memcmp(magic, "GPTFIX01", 8) == 0);
-    std::int32_t dims[6];
-    read_exact(f, dims, 6);
-    x.config = gpt::Config{dims[0], dims[1], dims[2], dims[3], dims[4]};
-    x.batch = dims[5];
-    const std::size_t n = static_cast<std::size_t>(x.batch) * static_cast<std::size_t>(x.config.context);
-    x.tokens.resize(n);
-    x.targets.resize(n);
-    read_exact(f, x.tokens.data(), n);
-    read_exact(f, x.targets.data(), n);
-    read_exact(f, &x.loss, 1);
-    x.logits.resize(n * static_cast<std::size_t>(x.config.vocab));
-    read_exact(f, x.logits.data(), x.logits.size());
-    for (const gpt::UnitSpec& u : gpt::describe_units(x.config)) {
-      x.grads.emplace_back();
-      for (const gpt::ParamSpec& p : u.params) {
-        x.grads.back().emplace_back(p.numel);
-        read_exact(f, x.grads.back().back().data(), p.numel);
-      }
-    }
-    char extra;
-    REQUIRE(std::fread(&extra, 1, 1, f) == 0);  // nothing after the last gradient
-    std::fclose(f);
-    return x;
-  }();
+  static const Fixture fx = gpt::fixture::load(ZERO_GPT_FIXTURE);
   return fx;
-}
-
-// The fixture's weight formula (make_gpt_fixture.py: splitmix64, then centre
-// and half-width by the parameter's kind).
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  std::uint64_t z = x;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-void formula_values(const std::string& name, std::size_t numel, std::size_t fan_in, std::uint64_t stream, float* out) {
-  double centre = 0.0, half = 0.2;  // biases
-  if (ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") || name == "ln_f.weight") {
-    centre = 1.0;
-  } else if (name == "wte" || name == "wpe") {
-    half = 0.5;
-  } else if (ends_with(name, ".weight")) {
-    half = std::sqrt(3.0 / static_cast<double>(fan_in));
-  }
-  for (std::size_t i = 0; i < numel; ++i) {
-    const double u = static_cast<double>(splitmix64((stream << 32) | i) >> 40) * 0x1p-24;
-    out[i] = static_cast<float>(centre + half * (2.0 * u - 1.0));
-  }
-}
-
-// Writes parameter k of unit u (fixture weights) into out.
-struct FormulaWeights {
-  const gpt::Config& config;
-  void operator()(int unit, int k, float* out) const {
-    const auto units = gpt::describe_units(config);
-    std::uint64_t stream = 1;  // parameters are numbered from 1 in registration order
-    for (int v = 0; v < unit; ++v) stream += units[static_cast<std::size_t>(v)].params.size();
-    stream += static_cast<std::uint64_t>(k);
-    const gpt::ParamSpec& p = units[static_cast<std::size_t>(unit)].params[static_cast<std::size_t>(k)];
-    // nn.Linear weights are [out, in]: fan-in is the row length. The MLP's
-    // output projection reads 4 x width, every other matrix width.
-    const bool wide_in = ends_with(p.name, "mlp.c_proj.weight");
-    formula_values(p.name, p.numel, static_cast<std::size_t>(config.width) * (wide_in ? 4 : 1), stream, out);
-  }
-};
-
-// max |a - b| / max |b| over a tensor.
-double relative_error(const float* a, const float* b, std::size_t n) {
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return scale > 0.0 ? diff / scale : diff;
 }
 
 // The model with every unit resident in packed host buffers.
