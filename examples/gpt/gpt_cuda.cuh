@@ -21,6 +21,7 @@
 
 #include "gpt/gpt_model.hpp"
 #include "gpt/gpt_ops.hpp"
+#include "zero/backend/cuda.cuh"
 #include "zero/cuda/check.cuh"
 #include "zero/cuda/stream.cuh"
 #include "zero/error.hpp"
@@ -136,35 +137,9 @@ __global__ void cross_entropy(float* logits, const std::uint8_t* targets, std::s
 
 }  // namespace cuda_kernels
 
-// Device memory that frees itself.
+// Device memory that frees itself (the library's, zero-filled on allocation).
 template <class T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  explicit DeviceArray(std::size_t n) : n_(n) {
-    if (n > 0) {
-      ZERO_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
-      ZERO_CUDA_CHECK(cudaMemset(p_, 0, n * sizeof(T)));
-    }
-  }
-  DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  T* data() const { return p_; }
-  std::size_t size() const { return n_; }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using DeviceArray = zero::backend::CudaBuffer<T>;
 
 inline void check_cublas(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS)
