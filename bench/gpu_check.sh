@@ -132,7 +132,7 @@ if run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buil
   -Dmpi=disabled -Dexamples=false -Dcuda=enabled "-Dgpu_arch=$ARCH"; then
   targets=(tests/cuda/test_cuda_kernels)
   # `meson test --no-rebuild` below runs every test of suite cuda: build each one's program.
-  for t in test_cuda_engine test_cuda_failures; do
+  for t in test_cuda_engine test_cuda_failures test_gpt_cuda; do
     if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^tests/cuda/$t:"; then
       targets+=("tests/cuda/$t")
     fi

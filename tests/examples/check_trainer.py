@@ -6,9 +6,9 @@ per epoch. Skips (77) when the data set is not installed.
     check_trainer.py MIN_ACCURACY [LAUNCHER...] -- TRAINER [ARGS...]
 """
 import os
-import re
-import subprocess
 import sys
+
+from trainer_output import run_for_last_line
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -20,23 +20,15 @@ def main():
     if not os.path.isdir(DATA):
         print(f"SKIP: {DATA} missing (apt-get install dataset-fashion-mnist)")
         return 77
-    run = subprocess.run(launcher + command, capture_output=True, text=True, timeout=600)
-    print(run.stdout[-4000:])
-    print(run.stderr[-4000:], file=sys.stderr)
-    if run.returncode != 0:
-        print(f"FAIL: exit code {run.returncode}")
+    stdout, accuracy = run_for_last_line(launcher + command, "test_accuracy")
+    if stdout is None:
         return 1
-    lines = run.stdout.strip().splitlines()
-    match = re.fullmatch(r"test_accuracy=([0-9.]+)", lines[-1]) if lines else None
-    if not match:
-        print("FAIL: the last line is not test_accuracy=<value>")
-        return 1
+    lines = stdout.strip().splitlines()
     epochs = int(command[command.index("--epochs") + 1]) if "--epochs" in command else 8
     progress = [l for l in lines if l.startswith("epoch ")]
     if len(progress) != epochs:
         print(f"FAIL: {len(progress)} progress lines for {epochs} epochs")
         return 1
-    accuracy = float(match.group(1))
     print(f"test_accuracy {accuracy:.4f} (floor {floor})")
     return 0 if accuracy >= floor else 1
 

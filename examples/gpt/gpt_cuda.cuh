@@ -1,0 +1,269 @@
+// Why: the GPT's arithmetic on a GPU, for GptModel<CudaCompute>: cuBLAS for
+// the matrix products, and kernels that call the same per-row and
+// per-element functions of gpt_ops.hpp as the host loops (gpt_host.hpp), so
+// the host tests against PyTorch, which CI runs, check the arithmetic these
+// kernels do. Kernels are one thread per row, column or element: written to
+// be read beside the host loops and to match them, not yet tuned (rows and
+// columns reduce sequentially, in the host's order, with no atomics).
+//
+// Include from a .cu file; link -lcublas. Everything runs on one stream
+// (by default the calling thread's zero stream, Ops<Cuda>::stream()); the
+// only host waits are the loss, which the caller reads, and download().
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "gpt/gpt_model.hpp"
+#include "gpt/gpt_ops.hpp"
+#include "zero/backend/cuda.cuh"
+#include "zero/cuda/check.cuh"
+#include "zero/cuda/stream.cuh"
+#include "zero/error.hpp"
+
+namespace gpt {
+
+namespace cuda_kernels {
+
+inline constexpr int kThreads = 256;
+inline unsigned blocks_for(std::size_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+__device__ inline std::size_t thread_index() {
+  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__global__ void fill(float* p, std::size_t n, float value) {
+  const std::size_t i = thread_index();
+  if (i < n) p[i] = value;
+}
+
+__global__ void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T,
+                              int C, float* x) {
+  const std::size_t i = thread_index();
+  if (i >= N * C) return;
+  const std::size_t n = i / C, c = i % C;
+  x[i] = ops::add(wte[static_cast<std::size_t>(tokens[n]) * C + c], wpe[(n % T) * C + c]);
+}
+
+// One thread per column, rows in order (as the host).
+__global__ void embed_backward(const std::uint8_t* tokens, const float* d, std::size_t N, int T, int C, float* dwte,
+                               float* dwpe) {
+  const std::size_t c = thread_index();
+  if (c >= static_cast<std::size_t>(C)) return;
+  for (std::size_t n = 0; n < N; ++n) {
+    dwte[static_cast<std::size_t>(tokens[n]) * C + c] += d[n * C + c];
+    dwpe[(n % T) * C + c] += d[n * C + c];
+  }
+}
+
+__global__ void layernorm_forward(const float* x, const float* w, const float* b, std::size_t N, int C, float* out,
+                                  float* mean, float* rstd) {
+  const std::size_t n = thread_index();
+  if (n >= N) return;
+  const ops::RowStats s = ops::layernorm_forward_row(x + n * C, w, b, out + n * C, C);
+  mean[n] = s.mean;
+  rstd[n] = s.rstd;
+}
+
+__global__ void layernorm_backward_rows(const float* dout, const float* x, const float* w, const float* mean,
+                                        const float* rstd, std::size_t N, int C, float* dx) {
+  const std::size_t n = thread_index();
+  if (n >= N) return;
+  ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{mean[n], rstd[n]}, dx + n * C, C);
+}
+
+__global__ void layernorm_param_grads(const float* dout, const float* x, const float* mean, const float* rstd,
+                                      std::size_t N, int C, float* dw, float* db) {
+  const std::size_t c = thread_index();
+  if (c >= static_cast<std::size_t>(C)) return;
+  float sw = 0.0f, sb = 0.0f;
+  for (std::size_t n = 0; n < N; ++n) {
+    sw += dout[n * C + c] * ops::layernorm_normalized(x[n * C + c], ops::RowStats{mean[n], rstd[n]});
+    sb += dout[n * C + c];
+  }
+  dw[c] = sw;
+  db[c] = sb;
+}
+
+__global__ void add_bias(float* out, const float* b, std::size_t N, int O) {
+  const std::size_t i = thread_index();
+  if (i < N * O) out[i] = ops::add(out[i], b[i % O]);
+}
+
+__global__ void column_sums(const float* d, std::size_t N, int O, float* out) {
+  const std::size_t o = thread_index();
+  if (o >= static_cast<std::size_t>(O)) return;
+  float s = 0.0f;
+  for (std::size_t n = 0; n < N; ++n) s += d[n * O + o];
+  out[o] = s;
+}
+
+__global__ void add_into(float* x, const float* y, std::size_t n) {
+  const std::size_t i = thread_index();
+  if (i < n) x[i] = ops::add(x[i], y[i]);
+}
+
+__global__ void gelu_forward(const float* x, float* y, std::size_t n) {
+  const std::size_t i = thread_index();
+  if (i < n) y[i] = ops::gelu_forward(x[i]);
+}
+
+__global__ void gelu_backward(const float* x, float* d, std::size_t n) {
+  const std::size_t i = thread_index();
+  if (i < n) d[i] = ops::gelu_backward(x[i], d[i]);
+}
+
+__global__ void causal_softmax(float* att, std::size_t rows, int T, float scale) {
+  const std::size_t r = thread_index();
+  if (r < rows) ops::causal_softmax_row(att + r * T, static_cast<int>(r % T), T, scale);
+}
+
+__global__ void causal_softmax_backward(const float* att, float* datt, std::size_t rows, int T, float scale) {
+  const std::size_t r = thread_index();
+  if (r < rows) ops::causal_softmax_backward_row(att + r * T, datt + r * T, static_cast<int>(r % T), T, scale);
+}
+
+__global__ void cross_entropy(float* logits, const std::uint8_t* targets, std::size_t N, int V, bool backward,
+                              float grad_scale, float* losses) {
+  const std::size_t n = thread_index();
+  if (n >= N) return;
+  float* z = logits + n * V;
+  losses[n] = ops::cross_entropy_row(z, backward ? z : nullptr, V, targets[n], grad_scale);
+}
+
+}  // namespace cuda_kernels
+
+// Device memory that frees itself (the library's, zero-filled on allocation).
+template <class T>
+using DeviceArray = zero::backend::CudaBuffer<T>;
+
+inline void check_cublas(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw zero::BackendError(zero::detail::concat("cuBLAS ", call, " failed with status ", static_cast<int>(status)));
+}
+
+class CudaCompute {
+ public:
+  using Buffer = DeviceArray<float>;
+  static Buffer allocate(std::size_t floats) { return Buffer(floats); }
+
+  CudaCompute(cudaStream_t stream = zero::cuda::current_stream()) : stream_(stream) {  // NOLINT: {} must build one
+    check_cublas(cublasCreate(&handle_), "cublasCreate");
+    check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
+    // fp32 products in fp32 (no TF32): the host and PyTorch fixtures are fp32.
+    check_cublas(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  }
+  CudaCompute(CudaCompute&& o) noexcept
+      : stream_(o.stream_), handle_(std::exchange(o.handle_, nullptr)), ids_{std::move(o.ids_[0]), std::move(o.ids_[1])},
+        losses_(std::move(o.losses_)) {}
+  CudaCompute(const CudaCompute&) = delete;
+  CudaCompute& operator=(const CudaCompute&) = delete;
+  CudaCompute& operator=(CudaCompute&&) = delete;
+  ~CudaCompute() {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+  }
+
+  // Copies host token ids to the device (slot 0: tokens, 1: targets). The
+  // buffers grow to the first micro-batch and are reused after.
+  const std::uint8_t* stage_tokens(const std::uint8_t* ids, std::size_t n, int slot) {
+    DeviceArray<std::uint8_t>& d = ids_[slot];
+    if (d.size() < n) d = DeviceArray<std::uint8_t>(n);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(d.data(), ids, n, cudaMemcpyHostToDevice, stream_));
+    return d.data();
+  }
+  void download(float* host, const float* src, std::size_t n) {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void fill(float* p, std::size_t n, float value) { launch(cuda_kernels::fill, "gpt fill", n, p, n, value); }
+  void copy(float* dst, const float* src, std::size_t n) {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+            float* C, int ldc) {
+    const float one = 1.0f, zero = 0.0f;
+    check_cublas(cublasSgemm(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
+                             K, &one, B, ldb, A, lda, &zero, C, ldc),
+                 "cublasSgemm");
+  }
+
+  void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T, int C,
+                     float* x) {
+    launch(cuda_kernels::embed_forward, "gpt embed_forward", N * C, tokens, wte, wpe, N, T, C, x);
+  }
+  void embed_backward(const std::uint8_t* tokens, const float* d, std::size_t N, int T, int C, float* dwte,
+                      float* dwpe) {
+    launch(cuda_kernels::embed_backward, "gpt embed_backward", static_cast<std::size_t>(C), tokens, d, N, T, C, dwte,
+           dwpe);
+  }
+  void layernorm_forward(const float* x, const float* w, const float* b, std::size_t N, int C, float* out,
+                         float* mean, float* rstd) {
+    launch(cuda_kernels::layernorm_forward, "gpt layernorm_forward", N, x, w, b, N, C, out, mean, rstd);
+  }
+  void layernorm_backward(const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
+                          std::size_t N, int C, float* dx, float* dw, float* db) {
+    launch(cuda_kernels::layernorm_backward_rows, "gpt layernorm_backward_rows", N, dout, x, w, mean, rstd, N, C, dx);
+    launch(cuda_kernels::layernorm_param_grads, "gpt layernorm_param_grads", static_cast<std::size_t>(C), dout, x,
+           mean, rstd, N, C, dw, db);
+  }
+  void add_bias(float* out, const float* b, std::size_t N, int O) {
+    launch(cuda_kernels::add_bias, "gpt add_bias", N * O, out, b, N, O);
+  }
+  void column_sums(const float* d, std::size_t N, int O, float* out) {
+    launch(cuda_kernels::column_sums, "gpt column_sums", static_cast<std::size_t>(O), d, N, O, out);
+  }
+  void add_into(float* x, const float* y, std::size_t n) { launch(cuda_kernels::add_into, "gpt add_into", n, x, y, n); }
+  void gelu_forward(const float* x, float* y, std::size_t n) {
+    launch(cuda_kernels::gelu_forward, "gpt gelu_forward", n, x, y, n);
+  }
+  void gelu_backward(const float* x, float* d, std::size_t n) {
+    launch(cuda_kernels::gelu_backward, "gpt gelu_backward", n, x, d, n);
+  }
+  void causal_softmax(float* att, std::size_t matrices, int T, float scale) {
+    const std::size_t rows = matrices * static_cast<std::size_t>(T);
+    launch(cuda_kernels::causal_softmax, "gpt causal_softmax", rows, att, rows, T, scale);
+  }
+  void causal_softmax_backward(const float* att, float* datt, std::size_t matrices, int T, float scale) {
+    const std::size_t rows = matrices * static_cast<std::size_t>(T);
+    launch(cuda_kernels::causal_softmax_backward, "gpt causal_softmax_backward", rows, att, datt, rows, T, scale);
+  }
+  // The per-row losses come back to the host (the caller reads the loss): the step's one wait.
+  double cross_entropy(float* logits, const std::uint8_t* targets, std::size_t N, int V, bool backward,
+                       float grad_scale) {
+    if (losses_.size() < N) losses_ = DeviceArray<float>(N);
+    launch(cuda_kernels::cross_entropy, "gpt cross_entropy", N, logits, targets, N, V, backward, grad_scale,
+           losses_.data());
+    host_losses_.resize(N);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), losses_.data(), N * sizeof(float), cudaMemcpyDeviceToHost,
+                                    stream_));
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    double sum = 0.0;
+    for (float l : host_losses_) sum += l;
+    return sum;
+  }
+
+ private:
+  template <class Kernel, class... Args>
+  void launch(Kernel kernel, const char* name, std::size_t threads, Args... args) {
+    if (threads == 0) return;
+    kernel<<<cuda_kernels::blocks_for(threads), cuda_kernels::kThreads, 0, stream_>>>(args...);
+    zero::cuda::check_launch(name);
+  }
+
+  cudaStream_t stream_;
+  cublasHandle_t handle_ = nullptr;
+  DeviceArray<std::uint8_t> ids_[2];
+  DeviceArray<float> losses_;
+  std::vector<float> host_losses_;
+};
+
+using CudaGpt = GptModel<CudaCompute>;
+
+}  // namespace gpt

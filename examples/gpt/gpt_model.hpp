@@ -1,0 +1,579 @@
+// Why this header exists: a GPT whose parameters the ZeRO optimizer owns, so
+// the model here owns none. It is cut into units the way stage 3 gathers
+// them: unit 0 the token and position embeddings, units 1..L the transformer
+// blocks, unit L+1 the final LayerNorm. Forward and backward ask for a unit's
+// parameters just before use and hand them back after, and announce each
+// unit's finished gradient so stages 2 and 3 can reduce-scatter it while the
+// rest of backward runs.
+//
+// The model: token + position embeddings; L pre-LayerNorm blocks
+//   x = x + proj(attention(ln1(x))),  x = x + out(gelu(fc(ln2(x))))
+// with causal multi-head self-attention and a 4x-wide tanh-GELU MLP; a final
+// LayerNorm; logits = ln_f(x) wte^T (the output head tied to the token
+// embedding); mean cross-entropy. Linear weights are stored as PyTorch's
+// nn.Linear stores them ([out, in], row-major), so a state dict maps 1:1.
+//
+// Activations live in one arena sized at construction for the largest
+// micro-batch: nothing is allocated per step. With activation checkpointing
+// the arena keeps each block's input only, plus one block's worth of
+// activations that backward recomputes block by block.
+//
+// GptModel<Compute> is the order of the computation, written once; Compute
+// says how each step runs: HostCompute (gpt_host.hpp: OpenBLAS, OpenMP;
+// gpt::Gpt) or CudaCompute (gpt_cuda.cuh: cuBLAS and kernels). Both call the
+// per-row and per-element math of gpt_ops.hpp. Each rank thread uses its own
+// model (the arena is per model). Parameter, gradient, token and logit
+// pointers live where Compute computes (device memory for CUDA).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "zero/error.hpp"
+
+namespace gpt {
+
+struct Config {
+  int vocab = 85;
+  int context = 128;
+  int width = 128;
+  int heads = 4;
+  int layers = 4;
+
+  int head_size() const { return width / heads; }
+  void validate() const {
+    zero::require(vocab >= 2 && vocab <= 256, "GPT vocab is ", vocab, "; it must be in [2, 256] (byte tokens)");
+    zero::require(context >= 1, "GPT --context is ", context, "; it must be >= 1");
+    zero::require(layers >= 1, "GPT --layers is ", layers, "; it must be >= 1");
+    zero::require(heads >= 1 && width >= 1 && width % heads == 0, "GPT --width ", width,
+                  " is not a positive multiple of --heads ", heads);
+  }
+};
+
+// The parameters of each kind of unit, in registration order.
+enum EmbeddingParam : int { kTokenEmbedding, kPositionEmbedding, kEmbeddingParams };
+enum BlockParam : int {
+  kLn1Weight, kLn1Bias, kQkvWeight, kQkvBias, kAttnProjWeight, kAttnProjBias,
+  kLn2Weight, kLn2Bias, kFcWeight, kFcBias, kMlpProjWeight, kMlpProjBias, kBlockParams
+};
+enum FinalParam : int { kLnfWeight, kLnfBias, kFinalParams };
+
+struct ParamSpec {
+  std::string name;
+  std::size_t numel = 0;
+};
+
+// One unit's parameters and where each starts in the unit's flat buffer
+// (packed by default; set_offsets() adopts the optimizer's padded layout).
+struct UnitSpec {
+  std::string name;
+  std::vector<ParamSpec> params;
+  std::vector<std::size_t> offsets;
+  std::size_t numel = 0;  // the flat buffer's length, padding included
+};
+
+inline std::vector<UnitSpec> describe_units(const Config& c) {
+  const auto C = static_cast<std::size_t>(c.width);
+  std::vector<UnitSpec> units;
+  units.push_back({"embedding", {{"wte", static_cast<std::size_t>(c.vocab) * C},
+                                 {"wpe", static_cast<std::size_t>(c.context) * C}}, {}, 0});
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = "h" + std::to_string(l) + ".";
+    units.push_back({"block" + std::to_string(l),
+                     {{p + "ln_1.weight", C}, {p + "ln_1.bias", C},
+                      {p + "attn.c_attn.weight", 3 * C * C}, {p + "attn.c_attn.bias", 3 * C},
+                      {p + "attn.c_proj.weight", C * C}, {p + "attn.c_proj.bias", C},
+                      {p + "ln_2.weight", C}, {p + "ln_2.bias", C},
+                      {p + "mlp.c_fc.weight", 4 * C * C}, {p + "mlp.c_fc.bias", 4 * C},
+                      {p + "mlp.c_proj.weight", 4 * C * C}, {p + "mlp.c_proj.bias", C}},
+                     {}, 0});
+  }
+  units.push_back({"ln_f", {{"ln_f.weight", C}, {"ln_f.bias", C}}, {}, 0});
+  for (UnitSpec& u : units) {
+    for (const ParamSpec& p : u.params) {
+      u.offsets.push_back(u.numel);
+      u.numel += p.numel;
+    }
+  }
+  return units;
+}
+
+// How a pass reaches unit u's parameters: acquire(u) returns the unit's flat
+// buffer, valid until release(u) (which may be empty).
+struct ParamHooks {
+  std::function<const float*(int unit)> acquire;
+  std::function<void(int unit)> release;
+};
+
+// Where backward writes unit u's gradient: buffer(u) returns the unit's flat
+// gradient, which backward OVERWRITES; ready(u) follows once it is final.
+// One unit at a time: buffer(u), writes, ready(u), then the next unit.
+struct GradHooks {
+  std::function<float*(int unit)> buffer;
+  std::function<void(int unit)> ready;
+};
+
+// Bytes of the activation arena: what forward keeps for backward, and the
+// temporaries of backward.
+struct ActivationBytes {
+  std::size_t saved = 0;
+  std::size_t scratch = 0;
+  std::size_t total() const { return saved + scratch; }
+};
+
+// A bump allocator over one float buffer. Without a base it only counts, so
+// the same carving code sizes the arena and then hands it out.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(float* base, std::size_t floats) : base_(base), capacity_(floats) {}
+  float* take(std::size_t n) {
+    n = (n + 15) / 16 * 16;  // 64-byte steps: rows of different buffers never share a cache line
+    float* p = base_ != nullptr ? base_ + used_ : nullptr;
+    used_ += n;
+    zero::require(base_ == nullptr || used_ <= capacity_, "gpt::Arena: carved past its end (", used_, " > ",
+                  capacity_, " floats)");
+    return p;
+  }
+  std::size_t used_floats() const { return used_; }
+
+ private:
+  float* base_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::size_t used_ = 0;
+};
+
+// torch-style normal initialisation from mt19937_64 (Box-Muller), so every
+// rank and platform draws the same values from the same seed.
+inline void fill_normal(float* out, std::size_t n, float stddev, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  auto uniform = [&gen] { return (static_cast<double>(gen() >> 11) + 0.5) * 0x1p-53; };  // (0, 1)
+  for (std::size_t i = 0; i < n; ++i) {
+    const double r = std::sqrt(-2.0 * std::log(uniform()));
+    out[i] = static_cast<float>(stddev * r * std::cos(6.283185307179586 * uniform()));
+  }
+}
+
+template <class Compute>
+class GptModel {
+ public:
+  // Sized for micro-batches of up to max_batch sequences of config.context tokens.
+  GptModel(const Config& config, int max_batch, bool checkpoint_activations, Compute compute = {})
+      : cfg_(config), max_batch_(max_batch), checkpoint_(checkpoint_activations), units_(describe_units(config)),
+        compute_(std::move(compute)) {
+    cfg_.validate();
+    zero::require(max_batch >= 1, "GPT micro-batch is ", max_batch, "; it must be >= 1");
+    Arena counter;
+    carve(counter);
+    storage_ = Compute::allocate(counter.used_floats());
+    Arena arena(storage_.data(), counter.used_floats());
+    carve(arena);
+  }
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+
+  const Config& config() const { return cfg_; }
+  int max_batch() const { return max_batch_; }
+  bool checkpointing() const { return checkpoint_; }
+  const std::vector<UnitSpec>& units() const { return units_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  static int block_unit(int layer) { return 1 + layer; }
+  int final_unit() const { return cfg_.layers + 1; }
+  std::size_t num_params() const {
+    std::size_t n = 0;
+    for (const UnitSpec& u : units_)
+      for (const ParamSpec& p : u.params) n += p.numel;
+    return n;
+  }
+
+  // Adopts a unit layout with gaps (the optimizer's: each parameter starts at
+  // an aligned offset). `numel` is the unit's padded length.
+  void set_layout(int unit, std::vector<std::size_t> offsets, std::size_t numel) {
+    UnitSpec& u = units_.at(static_cast<std::size_t>(unit));
+    zero::require(offsets.size() == u.params.size(), "Gpt::set_layout: unit '", u.name, "' has ", u.params.size(),
+                  " parameters, got ", offsets.size(), " offsets");
+    for (std::size_t k = 0; k < offsets.size(); ++k)
+      zero::require(offsets[k] + u.params[k].numel <= numel && (k == 0 || offsets[k] >= offsets[k - 1] + u.params[k - 1].numel),
+                    "Gpt::set_layout: parameter '", u.params[k].name, "' at offset ", offsets[k],
+                    " overlaps another or leaves the unit of ", numel, " elements");
+    u.offsets = std::move(offsets);
+    u.numel = numel;
+  }
+
+  // GPT-2's initialisation of parameter k of unit u into `out` (its numel
+  // values): weights and embeddings normal(0, 0.02), the projections back
+  // into the residual stream 0.02 / sqrt(2 L), biases 0, LayerNorm weights 1.
+  void init_param(int unit, int k, float* out, std::uint64_t seed) const {
+    const UnitSpec& u = units_.at(static_cast<std::size_t>(unit));
+    const std::size_t n = u.params.at(static_cast<std::size_t>(k)).numel;
+    const std::uint64_t stream = seed * 1000003u + static_cast<std::uint64_t>(unit) * 64u + static_cast<std::uint64_t>(k);
+    const bool block = unit >= 1 && unit <= cfg_.layers;
+    const bool final = unit == final_unit();
+    const bool ln_weight = (block && (k == kLn1Weight || k == kLn2Weight)) || (final && k == kLnfWeight);
+    const bool residual_proj = block && (k == kAttnProjWeight || k == kMlpProjWeight);
+    const bool matrix = unit == 0 || (block && (k == kQkvWeight || k == kAttnProjWeight || k == kFcWeight || k == kMlpProjWeight));
+    if (ln_weight) {
+      std::fill(out, out + n, 1.0f);
+    } else if (matrix) {
+      fill_normal(out, n, residual_proj ? 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.layers)) : 0.02f, stream);
+    } else {
+      std::fill(out, out + n, 0.0f);
+    }
+  }
+
+  // Activation bytes measured from this model's arena.
+  ActivationBytes activation_bytes() const { return bytes_; }
+  // The same figure for another setting, from the same carving code.
+  static ActivationBytes plan_activation_bytes(const Config& config, int max_batch, bool checkpoint_activations) {
+    return GptModel(config, max_batch, checkpoint_activations, PlanOnly{}).bytes_;
+  }
+
+  // One forward and backward pass over `batch` sequences (tokens and targets:
+  // batch x context ids). Returns the mean loss over the batch's tokens and
+  // writes grad_scale x d(sum of token losses)/d(params) into the gradients
+  // (grad_scale = 1 / tokens for the mean loss, times fp16's loss scale).
+  //
+  // Hook order, L blocks, units E (embedding), 1..L, F (final LayerNorm):
+  //   forward:  acquire/release E, 1, ..., L, F; acquire E (head)
+  //   head:     loss, d(logits), head backward; release E
+  //   backward: acquire F, buffer F, ready F, release F; then for l = L..1:
+  //             acquire l, buffer l, ready l, release l; finally buffer E, ready E
+  // (with checkpointing, "acquire l" is followed by recomputing block l).
+  float forward_backward(const std::uint8_t* tokens, const std::uint8_t* targets, int batch, const ParamHooks& params,
+                         const GradHooks& grads, float grad_scale) {
+    zero::require(static_cast<bool>(grads.buffer), "Gpt::forward_backward: GradHooks::buffer is empty");
+    zero::require(std::isfinite(grad_scale) && grad_scale > 0.0f, "Gpt::forward_backward: grad_scale is ", grad_scale,
+                  "; it must be positive and finite");
+    const std::size_t N = rows(batch);
+    const std::uint8_t* ids = forward_to_head(tokens, batch, params);
+    const float* wte = acquire(params, 0) + units_[0].offsets[kTokenEmbedding];
+    head_logits(wte, N);
+    const float loss = cross_entropy(targets, N, true, grad_scale);
+    // Head backward: d(wte) from the head (added to the lookup's later),
+    // d(ln_f output) = d(logits) wte.
+    const int C = cfg_.width, V = cfg_.vocab, n = static_cast<int>(N);
+    compute_.gemm(true, false, V, C, n, logits_, V, lnf_out_, C, head_wte_grad_, C);
+    compute_.gemm(false, false, n, C, V, logits_, V, wte, C, dtmp_, C);
+    release(params, 0);
+
+    // Final LayerNorm.
+    {
+      const int u = final_unit();
+      const float* p = acquire(params, u);
+      float* g = grad_buffer(grads, u);
+      const std::vector<std::size_t>& off = units_[static_cast<std::size_t>(u)].offsets;
+      compute_.fill(dres_, N * static_cast<std::size_t>(C), 0.0f);
+      compute_.layernorm_backward(dtmp_, inputs_[static_cast<std::size_t>(cfg_.layers)], p + off[kLnfWeight],
+                                  lnf_mean_, lnf_rstd_, N, C, dres_, g + off[kLnfWeight], g + off[kLnfBias]);
+      zero_gaps(u, g);
+      if (grads.ready) grads.ready(u);
+      release(params, u);
+    }
+    for (int l = cfg_.layers - 1; l >= 0; --l) {
+      const int u = block_unit(l);
+      const float* p = acquire(params, u);
+      BlockActs& a = acts_for(l);
+      if (checkpoint_) block_forward(p, units_[static_cast<std::size_t>(u)].offsets, a, batch);
+      float* g = grad_buffer(grads, u);
+      block_backward(p, units_[static_cast<std::size_t>(u)].offsets, a, batch, g);
+      zero_gaps(u, g);
+      if (grads.ready) grads.ready(u);
+      release(params, u);
+    }
+    // Embeddings: the head's gradient plus the lookup's.
+    {
+      float* g = grad_buffer(grads, 0);
+      const std::vector<std::size_t>& off = units_[0].offsets;
+      float* dwte = g + off[kTokenEmbedding];
+      float* dwpe = g + off[kPositionEmbedding];
+      compute_.copy(dwte, head_wte_grad_, static_cast<std::size_t>(V) * C);
+      compute_.fill(dwpe, static_cast<std::size_t>(cfg_.context) * C, 0.0f);
+      compute_.embed_backward(ids, dres_, N, cfg_.context, C, dwte, dwpe);
+      zero_gaps(0, g);
+      if (grads.ready) grads.ready(0);
+    }
+    return loss;
+  }
+
+  // Forward only: the mean loss over `batch` sequences (targets may be null:
+  // no loss); logits() then holds the batch's logits (batch x context x vocab).
+  float loss(const std::uint8_t* tokens, const std::uint8_t* targets, int batch, const ParamHooks& params) {
+    const std::size_t N = rows(batch);
+    forward_to_head(tokens, batch, params);
+    head_logits(acquire(params, 0) + units_[0].offsets[kTokenEmbedding], N);
+    release(params, 0);
+    return targets != nullptr ? cross_entropy(targets, N, false, 1.0f) : 0.0f;
+  }
+  // Where Compute computes (device memory for CUDA).
+  const float* logits() const { return logits_; }
+  Compute& compute() { return compute_; }
+
+ private:
+  struct PlanOnly {};
+  GptModel(const Config& config, int max_batch, bool checkpoint_activations, PlanOnly)
+      : cfg_(config), max_batch_(max_batch), checkpoint_(checkpoint_activations), units_(describe_units(config)) {
+    cfg_.validate();
+    Arena counter;
+    carve(counter);
+  }
+
+  // One block's activations; x_in and x_out belong to the residual stream.
+  struct BlockActs {
+    const float* x_in = nullptr;
+    float* x_out = nullptr;
+    float *ln1 = nullptr, *ln1_mean = nullptr, *ln1_rstd = nullptr;
+    float* qkv = nullptr;
+    float* att = nullptr;  // softmax probabilities, batch x heads x context x context
+    float* y = nullptr;    // attention output before its projection
+    float* x_mid = nullptr;
+    float *ln2 = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
+    float* fc = nullptr;    // before GELU
+    float* gelu = nullptr;  // after GELU
+  };
+
+  std::size_t rows(int batch) const {
+    zero::require(batch >= 1 && batch <= max_batch_, "Gpt: batch ", batch, " is outside [1, ", max_batch_,
+                  "], the micro-batch the model was sized for");
+    return static_cast<std::size_t>(batch) * static_cast<std::size_t>(cfg_.context);
+  }
+
+  void carve_block(Arena& a, BlockActs& b) {
+    const std::size_t N = static_cast<std::size_t>(max_batch_) * cfg_.context, C = cfg_.width;
+    b.ln1 = a.take(N * C);
+    b.ln1_mean = a.take(N);
+    b.ln1_rstd = a.take(N);
+    b.qkv = a.take(N * 3 * C);
+    b.att = a.take(static_cast<std::size_t>(max_batch_) * cfg_.heads * cfg_.context * cfg_.context);
+    b.y = a.take(N * C);
+    b.x_mid = a.take(N * C);
+    b.ln2 = a.take(N * C);
+    b.ln2_mean = a.take(N);
+    b.ln2_rstd = a.take(N);
+    b.fc = a.take(N * 4 * C);
+    b.gelu = a.take(N * 4 * C);
+  }
+
+  // Lays out every buffer; run once to count and once to hand out.
+  void carve(Arena& a) {
+    const std::size_t N = static_cast<std::size_t>(max_batch_) * cfg_.context, C = cfg_.width;
+    const auto L = static_cast<std::size_t>(cfg_.layers);
+    // Saved for backward: the residual stream at each block's input and after
+    // the last block, the blocks' inner activations (one set when recomputed),
+    // the final LayerNorm and the logits.
+    inputs_.assign(L + 1, nullptr);
+    for (std::size_t l = 0; l <= L; ++l) inputs_[l] = a.take(N * C);
+    blocks_.assign(checkpoint_ ? 1 : L, BlockActs{});
+    for (BlockActs& b : blocks_) carve_block(a, b);
+    lnf_out_ = a.take(N * C);
+    lnf_mean_ = a.take(N);
+    lnf_rstd_ = a.take(N);
+    logits_ = a.take(N * static_cast<std::size_t>(cfg_.vocab));
+    bytes_.saved = a.used_floats() * sizeof(float);
+    // Backward's temporaries.
+    dres_ = a.take(N * C);
+    dtmp_ = a.take(N * C);
+    d4_ = a.take(N * 4 * C);
+    dqkv_ = a.take(N * 3 * C);
+    datt_ = a.take(static_cast<std::size_t>(max_batch_) * cfg_.heads * cfg_.context * cfg_.context);
+    head_wte_grad_ = a.take(static_cast<std::size_t>(cfg_.vocab) * C);
+    bytes_.scratch = a.used_floats() * sizeof(float) - bytes_.saved;
+  }
+
+  BlockActs& acts_for(int layer) {
+    BlockActs& a = blocks_[checkpoint_ ? 0 : static_cast<std::size_t>(layer)];
+    a.x_in = inputs_[static_cast<std::size_t>(layer)];
+    a.x_out = inputs_[static_cast<std::size_t>(layer) + 1];
+    return a;
+  }
+
+  static const float* acquire(const ParamHooks& params, int u) {
+    const float* p = params.acquire(u);
+    zero::require(p != nullptr, "Gpt: ParamHooks::acquire(", u, ") returned null");
+    return p;
+  }
+  static void release(const ParamHooks& params, int u) {
+    if (params.release) params.release(u);
+  }
+  static float* grad_buffer(const GradHooks& grads, int u) {
+    float* g = grads.buffer(u);
+    zero::require(g != nullptr, "Gpt: GradHooks::buffer(", u, ") returned null");
+    return g;
+  }
+  // The unit's padding holds no gradient: zero it so the whole flat buffer is defined.
+  void zero_gaps(int u, float* g) {
+    const UnitSpec& s = units_[static_cast<std::size_t>(u)];
+    std::size_t end = 0;
+    for (std::size_t k = 0; k <= s.params.size(); ++k) {
+      const std::size_t begin = k < s.params.size() ? s.offsets[k] : s.numel;
+      if (begin > end) compute_.fill(g + end, begin - end, 0.0f);
+      if (k < s.params.size()) end = s.offsets[k] + s.params[k].numel;
+    }
+  }
+
+
+  // Checks the ids on the host, where the caller has them.
+  void check_ids(const std::uint8_t* ids, std::size_t N, const char* what) const {
+    zero::require(ids != nullptr, "Gpt: ", what, " is null");
+    for (std::size_t n = 0; n < N; ++n)
+      zero::require(ids[n] < cfg_.vocab, "Gpt: ", what, " ", static_cast<int>(ids[n]), " at position ", n,
+                    " is not below the vocabulary size ", cfg_.vocab);
+  }
+
+  // Embeddings, every block, the final LayerNorm: lnf_out_ holds its output.
+  // Returns the token ids where Compute reads them.
+  const std::uint8_t* forward_to_head(const std::uint8_t* tokens, int batch, const ParamHooks& params) {
+    zero::require(static_cast<bool>(params.acquire), "Gpt: ParamHooks::acquire is empty");
+    const std::size_t N = rows(batch);
+    const int C = cfg_.width;
+    check_ids(tokens, N, "token");
+    const std::uint8_t* ids = compute_.stage_tokens(tokens, N, 0);
+    {
+      const float* p = acquire(params, 0);
+      compute_.embed_forward(ids, p + units_[0].offsets[kTokenEmbedding], p + units_[0].offsets[kPositionEmbedding],
+                             N, cfg_.context, C, inputs_[0]);
+      release(params, 0);
+    }
+    for (int l = 0; l < cfg_.layers; ++l) {
+      const int u = block_unit(l);
+      const float* p = acquire(params, u);
+      block_forward(p, units_[static_cast<std::size_t>(u)].offsets, acts_for(l), batch);
+      release(params, u);
+    }
+    const int u = final_unit();
+    const float* p = acquire(params, u);
+    const std::vector<std::size_t>& off = units_[static_cast<std::size_t>(u)].offsets;
+    compute_.layernorm_forward(inputs_[static_cast<std::size_t>(cfg_.layers)], p + off[kLnfWeight], p + off[kLnfBias],
+                               N, C, lnf_out_, lnf_mean_, lnf_rstd_);
+    release(params, u);
+    return ids;
+  }
+
+  void head_logits(const float* wte, std::size_t N) {
+    compute_.gemm(false, true, static_cast<int>(N), cfg_.vocab, cfg_.width, lnf_out_, cfg_.width, wte, cfg_.width,
+                  logits_, cfg_.vocab);
+  }
+
+  // Mean loss over N rows; with `backward`, logits_ becomes grad_scale x d(sum)/d(logits).
+  float cross_entropy(const std::uint8_t* targets, std::size_t N, bool backward, float grad_scale) {
+    check_ids(targets, N, "target");
+    const double sum =
+        compute_.cross_entropy(logits_, compute_.stage_tokens(targets, N, 1), N, cfg_.vocab, backward, grad_scale);
+    return static_cast<float>(sum / static_cast<double>(N));
+  }
+
+  // out (N x O) = in (N x I) W^T + b, W as nn.Linear: O x I.
+  void linear_forward(const float* in, const float* w, const float* b, std::size_t N, int I, int O, float* out) {
+    compute_.gemm(false, true, static_cast<int>(N), O, I, in, I, w, I, out, O);
+    compute_.add_bias(out, b, N, O);
+  }
+
+  // dW = dout^T in, db = column sums of dout, din = dout W (all overwritten).
+  void linear_backward(const float* dout, const float* in, const float* w, std::size_t N, int I, int O, float* dw,
+                       float* db, float* din) {
+    compute_.gemm(true, false, O, I, static_cast<int>(N), dout, O, in, I, dw, I);
+    compute_.column_sums(dout, N, O, db);
+    compute_.gemm(false, false, static_cast<int>(N), I, O, dout, O, w, I, din, I);
+  }
+
+  // Query, key and value of head h of sequence b inside qkv (rows of 3C), and
+  // the head's slice of a C-wide row.
+  std::size_t qkv_at(int b, int h) const {
+    return static_cast<std::size_t>(b) * cfg_.context * 3 * cfg_.width + static_cast<std::size_t>(h) * cfg_.head_size();
+  }
+  std::size_t head_at(int b, int h) const {
+    return static_cast<std::size_t>(b) * cfg_.context * cfg_.width + static_cast<std::size_t>(h) * cfg_.head_size();
+  }
+  std::size_t att_at(int b, int h) const {
+    return (static_cast<std::size_t>(b) * cfg_.heads + h) * cfg_.context * cfg_.context;
+  }
+
+  // a.x_out = block(a.x_in).
+  void block_forward(const float* p, const std::vector<std::size_t>& off, BlockActs& a, int batch) {
+    const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
+    const std::size_t N = rows(batch);
+    compute_.layernorm_forward(a.x_in, p + off[kLn1Weight], p + off[kLn1Bias], N, C, a.ln1, a.ln1_mean, a.ln1_rstd);
+    linear_forward(a.ln1, p + off[kQkvWeight], p + off[kQkvBias], N, C, 3 * C, a.qkv);
+    // Scores q k^T, causal softmax of scores / sqrt(head size), then P v.
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < H; ++h) {
+        const float* q = a.qkv + qkv_at(b, h);
+        compute_.gemm(false, true, T, T, hs, q, 3 * C, q + C, 3 * C, a.att + att_at(b, h), T);
+      }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    compute_.causal_softmax(a.att, static_cast<std::size_t>(batch) * H, T, scale);
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < H; ++h)
+        compute_.gemm(false, false, T, hs, T, a.att + att_at(b, h), T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
+                      a.y + head_at(b, h), C);
+    linear_forward(a.y, p + off[kAttnProjWeight], p + off[kAttnProjBias], N, C, C, a.x_mid);
+    compute_.add_into(a.x_mid, a.x_in, N * C);
+    compute_.layernorm_forward(a.x_mid, p + off[kLn2Weight], p + off[kLn2Bias], N, C, a.ln2, a.ln2_mean, a.ln2_rstd);
+    linear_forward(a.ln2, p + off[kFcWeight], p + off[kFcBias], N, C, 4 * C, a.fc);
+    compute_.gelu_forward(a.fc, a.gelu, N * 4 * static_cast<std::size_t>(C));
+    linear_forward(a.gelu, p + off[kMlpProjWeight], p + off[kMlpProjBias], N, 4 * C, C, a.x_out);
+    compute_.add_into(a.x_out, a.x_mid, N * C);
+  }
+
+  // dres_ holds d(loss)/d(a.x_out) and becomes d(loss)/d(a.x_in); g gets the
+  // block's parameter gradients.
+  void block_backward(const float* p, const std::vector<std::size_t>& off, const BlockActs& a, int batch, float* g) {
+    const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
+    const std::size_t N = rows(batch);
+    // MLP: x_out = x_mid + proj(gelu(fc(ln2(x_mid)))).
+    linear_backward(dres_, a.gelu, p + off[kMlpProjWeight], N, 4 * C, C, g + off[kMlpProjWeight], g + off[kMlpProjBias],
+                    d4_);
+    compute_.gelu_backward(a.fc, d4_, N * 4 * static_cast<std::size_t>(C));
+    linear_backward(d4_, a.ln2, p + off[kFcWeight], N, C, 4 * C, g + off[kFcWeight], g + off[kFcBias], dtmp_);
+    compute_.layernorm_backward(dtmp_, a.x_mid, p + off[kLn2Weight], a.ln2_mean, a.ln2_rstd, N, C, dres_,
+                                g + off[kLn2Weight], g + off[kLn2Bias]);
+    // Attention: x_mid = x_in + proj(attention(ln1(x_in))); dtmp_ = d(attention output).
+    linear_backward(dres_, a.y, p + off[kAttnProjWeight], N, C, C, g + off[kAttnProjWeight], g + off[kAttnProjBias],
+                    dtmp_);
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < H; ++h) {
+        const float* v = a.qkv + qkv_at(b, h) + 2 * C;
+        const float* dy = dtmp_ + head_at(b, h);
+        compute_.gemm(false, true, T, T, hs, dy, C, v, 3 * C, datt_ + att_at(b, h), T);                  // dP = dy v^T
+        compute_.gemm(true, false, T, hs, T, a.att + att_at(b, h), T, dy, C, dqkv_ + qkv_at(b, h) + 2 * C, 3 * C);  // dv = P^T dy
+      }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    compute_.causal_softmax_backward(a.att, datt_, static_cast<std::size_t>(batch) * H, T, scale);
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < H; ++h) {
+        const float* q = a.qkv + qkv_at(b, h);
+        const float* ds = datt_ + att_at(b, h);
+        compute_.gemm(false, false, T, hs, T, ds, T, q + C, 3 * C, dqkv_ + qkv_at(b, h), 3 * C);      // dq = dS k
+        compute_.gemm(true, false, T, hs, T, ds, T, q, 3 * C, dqkv_ + qkv_at(b, h) + C, 3 * C);       // dk = dS^T q
+      }
+    linear_backward(dqkv_, a.ln1, p + off[kQkvWeight], N, C, 3 * C, g + off[kQkvWeight], g + off[kQkvBias], dtmp_);
+    compute_.layernorm_backward(dtmp_, a.x_in, p + off[kLn1Weight], a.ln1_mean, a.ln1_rstd, N, C, dres_,
+                                g + off[kLn1Weight], g + off[kLn1Bias]);
+  }
+
+  Config cfg_;
+  int max_batch_;
+  bool checkpoint_;
+  std::vector<UnitSpec> units_;
+  Compute compute_;
+  typename Compute::Buffer storage_;  // the arena
+  ActivationBytes bytes_;
+  std::vector<float*> inputs_;      // residual stream: inputs_[l] enters block l, inputs_[L] leaves the last
+  std::vector<BlockActs> blocks_;   // one per block, or one shared when recomputing
+  float* lnf_out_ = nullptr;
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
+  float* logits_ = nullptr;         // logits, then grad_scale x d(loss)/d(logits)
+  float* dres_ = nullptr;           // d(loss)/d(residual stream)
+  float* dtmp_ = nullptr;           // d(loss)/d(a LayerNorm output or the attention output)
+  float* d4_ = nullptr;             // d(loss)/d(MLP hidden)
+  float* dqkv_ = nullptr;
+  float* datt_ = nullptr;
+  float* head_wte_grad_ = nullptr;  // the output head's share of d(wte)
+};
+
+}  // namespace gpt

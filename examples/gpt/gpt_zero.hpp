@@ -1,0 +1,106 @@
+// Why: the trainer and the tests wire the GPT to a zero::ZeroOptimizer the
+// same way: one optimizer unit per model unit (embeddings, each block, the
+// final LayerNorm), the model adopting the optimizer's padded layout, and
+// hooks that hand the model each unit's parameters (acquire_unit, all-
+// gathered at stage 3) and take its gradients (grad_buffer, grad_ready).
+// The model computes in fp32; with bf16/fp16 storage the hooks convert one
+// unit at a time into a float copy (the model holds at most one unit at once);
+// that copy is host memory, so 16-bit storage needs a host model.
+#pragma once
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "gpt/gpt_model.hpp"
+#include "zero/zero.hpp"
+
+namespace gpt {
+
+template <class Opt, class Model>
+class ZeroBinding {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+  static constexpr bool convert = !std::is_same_v<P, float>;
+
+ public:
+  // Registers the model's units and parameters; call before opt.finalize().
+  ZeroBinding(Opt& opt, Model& model) : opt_(opt), model_(model) {
+    for (const UnitSpec& u : model.units()) {
+      units_.push_back(opt.add_unit(u.name));
+      params_.emplace_back();
+      for (const ParamSpec& p : u.params) params_.back().push_back(opt.add_param(units_.back(), p.name, p.numel));
+    }
+  }
+
+  // After opt.finalize(): the model reads parameters at the optimizer's offsets.
+  void adopt_layout() {
+    const zero::Layout& layout = opt_.layout();
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      std::vector<std::size_t> offsets;
+      for (zero::ParamId p : params_[u]) offsets.push_back(layout.param(p).offset);
+      model_.set_layout(static_cast<int>(u), std::move(offsets), layout.unit(units_[u]).padded);
+    }
+    if constexpr (convert) {
+      wide_params_.assign(layout.max_unit(), 0.0f);
+      wide_grads_.assign(layout.max_unit(), 0.0f);
+    }
+  }
+
+  // Collective: sets every parameter from fill(unit, k, out), which writes
+  // parameter k of unit `unit` (the same values on every rank).
+  template <class Fill>
+  void set_params(Fill&& fill) {
+    std::vector<float> values;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      for (std::size_t k = 0; k < params_[u].size(); ++k) {
+        values.assign(model_.units()[u].params[k].numel, 0.0f);
+        fill(static_cast<int>(u), static_cast<int>(k), values.data());
+        opt_.set_param(params_[u][k], values.data());
+      }
+  }
+
+  ParamHooks param_hooks() {
+    return ParamHooks{[this](int u) -> const float* {
+                        const P* p = opt_.acquire_unit(units_[static_cast<std::size_t>(u)]);
+                        if constexpr (convert) {
+                          const std::size_t n = model_.units()[static_cast<std::size_t>(u)].numel;
+                          for (std::size_t i = 0; i < n; ++i) wide_params_[i] = zero::to_float(p[i]);
+                          return wide_params_.data();
+                        } else {
+                          return p;
+                        }
+                      },
+                      [this](int u) { opt_.release_unit(units_[static_cast<std::size_t>(u)]); }};
+  }
+
+  GradHooks grad_hooks() {
+    return GradHooks{[this](int u) -> float* {
+                       G* g = opt_.grad_buffer(units_[static_cast<std::size_t>(u)]);
+                       if constexpr (convert)
+                         return wide_grads_.data();
+                       else
+                         return g;
+                     },
+                     [this](int u) {
+                       const zero::UnitId unit = units_[static_cast<std::size_t>(u)];
+                       if constexpr (convert) {
+                         G* g = opt_.grad_buffer(unit);
+                         const std::size_t n = model_.units()[static_cast<std::size_t>(u)].numel;
+                         for (std::size_t i = 0; i < n; ++i) g[i] = zero::from_float<G>(wide_grads_[i]);
+                       }
+                       opt_.grad_ready(unit);
+                     }};
+  }
+
+  const std::vector<std::vector<zero::ParamId>>& params() const { return params_; }
+
+ private:
+  Opt& opt_;
+  Model& model_;
+  std::vector<zero::UnitId> units_;
+  std::vector<std::vector<zero::ParamId>> params_;
+  std::vector<float> wide_params_, wide_grads_;  // one unit in fp32 (16-bit storage only)
+};
+
+}  // namespace gpt

@@ -1,0 +1,192 @@
+// The GPT example's forward and backward (examples/gpt/gpt_model.hpp) held to
+// PyTorch 1.13: tests/gpt/make_gpt_fixture.py runs the same tiny model in
+// float64 on one batch and stores the logits, the loss and every parameter's
+// gradient. Weights and tokens come from a formula both sides compute.
+// Tolerance and error measure: tests/gpt/gpt_fixture.hpp.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpt/gpt_host.hpp"
+#include "gpt_fixture.hpp"
+#include "gpt/gpt_zero.hpp"
+#include "gpt/text_corpus.hpp"
+#include "zero/zero.hpp"
+
+#ifndef ZERO_GPT_FIXTURE
+#error "define ZERO_GPT_FIXTURE as the path of tests/gpt/gpt_fixture.bin"
+#endif
+
+namespace {
+
+using gpt::fixture::Fixture;
+using gpt::fixture::FormulaWeights;
+using gpt::fixture::kTolerance;
+using gpt::fixture::relative_error;
+
+const Fixture& fixture() {
+  static const Fixture fx = gpt::fixture::load(ZERO_GPT_FIXTURE);
+  return fx;
+}
+
+// The model with every unit resident in packed host buffers.
+struct HostRun {
+  gpt::Gpt model;
+  std::vector<std::vector<float>> params, grads;
+
+  HostRun(const Fixture& fx, int batch, bool checkpoint) : model(fx.config, batch, checkpoint) {
+    const FormulaWeights weights{fx.config};
+    for (int u = 0; u < model.num_units(); ++u) {
+      const gpt::UnitSpec& spec = model.units()[static_cast<std::size_t>(u)];
+      params.emplace_back(spec.numel);
+      grads.emplace_back(spec.numel, NAN);
+      for (std::size_t k = 0; k < spec.params.size(); ++k)
+        weights(u, static_cast<int>(k), params.back().data() + spec.offsets[k]);
+    }
+  }
+  gpt::ParamHooks param_hooks() {
+    return {[this](int u) -> const float* { return params[static_cast<std::size_t>(u)].data(); }, {}};
+  }
+  gpt::GradHooks grad_hooks() {
+    return {[this](int u) { return grads[static_cast<std::size_t>(u)].data(); }, {}};
+  }
+  const float* grad(int u, int k) const {
+    return grads[static_cast<std::size_t>(u)].data() + model.units()[static_cast<std::size_t>(u)].offsets[static_cast<std::size_t>(k)];
+  }
+};
+
+// Every parameter's gradient against the fixture; got(u, k) points at ours.
+template <class Got>
+void check_gradients(const Fixture& fx, Got&& got) {
+  const auto units = gpt::describe_units(fx.config);
+  for (std::size_t u = 0; u < units.size(); ++u)
+    for (std::size_t k = 0; k < units[u].params.size(); ++k) {
+      const std::vector<float>& want = fx.grads[u][k];
+      const double err = relative_error(got(static_cast<int>(u), static_cast<int>(k)), want.data(), want.size());
+      INFO("gradient of " << units[u].params[k].name << ": relative error " << err);
+      CHECK(err <= kTolerance);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("GPT forward matches PyTorch: logits and loss", "[gpt][model]") {
+  const Fixture& fx = fixture();
+  for (bool checkpoint : {false, true}) {
+    INFO("checkpoint activations " << checkpoint);
+    HostRun run(fx, fx.batch, checkpoint);
+    const float loss = run.model.loss(fx.tokens.data(), fx.targets.data(), fx.batch, run.param_hooks());
+    CHECK(std::fabs(loss - fx.loss) <= kTolerance * std::fabs(fx.loss));
+    const double err = relative_error(run.model.logits(), fx.logits.data(), fx.logits.size());
+    INFO("logits: relative error " << err);
+    CHECK(err <= kTolerance);
+  }
+}
+
+TEST_CASE("GPT backward matches PyTorch: every parameter's gradient", "[gpt][model]") {
+  const Fixture& fx = fixture();
+  const std::size_t tokens = fx.tokens.size();
+  std::vector<std::vector<float>> plain;
+  for (bool checkpoint : {false, true}) {
+    INFO("checkpoint activations " << checkpoint);
+    HostRun run(fx, fx.batch, checkpoint);
+    const float loss = run.model.forward_backward(fx.tokens.data(), fx.targets.data(), fx.batch, run.param_hooks(),
+                                                  run.grad_hooks(), 1.0f / static_cast<float>(tokens));
+    CHECK(std::fabs(loss - fx.loss) <= kTolerance * std::fabs(fx.loss));
+    check_gradients(fx, [&](int u, int k) { return run.grad(u, k); });
+    // Recomputing a block repeats the same arithmetic: the same bits.
+    if (!checkpoint)
+      plain = run.grads;
+    else
+      for (std::size_t u = 0; u < plain.size(); ++u)
+        CHECK(std::memcmp(plain[u].data(), run.grads[u].data(), plain[u].size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("GPT activation checkpointing keeps block inputs only", "[gpt][model]") {
+  const gpt::Config config{85, 128, 128, 4, 4};
+  const int batch = 8;
+  const gpt::ActivationBytes full = gpt::Gpt::plan_activation_bytes(config, batch, false);
+  const gpt::ActivationBytes ckpt = gpt::Gpt::plan_activation_bytes(config, batch, true);
+  const gpt::Gpt model(config, batch, true);
+  CHECK(model.activation_bytes().total() == ckpt.total());  // the plan is what the arena holds
+  // Saved: L + 1 residual inputs and one block's set instead of L sets.
+  const std::size_t N = static_cast<std::size_t>(batch) * 128, C = 128;
+  const std::size_t block = 4 * (N * C * 4 + N * 4 + N * 3 * C + static_cast<std::size_t>(batch) * 4 * 128 * 128 +
+                                 N * 8 * C);
+  CHECK(full.saved - ckpt.saved == 3 * block);
+  CHECK(full.scratch == ckpt.scratch);
+}
+
+TEST_CASE("GPT corpus: vocabulary, split and unigram entropy", "[gpt][data]") {
+  const gpt::TextCorpus c = gpt::make_corpus("abracadabra!", 0.5);
+  CHECK(c.vocab_size() == 6);  // ! a b c d r
+  CHECK(c.train_size == 6);
+  CHECK(c.decode(c.tokens.data(), c.tokens.size()) == "abracadabra!");
+  // a:5 b:2 r:2 c:1 d:1 !:1 of 12
+  const double h = -(5.0 / 12 * std::log(5.0 / 12) + 2 * (2.0 / 12 * std::log(2.0 / 12)) + 3 * (1.0 / 12 * std::log(1.0 / 12)));
+  CHECK(std::fabs(c.unigram_entropy() - h) < 1e-12);
+  CHECK_THROWS_WITH(gpt::load_corpus("/nonexistent/devil.dict.dz", 16), Catch::Contains("apt-get install dict-devil"));
+}
+
+namespace {
+
+// Through zero::ZeroOptimizer with 2 in-process ranks, each one sequence of
+// the fixture's batch. SGD with lr = 2^16 and no momentum makes one step
+// w - lr g, so g = (w_before - w_after) / lr recovers the averaged gradient
+// (lr large, so |lr g| dominates w and the subtraction keeps g's digits).
+template <int Stage>
+void check_through_optimizer(bool checkpoint) {
+  using Opt = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::Sgd, zero::stage<Stage>>;
+  const Fixture& fx = fixture();
+  REQUIRE(fx.batch == 2);
+  constexpr double lr = 65536.0;
+  const FormulaWeights weights{fx.config};
+  const auto units = gpt::describe_units(fx.config);
+  std::vector<std::vector<std::vector<float>>> recovered(units.size());
+  std::vector<float> losses(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& comm) {
+    zero::optim::Sgd::Hyper hyper;
+    hyper.lr = lr;
+    Opt opt(comm, hyper);
+    gpt::Gpt model(fx.config, 1, checkpoint);
+    gpt::ZeroBinding<Opt, gpt::Gpt> binding(opt, model);
+    opt.finalize();
+    binding.adopt_layout();
+    binding.set_params(weights);
+    const std::size_t T = static_cast<std::size_t>(fx.config.context);
+    const std::size_t first = static_cast<std::size_t>(comm.rank()) * T;
+    losses[static_cast<std::size_t>(comm.rank())] =
+        model.forward_backward(fx.tokens.data() + first, fx.targets.data() + first, 1, binding.param_hooks(),
+                               binding.grad_hooks(), 1.0f / static_cast<float>(T));
+    opt.step();
+    for (std::size_t u = 0; u < units.size(); ++u)
+      for (std::size_t k = 0; k < units[u].params.size(); ++k) {
+        std::vector<float> after = opt.master_values(binding.params()[u][k]);  // collective
+        if (comm.rank() != 0) continue;
+        std::vector<float> before(after.size());
+        weights(static_cast<int>(u), static_cast<int>(k), before.data());
+        for (std::size_t i = 0; i < after.size(); ++i)
+          after[i] = static_cast<float>((static_cast<double>(before[i]) - after[i]) / lr);
+        recovered[u].push_back(std::move(after));
+      }
+  });
+  // The mean over ranks of each rank's mean loss is the batch's mean loss.
+  const double loss = (static_cast<double>(losses[0]) + losses[1]) / 2.0;
+  CHECK(std::fabs(loss - fx.loss) <= kTolerance * std::fabs(fx.loss));
+  check_gradients(fx, [&](int u, int k) { return recovered[static_cast<std::size_t>(u)][static_cast<std::size_t>(k)].data(); });
+}
+
+}  // namespace
+
+TEST_CASE("GPT through ZeroOptimizer, 2 ranks: the gradients PyTorch computes", "[gpt][zero]") {
+  SECTION("stage 0") { check_through_optimizer<0>(false); }
+  SECTION("stage 3") { check_through_optimizer<3>(false); }
+  SECTION("stage 3, activation checkpointing") { check_through_optimizer<3>(true); }
+}
