@@ -34,6 +34,9 @@
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
 #include "zero/comm/mpi.hpp"
 #endif
+#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+#include "zero/checkpoint/optimizer_io.hpp"
+#endif
 
 namespace {
 
@@ -47,6 +50,8 @@ struct Args {
   std::string data = fashion_mnist::kDefaultDataDir;
   bool report = false;
   std::string history_json;  // empty: none
+  std::string save_dir, resume_dir;  // checkpoints (empty: none)
+  int save_every = 0;                // also every this many steps (0: at the end of each epoch only)
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -68,8 +73,23 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--history-json", a.history_json,
                  "write the configuration and per-epoch loss, test_accuracy, samples_per_s and seconds as JSON")
       ->type_name("FILE");
+  app.add_option("--save", a.save_dir,
+                 "write a checkpoint to DIR/step-<step> at the end of every epoch (and every --save-every steps)")
+      ->type_name("DIR");
+  app.add_option("--save-every", a.save_every, "also checkpoint every K optimizer steps (needs --save)")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--resume", a.resume_dir,
+                 "continue from the newest complete checkpoint in DIR (any --ranks, --stage, --offload; the same "
+                 "--batch, --epochs, --seed, --lr and --optimizer)")
+      ->type_name("DIR");
   app.callback([&a] {
     zero::examples::check_offload_choices(a.zero);
+#if !defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+    if (!a.save_dir.empty() || !a.resume_dir.empty())
+      throw CLI::ValidationError("--save/--resume", "this build has no checkpoints (install nlohmann-json3-dev and "
+                                                    "libxxhash-dev, then reconfigure)");
+#endif
+    if (a.save_every > 0 && a.save_dir.empty()) throw CLI::ValidationError("--save-every", "needs --save DIR");
     if (a.launch.comm == "local" && a.batch % a.launch.ranks != 0)
       throw CLI::ValidationError("--batch", std::to_string(a.batch) + " is not a multiple of --ranks " +
                                                 std::to_string(a.launch.ranks));
@@ -193,13 +213,57 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
                 "%zu parameters\n",
                 ranks, args.launch.comm.c_str(), Opt::stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(), args.batch,
                 args.epochs, model.num_params());
+
+  // Checkpoints: where the run is (its step count is the optimizer's), what
+  // must match to continue it, and the epoch's loss so far.
+  std::size_t start_step = 0;
+  double resumed_loss_mean_sum = 0;  // sum over the epoch's steps so far of the batch-mean loss
+#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+  auto run_identity = [&] {
+    return nlohmann::json{{"batch", args.batch}, {"epochs", args.epochs}, {"seed", args.seed}, {"lr", args.lr}};
+  };
+  if (!args.resume_dir.empty()) {
+    const auto loaded = zero::checkpoint::OptimizerIo<Opt>::load(opt, args.resume_dir);
+    const nlohmann::json& extra = loaded.manifest.run.extra;
+    const nlohmann::json identity = run_identity();
+    for (const auto& [key, value] : identity.items())
+      zero::require(extra.contains(key) && extra[key] == value, "--resume ", loaded.directory.string(),
+                    ": the checkpoint was saved by a run with --", key, " ",
+                    extra.contains(key) ? extra[key].dump() : std::string("(none)"), ", this run has ", value.dump(),
+                    "; resume with the same --batch, --epochs, --seed and --lr");
+    start_step = static_cast<std::size_t>(opt.step_count());
+    resumed_loss_mean_sum = extra.value("epoch_loss_mean_sum", 0.0);
+    if (lead)
+      std::printf("resumed from %s at step %zu (epoch %zu)\n", loaded.directory.string().c_str(), start_step,
+                  start_step / steps_per_epoch + 1);
+  }
+  double loss_sum = 0;  // this rank's, over the epoch's steps
+  auto save = [&] {
+    double total = loss_sum;  // the epoch's loss so far, summed over ranks
+    comm.all_reduce(&total, 1, zero::DType::f64, zero::comm::ReduceOp::sum, true);
+    nlohmann::json extra = run_identity();
+    extra["epoch_loss_mean_sum"] = resumed_loss_mean_sum + total / static_cast<double>(ranks);
+    const auto dir = zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, extra);
+    if (lead) {
+      std::printf("saved checkpoint %s\n", dir.string().c_str());
+      std::fflush(stdout);
+    }
+  };
+#else
+  double loss_sum = 0;
+  auto save = [] {};
+#endif
   for (int epoch = 1; epoch <= args.epochs; ++epoch) {
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::shuffle(order.begin(), order.end(), shuffle);  // same permutation on every rank
+    const std::size_t epoch_start = static_cast<std::size_t>(epoch - 1) * steps_per_epoch;
+    if (epoch_start + steps_per_epoch <= start_step) continue;  // done before the checkpoint
     opt.reset_comm_counters();
     const auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    for (std::size_t s = 0; s < steps_per_epoch; ++s) {
+    const std::size_t first_step = start_step > epoch_start ? start_step - epoch_start : 0;
+    loss_sum = 0;
+    if (first_step == 0) resumed_loss_mean_sum = 0;
+    for (std::size_t s = first_step; s < steps_per_epoch; ++s) {
       const std::size_t first = s * static_cast<std::size_t>(args.batch) +
                                 static_cast<std::size_t>(comm.rank()) * static_cast<std::size_t>(local_batch);
       for (int i = 0; i < local_batch; ++i) {
@@ -215,6 +279,9 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
       const float divisor = static_cast<float>(local_batch / opt.loss_scale());
       loss_sum += model.forward_backward(x.data(), y.data(), local_batch, params, grads, divisor);
       opt.step();
+      if (!args.save_dir.empty() && args.save_every > 0 && opt.step_count() % args.save_every == 0 &&
+          s + 1 < steps_per_epoch)
+        save();
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     last_train_comm = opt.comm_report();
@@ -235,14 +302,14 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
     const int my_batches = static_cast<int>((end - begin + 999) / 1000);
     const int max_batches = static_cast<int>((per_rank + 999) / 1000);
     for (int extra = my_batches; extra < max_batches; ++extra) model.predict(data.test.image(0), 1, params, predicted.data());
-    double totals[2] = {correct, loss_sum};
+    double totals[2] = {correct, loss_sum + resumed_loss_mean_sum};  // (each rank adds the mean: totals are means x ranks)
     comm.all_reduce(totals, 2, zero::DType::f64, zero::comm::ReduceOp::sum, true);
     accuracy = totals[0] / static_cast<double>(data.test.count);
     if (lead) {
       const auto mem = opt.memory_report();
       const EpochRecord record{epoch, totals[1] / static_cast<double>(static_cast<std::size_t>(ranks) * steps_per_epoch),
                                accuracy,
-                               static_cast<double>(steps_per_epoch * static_cast<std::size_t>(args.batch)) / seconds,
+                               static_cast<double>((steps_per_epoch - first_step) * static_cast<std::size_t>(args.batch)) / seconds,
                                seconds};
       history.push_back(record);
       std::printf("epoch %d/%d  loss %.4f  test_accuracy %.4f  %.0f samples/s  %.1f s  model states %.2f MiB/rank  "
@@ -251,6 +318,11 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
                   static_cast<double>(mem.model_states()) / 1048576.0, last_train_comm.sent_per_step() / 1048576.0,
                   opt.hyper().lr);
       std::fflush(stdout);
+    }
+    if (!args.save_dir.empty()) {
+      loss_sum = 0;  // the next epoch starts from nothing
+      resumed_loss_mean_sum = 0;
+      save();
     }
   }
   if (lead && !args.history_json.empty()) write_history(args.history_json, args, ranks, model.num_params(), history);

@@ -167,6 +167,16 @@ struct OptimizerIo {
     save_checkpoint(dir, source, collective(opt));
   }
 
+  // Collective: root/step-<step count>/, then root/latest points at it; a
+  // later load(root) finds the newest complete one.
+  static std::filesystem::path save_step(Opt& opt, const std::string& root,
+                                         nlohmann::json extra = nlohmann::json::object()) {
+    settle(opt, "save");
+    Source source(opt, std::move(extra));
+    Checkpointer(collective(opt)).save_step(root, source, false);
+    return step_directory(root, static_cast<std::uint64_t>(opt.step_count()));
+  }
+
   // Collective: the state of the checkpoint at (or newest under) `path`.
   // Parameters it lacks (a run in another precision) are rounded from the
   // master; stages 1-2 then all-gather them. Returns the manifest (step,
