@@ -465,8 +465,10 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   params_ = allocate<param_type>(sizes.params, "parameters", rules.params_sharded ? "more ranks" : shard_params);
   grads_ = allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
   if constexpr (requires { store_.configure(options_.nvme, 0); }) store_.configure(options_.nvme, rank());
-  store_.allocate(sizes.state_per_slot, separate_master, [&]<class Buf>(std::type_identity<Buf>, std::size_t n,
-                                                                          const char* what) {
+  // (a generic lambda, not an explicit template one: nvcc 13 refuses those in
+  // a member of a class template with default arguments)
+  store_.allocate(sizes.state_per_slot, separate_master, [&](auto buffer_type, std::size_t n, const char* what) {
+    using Buf = typename decltype(buffer_type)::type;
     return allocate_as<Buf>(n, what, rules.states_sharded ? "more ranks" : shard_states);
   });
   require(!options_.delayed_update || host_staging,
