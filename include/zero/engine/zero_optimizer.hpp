@@ -847,9 +847,13 @@ template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, Ba
 auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
   require_finalized("grad_buffer");
   require_unit(id, "grad_buffer");
-  require(staging_unit_ < 0 || staging_unit_ == static_cast<int>(id.index), "grad_buffer('",
-          layout_.units()[id.index].name, "'): the gradient of unit '", layout_.units()[staging_unit_].name,
-          "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next");
+  // (a branch, not require(): the message names the unit handed out, which
+  // exists only when the check fails)
+  if (staging_unit_ >= 0 && staging_unit_ != static_cast<int>(id.index))
+    throw InvalidArgument(detail::concat(
+        "grad_buffer('", layout_.units()[id.index].name, "'): the gradient of unit '",
+        layout_.units()[static_cast<std::size_t>(staging_unit_)].name,
+        "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next"));
   if (staging_unit_ < 0) {  // not handed out yet (grad_buffer may be called again for the same unit)
     const UnitInfo& u = layout_.units()[id.index];
     if (takes_gradients_in_place()) {
@@ -1035,8 +1039,10 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     // The update changes every shard: a gathered copy in use would go stale.
     if (micro_ + 1 == options_.grad_accumulation_steps)
       for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-        require(!slot_in_use_[s], "step(): unit '", units[slot_unit_[s]].name,
-                "' is still acquired; release_unit() every unit before the step that updates them");
+        if (slot_in_use_[s])  // (slot_unit_[s] names a unit only when the slot is in use)
+          throw InvalidArgument(detail::concat("step(): unit '", units[slot_unit_[s]].name,
+                                               "' is still acquired; release_unit() every unit before the step that "
+                                               "updates them"));
   }
   flush_gradients();
   std::fill(reduced_this_micro_.begin(), reduced_this_micro_.end(), false);
