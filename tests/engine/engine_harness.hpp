@@ -32,6 +32,14 @@ RunResult train_local(int ranks, const typename Opt::Hyper& hyper, const Options
   return results[0];
 }
 
+// One optimizer type's choices, for TEMPLATE_LIST_TEST_CASE lists.
+template <int S, class P, class O>
+struct Config {
+  static constexpr int stage = S;
+  using Precision = P;
+  using Optimizer = O;
+};
+
 // The equivalence criterion of the ZeRO design (see reference.hpp).
 template <class ParamT>
 inline void require_equivalent(const RunResult& got, const RunResult& want) {

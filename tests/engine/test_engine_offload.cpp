@@ -19,12 +19,7 @@
 
 namespace {
 
-template <int S, class P, class O>
-struct Config {
-  static constexpr int stage = S;
-  using Precision = P;
-  using Optimizer = O;
-};
+using zero::test::Config;
 
 using zero::bf16;
 using zero::fp16;

@@ -71,12 +71,7 @@ zero::Options nvme_options(const zero::test::Variant& v, const std::string& dir,
   return o;
 }
 
-template <int S, class P, class O>
-struct Config {
-  static constexpr int stage = S;
-  using Precision = P;
-  using Optimizer = O;
-};
+using zero::test::Config;
 using Configs = std::tuple<Config<1, Mixed<bf16>, AdamW>, Config<1, Full<float>, Sgd>, Config<2, Mixed<fp16>, Adam>,
                            Config<2, Full<float>, AdamW>, Config<3, Mixed<bf16>, Sgd>, Config<3, Full<float>, Adam>>;
 
