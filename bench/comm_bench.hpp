@@ -8,7 +8,11 @@
 //           all-gather), 1 (broadcast).
 // The limit: the memory traffic the collective must move (bytes read plus
 // written, summed over ranks) at the bandwidth of a copy probe run by the
-// same number of threads (or processes) in the same run. A collective over
+// same number of threads (or processes), measured beside each row: every rank
+// copies half the row's traffic (a copy reads and writes each byte), and
+// probe and collective alternate timing by timing. So both see the same
+// cache (at 64 MiB the buffers partly fit a large L3) and the same moment of
+// a shared machine, whose bandwidth drifts by 2x within one sweep. A collective over
 // shared memory cannot move less than (in units of S, n ranks):
 //   all-reduce      2n     every rank's buffer read once and written once
 //                          (comm::Local: rank r reduces chunk r of all
@@ -80,7 +84,6 @@ inline double traffic_factor(Op op, int n) {
 struct Options {
   std::size_t min_bytes = std::size_t{4} << 10;
   std::size_t max_bytes = std::size_t{256} << 20;
-  std::size_t probe_bytes = std::size_t{128} << 20;  // per rank: beyond the last-level cache
   int reps = 5;
   bool json = false;
   std::vector<int> ranks;  // empty: the program's default
@@ -94,7 +97,7 @@ inline std::string parse_command_line(int argc, char** argv, Options& o, const s
   for (const auto& c : choices) names += (names.empty() ? "" : "|") + c;
   const std::string usage = "[--comm " + names +
                             "] [--ranks N (repeatable)] [--min BYTES] [--max BYTES] (K/M/G suffixes; sizes are "
-                            "4 KiB x powers of 4) [--probe BYTES per rank] [--reps R] [--json]";
+                            "4 KiB x powers of 4) [--reps R] [--json]";
   Args args(argc, argv, usage.c_str());
   std::string comm = choices.front();
   while (args.next()) {
@@ -108,8 +111,6 @@ inline std::string parse_command_line(int argc, char** argv, Options& o, const s
       o.min_bytes = args.count();
     } else if (args.is("--max")) {
       o.max_bytes = args.count();
-    } else if (args.is("--probe")) {
-      o.probe_bytes = args.count();
     } else if (args.is("--reps")) {
       o.reps = args.positive();
     } else if (args.is("--json")) {
@@ -138,7 +139,7 @@ struct Row {
   DType dtype = DType::f32;
   std::size_t bytes = 0;  // S
   double time_s = 0;
-  double probe_GBps = 0;  // the probe of this row's thread count
+  double probe_GBps = 0;  // the probe measured beside this row
   double algbw() const { return static_cast<double>(bytes) / time_s / 1e9; }
   double busbw() const { return algbw() * bus_factor(op, ranks); }
   double limit_ratio() const {
@@ -146,44 +147,53 @@ struct Row {
   }
 };
 
-// The fastest of `reps` timings of op (noise on a shared machine only adds
-// time), each over enough calls to dwarf the barriers around them. Memory
-// provides sync(): wait for this rank's asynchronous work (device streams).
-template <class Comm, class Memory, class F>
-double fastest_time(Comm& c, Memory& mem, std::size_t bytes, int reps, F&& op) {
-  const int iters = static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / bytes, 1, 100));
-  op();  // warm-up: first touch, lazy set-up
-  mem.sync();
-  double best = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < reps; ++r) {
+// The fastest of `reps` timings of op and of probe, alternating (noise on a
+// shared machine only adds time, and drifts: a probe timed minutes away
+// would measure another machine), each timing over enough calls to dwarf the
+// barriers around it. Memory provides sync(): wait for this rank's
+// asynchronous work (device streams).
+struct Timings {
+  double op_s = std::numeric_limits<double>::infinity();
+  double probe_s = std::numeric_limits<double>::infinity();
+};
+template <class Comm, class Memory, class Op, class Probe>
+Timings fastest_times(Comm& c, Memory& mem, std::size_t bytes, std::size_t probe_bytes, int reps, Op&& op,
+                      Probe&& probe) {
+  auto calls = [](std::size_t b) {
+    return static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / std::max<std::size_t>(b, 1), 1, 100));
+  };
+  auto time = [&](int iters, auto& f) {
     c.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) op();
+    for (int i = 0; i < iters; ++i) f();
     mem.sync();
     c.barrier();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  };
+  op();  // warm-up: first touch, lazy set-up
+  probe();
+  mem.sync();
+  Timings best;
+  for (int r = 0; r < reps; ++r) {
+    best.op_s = std::min(best.op_s, time(calls(bytes), op));
+    best.probe_s = std::min(best.probe_s, time(calls(probe_bytes), probe));
   }
   return best;
 }
 
-// Memory: void* alloc(bytes) (zero-filled, touched by this rank, freed with
-// the Memory), copy(dst, src, bytes) and sync().
-template <class Comm, class Memory>
-double probe_GBps(Comm& c, Memory& mem, void* dst, const void* src, std::size_t bytes, int reps) {
-  const double t = fastest_time(c, mem, bytes, reps, [&] { mem.copy(dst, src, bytes); });
-  return 2.0 * static_cast<double>(bytes) * c.size() / t / 1e9;
-}
-
 // Every collective x {fp32, bf16} x size on this rank; the rows are rank 0's
-// timings (every rank returns them; only rank 0 should print).
+// timings (every rank returns them; only rank 0 should print). Memory:
+// void* alloc(bytes) (zero-filled, touched by this rank, freed with the
+// Memory), copy(dst, src, bytes) and sync().
 template <class Comm, class Memory>
 std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o) {
   const int n = c.size();
-  const std::size_t cap = std::max(o.max_bytes, o.probe_bytes);
-  void* a = mem.alloc(cap);
-  void* b = mem.alloc(cap);
-  // Probe before and after the sweep: the faster one is the limit.
-  double probe = probe_GBps(c, mem, b, a, o.probe_bytes, o.reps);
+  void* a = mem.alloc(o.max_bytes);
+  void* b = mem.alloc(o.max_bytes);
+  // The probe's own buffers: copying through a or b would leave them cached
+  // for the collective.
+  void* probe_src = mem.alloc(o.max_bytes);
+  void* probe_dst = mem.alloc(o.max_bytes);
   std::vector<Row> rows;
   for (Op op : all_ops) {
     for (DType t : {DType::f32, DType::bf16}) {
@@ -191,27 +201,32 @@ std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o)
         const std::size_t eb = dtype_bytes(t);
         const std::size_t part = bytes / eb / static_cast<std::size_t>(n), count = part * static_cast<std::size_t>(n);
         if (part == 0) continue;
-        double time = 0;
+        const std::size_t s = count * eb;
+        // Per rank, half the row's traffic (at most S: all-reduce's 2nS / 2n).
+        const std::size_t probe_bytes =
+            static_cast<std::size_t>(static_cast<double>(s) * traffic_factor(op, n) / (2.0 * n)) / 64 * 64;
+        auto probe = [&] { mem.copy(probe_dst, probe_src, probe_bytes); };
+        Timings time;
         switch (op) {
           case Op::all_reduce:
-            time = fastest_time(c, mem, bytes, o.reps, [&] { c.all_reduce(a, count, t, zero::comm::ReduceOp::sum, false); });
+            time = fastest_times(c, mem, s, probe_bytes, o.reps,
+                                 [&] { c.all_reduce(a, count, t, zero::comm::ReduceOp::sum, false); }, probe);
             break;
           case Op::reduce_scatter:
-            time = fastest_time(c, mem, bytes, o.reps, [&] { c.reduce_scatter(a, b, part, t); });
+            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.reduce_scatter(a, b, part, t); }, probe);
             break;
           case Op::all_gather:
-            time = fastest_time(c, mem, bytes, o.reps, [&] { c.all_gather(b, a, part, t, false); });
+            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.all_gather(b, a, part, t, false); }, probe);
             break;
           case Op::broadcast:
-            time = fastest_time(c, mem, bytes, o.reps, [&] { c.broadcast(a, count, t, 0); });
+            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.broadcast(a, count, t, 0); }, probe);
             break;
         }
-        rows.push_back(Row{name, n, op, t, count * eb, time, 0});
+        const double probe_GBps = 2.0 * static_cast<double>(probe_bytes) * n / time.probe_s / 1e9;
+        rows.push_back(Row{name, n, op, t, s, time.op_s, probe_GBps});
       }
     }
   }
-  probe = std::max(probe, probe_GBps(c, mem, b, a, o.probe_bytes, o.reps));
-  for (Row& r : rows) r.probe_GBps = probe;
   return rows;
 }
 
@@ -225,8 +240,8 @@ inline void print_table(const std::vector<Row>& rows) {
 }
 
 // {"probe_GBps":X,"rows":[...]}: X is the fastest probe of the run; each
-// row's limit_ratio uses the probe of its own thread count (the table's
-// "probe" column).
+// row's limit_ratio uses the probe measured beside it (the table's "probe"
+// column, in each row as probe_GBps).
 inline void print_json(const std::vector<Row>& rows) {
   double probe = 0;
   for (const Row& r : rows) probe = std::max(probe, r.probe_GBps);
@@ -234,9 +249,9 @@ inline void print_json(const std::vector<Row>& rows) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf("%s\n{\"comm\":\"%s\",\"ranks\":%d,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"time_s\":%.9g,"
-                "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"limit_ratio\":%.4f}",
+                "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"probe_GBps\":%.3f,\"limit_ratio\":%.4f}",
                 i == 0 ? "" : ",", r.comm.c_str(), r.ranks, op_name(r.op), dtype_name(r.dtype), r.bytes, r.time_s,
-                r.algbw(), r.busbw(), r.limit_ratio());
+                r.algbw(), r.busbw(), r.probe_GBps, r.limit_ratio());
   }
   std::printf("]}\n");
 }

@@ -2,7 +2,7 @@
 // device memory. comm::LocalDevice with 2 and 4 ranks sharing GPU 0, and
 // comm::Nccl with one rank per visible GPU (ncclCommInitAll, one thread per
 // rank) when there are at least two; the probe is a device-to-device
-// cudaMemcpyAsync by the same ranks.
+// cudaMemcpyAsync by the same ranks, of each row's traffic, beside each row.
 //
 //   bench_comm_cuda [--comm all|local_device|nccl] [--ranks N ...] [--min BYTES] [--max BYTES] [--json]
 // Without a CUDA device it exits 77 (SKIP).
@@ -102,7 +102,6 @@ std::vector<Row> run_nccl(const Options& o, int devices) {
 
 int main(int argc, char** argv) {
   Options o;
-  o.probe_bytes = std::size_t{512} << 20;  // beyond any GPU's L2
   const std::string comm = parse_command_line(argc, argv, o, {"all", "local_device", "nccl"});
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);

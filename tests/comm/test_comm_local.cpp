@@ -110,7 +110,9 @@ std::vector<std::string> comm_errors(int ranks, const std::function<void(zero::c
 TEST_CASE("comm::Local collectives give the bits of a rank-order reference", "[comm][local]") {
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::u64}) {
     for (int ranks : {1, 2, 3, 4, 5}) {
-      for (std::size_t per_rank : {std::size_t{1}, std::size_t{13}, std::size_t{64}, std::size_t{1003}}) {
+      // 100003: a rank's block spans several of the pieces that running
+      // threads share (256 KiB each), ending mid-pack.
+      for (std::size_t per_rank : {std::size_t{1}, std::size_t{13}, std::size_t{64}, std::size_t{1003}, std::size_t{100003}}) {
         CAPTURE(zero::dtype_name(t), ranks, per_rank);
         const std::size_t b = zero::dtype_bytes(t), full = per_rank * static_cast<std::size_t>(ranks);
         std::vector<std::vector<unsigned char>> inputs;

@@ -7,14 +7,19 @@
 // same point (kind, element count, type, operation or root) all get a
 // CommError naming both calls, before any rank touches another's buffer.
 //
-// Speed: the ranks move data in parallel, each over its own disjoint part,
-// straight between the user's buffers (no staging copies), so a collective
-// runs near the memory bandwidth of the cores (bench/bench_comm measures it).
+// Speed: the ranks move data in parallel, straight between the user's
+// buffers (no staging copies), so a collective runs near the memory bandwidth
+// of the cores (bench/bench_comm measures it). The work is cut into pieces
+// that whichever rank threads are running take from a shared counter: with
+// more ranks than cores, or on a busy machine, a thread the scheduler leaves
+// out holds up nobody for more than one piece. Which thread computes an
+// element never changes its value: every element is reduced in rank order.
 #pragma once
 
 #include "zero/config.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -117,6 +122,8 @@ class LocalGroup {
     if (++arrived_ == ranks_) {
       arrived_ = 0;
       ++generation_;
+      // Every rank is done with the pieces of the last collective.
+      next_piece_.store(0, std::memory_order_relaxed);
       cv_.notify_all();
       return;
     }
@@ -155,6 +162,7 @@ class LocalGroup {
   std::uint64_t generation_ = 0;
   bool aborted_ = false;
   std::string abort_message_;
+  std::atomic<std::size_t> next_piece_{0};  // see Local::share_pieces
   std::vector<const void*> send_;
   std::vector<void*> recv_;
   std::vector<Call> calls_;
@@ -179,13 +187,13 @@ class Local {
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
     publish({Call::Kind::all_reduce, count, t, op}, buf, buf, "all_reduce");
-    // Rank r owns chunk r: it reduces that chunk of every rank's buffer and
-    // writes the result into all of them, so each byte is read once and
-    // written once, and the ranks work on disjoint chunks at the same time.
+    // Each piece of elements is reduced over every rank's buffer and written
+    // into all of them: each byte is read once and written once.
     const int n = size();
-    const detail::ReduceArgs chunk{group_->recv_.data(), n, group_->send_.data(), n, chunk_begin(count, rank_, n),
-                                   chunk_begin(count, rank_ + 1, n), detail::streaming_pays(footprint(count, t))};
-    detail::reduce(t, chunk, op);
+    const bool stream = detail::streaming_pays(footprint(count, t));
+    share_pieces(1, count, piece_elements(count, t), [&](std::size_t, std::size_t begin, std::size_t end) {
+      detail::reduce(t, detail::ReduceArgs{group_->recv_.data(), n, group_->send_.data(), n, begin, end, stream}, op);
+    });
     group_->arrive_and_wait(rank_, "all_reduce");
     counters_.count_all_reduce(count * dtype_bytes(t), n, control);
   }
@@ -194,17 +202,19 @@ class Local {
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::reduce_scatter, recv_count, t}, send, recv, "reduce_scatter");
     const int n = size();
-    std::vector<const void*>& blocks = scratch_;
-    blocks.resize(static_cast<std::size_t>(n));
-    for (int s = 0; s < n; ++s)
-      blocks[s] = static_cast<const char*>(group_->send_[s]) + static_cast<std::size_t>(rank_) * recv_count * bytes;
-    // Only this rank reads block `rank` of any buffer, so writing recv (which
-    // may be that very block of our own send buffer) is safe.
-    void* const out[1] = {recv};
-    detail::reduce(t,
-                   detail::ReduceArgs{out, 1, blocks.data(), n, 0, recv_count,
-                                      detail::streaming_pays(footprint(recv_count * static_cast<std::size_t>(n), t))},
-                   ReduceOp::sum);
+    const bool stream = detail::streaming_pays(footprint(recv_count * static_cast<std::size_t>(n), t));
+    std::vector<const void*>& inputs = scratch_;
+    inputs.resize(static_cast<std::size_t>(n));
+    // Block b of every send buffer, reduced into rank b's recv. A piece reads
+    // its elements of all inputs before it writes them, so recv may be that
+    // very block of rank b's own send buffer.
+    share_pieces(static_cast<std::size_t>(n), recv_count, piece_elements(recv_count, t),
+                 [&](std::size_t b, std::size_t begin, std::size_t end) {
+                   for (int s = 0; s < n; ++s)
+                     inputs[s] = static_cast<const char*>(group_->send_[s]) + b * recv_count * bytes;
+                   void* const out[1] = {group_->recv_[b]};
+                   detail::reduce(t, detail::ReduceArgs{out, 1, inputs.data(), n, begin, end, stream}, ReduceOp::sum);
+                 });
     group_->arrive_and_wait(rank_, "reduce_scatter");
     counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
   }
@@ -213,18 +223,22 @@ class Local {
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::all_gather, send_count, t}, send, recv, "all_gather");
     const int n = size();
-    // Rank r pushes its block into block r of every receive buffer: each
-    // block is read once, and nobody reads what others write (in place, a
-    // rank's send block is its own receive block, which no other rank writes).
-    const std::size_t offset = static_cast<std::size_t>(rank_) * send_count * bytes;
+    const bool stream = detail::streaming_pays(footprint(send_count * static_cast<std::size_t>(n), t));
+    // Rank s's block goes into block s of every receive buffer: each block is
+    // read once, and nobody reads what others write (in place, a rank's send
+    // block is its own receive block, which is skipped).
+    const std::size_t block_bytes = send_count * bytes;
     std::vector<void*>& dsts = destinations_;
-    dsts.clear();
-    for (int s = 0; s < n; ++s) {
-      char* dst = static_cast<char*>(group_->recv_[s]) + offset;
-      if (dst != send) dsts.push_back(dst);
-    }
-    detail::copy(dsts.data(), static_cast<int>(dsts.size()), send, send_count * bytes,
-                 detail::streaming_pays(footprint(send_count * static_cast<std::size_t>(n), t)));
+    share_pieces(static_cast<std::size_t>(n), block_bytes, piece_bytes(block_bytes),
+                 [&](std::size_t s, std::size_t begin, std::size_t end) {
+                   const char* src = static_cast<const char*>(group_->send_[s]);
+                   dsts.clear();
+                   for (int r = 0; r < n; ++r) {
+                     char* dst = static_cast<char*>(group_->recv_[r]) + s * block_bytes;
+                     if (dst != src) dsts.push_back(dst + begin);
+                   }
+                   detail::copy(dsts.data(), static_cast<int>(dsts.size()), src + begin, end - begin, stream);
+                 });
     group_->arrive_and_wait(rank_, "all_gather");
     counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
   }
@@ -233,19 +247,19 @@ class Local {
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this group of ", size());
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::broadcast, count, t, ReduceOp::sum, root}, buf, buf, "broadcast");
-    // Rank r copies part r of the root's buffer into every other buffer: the
-    // root's buffer is read once, by all ranks at once. Parts start on cache
-    // lines.
-    const std::size_t total = count * bytes, line = 64;
+    // Each piece of the root's buffer is copied into every other buffer: the
+    // root's buffer is read once, by all ranks at once.
+    const std::size_t total = count * bytes;
     const int n = size();
-    const std::size_t begin = chunk_begin(total / line, rank_, n) * line;
-    const std::size_t end = rank_ + 1 == n ? total : chunk_begin(total / line, rank_ + 1, n) * line;
+    const bool stream = detail::streaming_pays(footprint(count, t));
     std::vector<void*>& dsts = destinations_;
-    dsts.clear();
-    for (int s = 0; s < n; ++s)
-      if (s != root) dsts.push_back(static_cast<char*>(group_->recv_[s]) + begin);
-    detail::copy(dsts.data(), static_cast<int>(dsts.size()), static_cast<const char*>(group_->send_[root]) + begin,
-                 end - begin, detail::streaming_pays(footprint(count, t)));
+    share_pieces(1, total, piece_bytes(total), [&](std::size_t, std::size_t begin, std::size_t end) {
+      dsts.clear();
+      for (int s = 0; s < n; ++s)
+        if (s != root) dsts.push_back(static_cast<char*>(group_->recv_[s]) + begin);
+      detail::copy(dsts.data(), static_cast<int>(dsts.size()), static_cast<const char*>(group_->send_[root]) + begin,
+                   end - begin, stream);
+    });
     group_->arrive_and_wait(rank_, "broadcast");
     counters_.count_broadcast(count * bytes, size());
   }
@@ -259,8 +273,30 @@ class Local {
   std::size_t footprint(std::size_t count, DType t) const {
     return count * dtype_bytes(t) * static_cast<std::size_t>(size());
   }
-  static std::size_t chunk_begin(std::size_t count, int part, int parts) {
-    return count * static_cast<std::size_t>(part) / static_cast<std::size_t>(parts);
+  // Runs work(block, begin, end) over [0, per_block) of each of `blocks`
+  // blocks, in pieces of `piece` that the group's running threads take from
+  // one counter (reset at every rendezvous), until none is left.
+  template <class Work>
+  void share_pieces(std::size_t blocks, std::size_t per_block, std::size_t piece, Work&& work) {
+    const std::size_t per = (per_block + piece - 1) / piece;
+    for (;;) {
+      const std::size_t p = group_->next_piece_.fetch_add(1, std::memory_order_relaxed);
+      if (p >= blocks * per) return;
+      const std::size_t begin = p % per * piece;
+      work(p / per, begin, std::min(per_block, begin + piece));
+    }
+  }
+  // A piece: a rank's equal share when that is small (every rank works on a
+  // small collective), at most 256 KiB of one buffer (a few pieces per
+  // thread time slice, and a late thread holds up the rest for that long),
+  // in whole cache lines.
+  std::size_t piece_bytes(std::size_t total) const {
+    constexpr std::size_t line = 64, most = std::size_t{256} << 10;
+    const std::size_t share = (total + static_cast<std::size_t>(size()) - 1) / static_cast<std::size_t>(size());
+    return std::max(line, (std::min(share, most) + line - 1) / line * line);
+  }
+  std::size_t piece_elements(std::size_t count, DType t) const {
+    return piece_bytes(count * dtype_bytes(t)) / dtype_bytes(t);
   }
   // Posts this rank's call and pointers, waits until every rank has posted,
   // and checks that all made the same call.

@@ -104,6 +104,9 @@ __attribute__((target("avx"))) inline void stream_floats(float* p, const simd::A
 
 template <class T, ReduceOp Op>
 struct ReduceBody {
+  // Inputs and outputs the pack loop takes (its pointers live in locals).
+  static constexpr int local_pointers = 64;
+
   template <class Isa>
   static void run(const ReduceArgs& a) {
     std::size_t i = a.begin;
@@ -121,28 +124,52 @@ struct ReduceBody {
         scalar(a, i, head);
         i = head;
       }
-      for (; i + W <= a.end; i += W) {
-        simd::Pack<Isa> acc = simd::load<Isa>(static_cast<const T*>(a.inputs[0]) + i);
-        for (int k = 1; k < a.n_inputs; ++k) {
-          const simd::Pack<Isa> x = simd::load<Isa>(static_cast<const T*>(a.inputs[k]) + i);
-          acc = Op == ReduceOp::sum ? acc + x : simd::max(acc, x);  // max: combine()'s a > b ? a : b
-        }
-        for (int o = 0; o < a.n_outputs; ++o) {
-          T* out = static_cast<T*>(a.outputs[o]) + i;
-          if (!stream)
-            simd::store(out, acc);
-          else if constexpr (std::is_same_v<T, float>)
-            stream_floats(out, acc.v);
-          else
-            simd::stream_store(out, acc);
-        }
+      // More ranks than that in one process: the scalar loop below.
+      if (a.n_inputs <= local_pointers && a.n_outputs <= local_pointers) {
+        const std::size_t packs_end = i + (a.end - i) / W * W;
+        if (stream)
+          packs<Isa, true>(a, i, packs_end);
+        else
+          packs<Isa, false>(a, i, packs_end);
+        i = packs_end;
       }
-      if (stream) _mm_sfence();  // the stores are visible before the next rendezvous
     }
 #endif
     // The tail (or all of it without SIMD, and for f64/u64).
     scalar(a, i, a.end);
   }
+
+#if ZERO_HOST_SIMD_X86
+  // Whole packs [from, to) of at most local_pointers inputs and outputs. The
+  // pointers are copied into locals first: as far as the compiler knows, the
+  // stores could change a.inputs and a.outputs, and it would reload every
+  // pointer for every pack.
+  template <class Isa, bool Stream>
+  ZERO_FORCE_INLINE static void packs(const ReduceArgs& a, std::size_t from, std::size_t to) {
+    constexpr std::size_t W = Isa::width;
+    const int n_in = a.n_inputs, n_out = a.n_outputs;
+    const T* in[local_pointers];
+    T* out[local_pointers];
+    for (int k = 0; k < n_in; ++k) in[k] = static_cast<const T*>(a.inputs[k]);
+    for (int o = 0; o < n_out; ++o) out[o] = static_cast<T*>(a.outputs[o]);
+    for (std::size_t i = from; i < to; i += W) {
+      simd::Pack<Isa> acc = simd::load<Isa>(in[0] + i);
+      for (int k = 1; k < n_in; ++k) {
+        const simd::Pack<Isa> x = simd::load<Isa>(in[k] + i);
+        acc = Op == ReduceOp::sum ? acc + x : simd::max(acc, x);  // max: combine()'s a > b ? a : b
+      }
+      for (int o = 0; o < n_out; ++o) {
+        if constexpr (!Stream)
+          simd::store(out[o] + i, acc);
+        else if constexpr (std::is_same_v<T, float>)
+          stream_floats(out[o] + i, acc.v);
+        else
+          simd::stream_store(out[o] + i, acc);
+      }
+    }
+    if constexpr (Stream) _mm_sfence();  // the stores are visible before the next rendezvous
+  }
+#endif
 
   static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
