@@ -8,6 +8,7 @@
 //             [--context 128] [--micro-batch 8] [--grad-accum 1] [--lr 6e-3] [--warmup 30]
 //             [--min-lr 6e-4] [--clip 1] [--seed 1] [--steps 400] [--eval-every 100]
 //             [--checkpoint-activations] [--sample 200] [--data FILE] [--report]
+//             [--save DIR [--save-every K]] [--resume DIR]
 //
 // (--help lists them with their defaults.) Every --eval-every steps it prints
 // the training loss, the validation loss (nats per character), tokens/s and
@@ -33,6 +34,9 @@
 #include "gpt/text_corpus.hpp"
 #include "zero/zero.hpp"
 
+#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+#include "zero/checkpoint/optimizer_io.hpp"
+#endif
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
 #include "zero/comm/mpi.hpp"
 #endif
@@ -40,7 +44,12 @@
 namespace {
 
 struct Args {
-  zero::examples::ZeroChoices zero{3, "fp32", "adamw"};
+  zero::examples::ZeroChoices zero = [] {
+    zero::examples::ZeroChoices z;
+    z.stage = 3;
+    z.precision = "fp32";
+    return z;
+  }();
   zero::examples::LaunchChoices launch;
   std::string backend = "host";
   gpt::Config model;
@@ -57,6 +66,8 @@ struct Args {
   int sample = 200;
   std::string data = gpt::kDefaultCorpus;
   bool report = false;
+  std::string save_dir, resume_dir;  // checkpoints (empty: none)
+  int save_every = 0;                // also every this many steps (0: after the last step only)
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -102,7 +113,21 @@ void add_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--data", a.data, "the text (gzip, dictzip or plain)")->type_name("FILE")->capture_default_str();
   app.add_flag("--report", a.report, "print the memory and communication reports as JSON at the end");
+  app.add_option("--save", a.save_dir, "write a checkpoint to DIR/step-<step> after the last step (and every --save-every)")
+      ->type_name("DIR");
+  app.add_option("--save-every", a.save_every, "also checkpoint every K optimizer steps (needs --save)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--resume", a.resume_dir,
+                 "continue from the newest complete checkpoint in DIR (any --ranks, --stage; the same model, "
+                 "--seed, --steps and schedule)")
+      ->type_name("DIR");
   app.callback([&a] {
+#if !defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+    if (!a.save_dir.empty() || !a.resume_dir.empty())
+      throw CLI::ValidationError("--save/--resume", "this build has no checkpoints (install nlohmann-json3-dev and "
+                                                    "reconfigure)");
+#endif
+    if (a.save_every > 0 && a.save_dir.empty()) throw CLI::ValidationError("--save-every", "needs --save DIR");
     if (a.model.width % a.model.heads != 0)
       throw CLI::ValidationError("--heads", std::to_string(a.model.heads) + " does not divide --width " +
                                                 std::to_string(a.model.width));
@@ -230,15 +255,53 @@ double train_rank(Comm& comm, const Args& args, const gpt::TextCorpus& corpus) {
     std::fflush(stdout);
   }
 
-  // Each rank draws its own windows from the training split.
+  // Checkpoints: the optimizer's state and step count, and what must match
+  // for the run to continue where it was (the learning-rate schedule is a
+  // function of the step; the data order is replayed below).
+  int first_step = 0;
+#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+  auto run_identity = [&] {
+    return nlohmann::json{{"trainer", "gpt"},           {"seed", args.seed},         {"steps", args.steps},
+                          {"micro_batch", args.micro_batch}, {"grad_accum", args.grad_accum}, {"lr", args.lr},
+                          {"warmup", args.warmup},       {"min_lr", args.min_lr}};
+  };
+  if (!args.resume_dir.empty()) {
+    const auto loaded = zero::checkpoint::OptimizerIo<Opt>::load(opt, args.resume_dir);
+    const nlohmann::json& extra = loaded.manifest.run.extra;
+    const nlohmann::json identity = run_identity();  // (items() refers to it)
+    for (const auto& [key, value] : identity.items())
+      zero::require(extra.contains(key) && extra[key] == value, "--resume ", loaded.directory.string(),
+                    ": the checkpoint was saved by a run with ", key, " ",
+                    extra.contains(key) ? extra[key].dump() : std::string("(none)"), ", this run has ", value.dump(),
+                    "; resume with the same --seed, --steps, --micro-batch, --grad-accum, --lr, --warmup and --min-lr");
+    first_step = static_cast<int>(opt.step_count());
+    zero::require(first_step <= args.steps, "--resume ", loaded.directory.string(), ": the checkpoint is at step ",
+                  first_step, ", past --steps ", args.steps);
+    if (lead) std::printf("resumed from %s at step %d\n", loaded.directory.string().c_str(), first_step);
+  }
+  auto save = [&] {
+    const auto dir = zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, run_identity());
+    if (lead) {
+      std::printf("saved checkpoint %s\n", dir.string().c_str());
+      std::fflush(stdout);
+    }
+  };
+#else
+  auto save = [] {};
+#endif
+
+  // Each rank draws its own windows from the training split; a resumed run
+  // replays the draws of the steps before its checkpoint, so (on the same
+  // ranks) it sees the windows an uninterrupted run would.
   std::mt19937_64 draw(args.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(comm.rank()) + 1);
   std::uniform_int_distribution<std::size_t> start(0, corpus.train_size - T - 1);
+  for (std::size_t k = 0; k < static_cast<std::size_t>(first_step) * args.grad_accum * B; ++k) start(draw);
   std::vector<std::uint8_t> x(B * T), y(B * T);
   double train_sum = 0.0, train_seconds = 0.0;
-  int train_count = 0;
+  int train_count = 0, interval_steps = 0;
   double val = 0.0;
   auto interval_start = std::chrono::steady_clock::now();
-  for (int step = 0; step < args.steps; ++step) {
+  for (int step = first_step; step < args.steps; ++step) {
     opt.hyper().lr = learning_rate(args, step);
     for (int micro = 0; micro < args.grad_accum; ++micro) {
       for (std::size_t i = 0; i < B; ++i) {
@@ -253,33 +316,43 @@ double train_rank(Comm& comm, const Args& args, const gpt::TextCorpus& corpus) {
       ++train_count;
       opt.step();
     }
+    ++interval_steps;
     const bool last = step + 1 == args.steps;
     if ((step + 1) % args.eval_every == 0 || last) {
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - interval_start).count();
       train_seconds += seconds;
-      const int steps_done = (step + 1) % args.eval_every == 0 ? args.eval_every : (step + 1) % args.eval_every;
       double totals[2] = {train_sum, static_cast<double>(train_count)};
       comm.all_reduce(totals, 2, zero::DType::f64, zero::comm::ReduceOp::sum, true);
       val = validation_loss(comm, model, params, corpus);
       if (lead) {
         std::printf("step %d/%d  train_loss %.4f  val_loss %.4f nats/char  %.0f tokens/s  model states %.3f MiB/rank  "
                     "lr %.2e  %.1f s\n",
-                    step + 1, args.steps, totals[0] / totals[1], val, tokens_per_step * steps_done / seconds,
+                    step + 1, args.steps, totals[0] / totals[1], val, tokens_per_step * interval_steps / seconds,
                     mib(opt.memory_report().model_states()), opt.hyper().lr, train_seconds);
         std::fflush(stdout);
       }
       train_sum = 0.0;
       train_count = 0;
+      interval_steps = 0;
+    }
+    if ((step + 1) % args.eval_every == 0 || last)
       interval_start = std::chrono::steady_clock::now();  // evaluation is not training time
+    if (!args.save_dir.empty() && (last || (args.save_every > 0 && (step + 1) % args.save_every == 0))) {
+      const auto before = std::chrono::steady_clock::now();
+      save();
+      interval_start += std::chrono::steady_clock::now() - before;  // nor is saving
     }
   }
-  const double total_tokens = tokens_per_step * static_cast<double>(args.steps);
+  // With --resume at the last step, no evaluation ran: the loss of the model as loaded.
+  if (first_step == args.steps) val = validation_loss(comm, model, params, corpus);
+  const int steps_run = std::max(1, args.steps - first_step);
+  const double total_tokens = tokens_per_step * static_cast<double>(steps_run);
   std::vector<std::uint8_t> prompt(corpus.validation(), corpus.validation() + std::min<std::size_t>(T / 2, 64));
   const std::string sample = generate(comm, model, params, corpus, prompt, args.sample, args.seed);
   if (lead) {
     std::printf("training: %.1f s, %.0f tokens/s, %.1f ms/step\n", train_seconds, total_tokens / train_seconds,
-                1e3 * train_seconds / args.steps);
+                1e3 * train_seconds / steps_run);
     std::printf("sample (prompt from the validation text, then %d generated characters):\n%s[%s]\n", args.sample,
                 corpus.decode(prompt.data(), prompt.size()).c_str(), sample.c_str());
     if (args.report) std::printf("%s\n%s\n", opt.memory_report().to_json().c_str(), opt.comm_report().to_json().c_str());

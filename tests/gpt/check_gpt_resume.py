@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""--save and --resume of the GPT trainer. A run saving every 20 steps is
+killed with SIGKILL right after its step-40 checkpoint; resumed on the same
+configuration it must print the uninterrupted run's val_loss to the last
+digit. Resumed on another --ranks and --stage it must finish below the
+unigram entropy (its windows differ: each rank draws its own). Another --seed,
+another model width, and a directory without a checkpoint are clear errors.
+Skips (77) when The Devil's Dictionary is not installed.
+
+    check_gpt_resume.py TRAINER
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+
+CORPUS = "/usr/share/dictd/devil.dict.dz"
+MODEL = ["--layers", "2", "--width", "64", "--heads", "2", "--context", "32", "--micro-batch", "16"]
+BASE = MODEL + ["--ranks", "2", "--stage", "3", "--steps", "60", "--eval-every", "30", "--warmup", "10",
+                "--lr", "5e-3", "--min-lr", "5e-4", "--sample", "20", "--seed", "5"]
+
+
+def with_flags(args, **values):
+    """args with the value after each --flag replaced (flag names with _ for -)."""
+    out = list(args)
+    for flag, value in values.items():
+        out[out.index("--" + flag.replace("_", "-")) + 1] = value
+    return out
+
+
+def last_val_loss(out):
+    lines = out.strip().splitlines()
+    m = re.fullmatch(r"val_loss=([0-9.]+)", lines[-1]) if lines else None
+    if not m:
+        raise SystemExit("FAIL: the last line is not val_loss=<value>:\n" + out[-2000:])
+    return m.group(1)
+
+
+def run(cmd):
+    print("$", " ".join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    print(r.stdout[-800:])
+    if r.returncode != 0:
+        print(r.stderr[-2000:], file=sys.stderr)
+        raise SystemExit(f"FAIL: exit code {r.returncode}")
+    return r.stdout
+
+
+def refused(cmd, words):
+    """The command fails, and its error names every one of `words`."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    said = r.stdout + r.stderr
+    if r.returncode == 0 or not all(w in said for w in words):
+        return f"{' '.join(cmd[-4:])}: exit {r.returncode}, {said[-300:]!r} (expected an error naming {words})"
+    print(f"refused as expected: {said.strip().splitlines()[-1]}")
+    return None
+
+
+def main():
+    if not os.path.exists(CORPUS):
+        print(f"SKIP: {CORPUS} missing (apt-get install dict-devil)")
+        return 77
+    trainer = sys.argv[1]
+    failures = []
+    whole = last_val_loss(run([trainer] + BASE))
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        ckpt = os.path.join(tmp, "ckpt")
+        cmd = [trainer] + BASE + ["--save", ckpt, "--save-every", "20"]
+        print("$", " ".join(cmd), "(killed after step 40's checkpoint)")
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        killed = False
+        for line in p.stdout:
+            print(line, end="")
+            if line.startswith("saved checkpoint") and line.rstrip().endswith("step-000000040"):
+                p.send_signal(signal.SIGKILL)
+                killed = True
+                break
+        p.wait()
+        if not killed:
+            failures.append("the run never reported step 40's checkpoint")
+        saved = sorted(os.listdir(ckpt))
+        print("checkpoints:", saved)
+        if "step-000000060" in saved:
+            failures.append("the run went on past the kill")
+        same = run([trainer] + BASE + ["--resume", ckpt])
+        if "resumed from" not in same or "at step 40" not in same:
+            failures.append("the resumed run does not say where it resumed")
+        if last_val_loss(same) != whole:
+            failures.append(f"resumed on the same configuration: val_loss {last_val_loss(same)}, uninterrupted {whole}")
+        moved = run([trainer] + with_flags(BASE, ranks="1", stage="1") + ["--resume", ckpt])
+        entropy = re.search(r"unigram entropy ([0-9.]+) nats/char", moved)
+        if not entropy or not float(last_val_loss(moved)) < float(entropy.group(1)):
+            failures.append("resumed on 1 rank at stage 1: no val_loss below the unigram entropy")
+        for problem in (refused([trainer] + with_flags(BASE, seed="6") + ["--resume", ckpt], ["seed", "5", "6"]),
+                        refused([trainer] + with_flags(BASE, width="96") + ["--resume", ckpt], [ckpt]),
+                        refused([trainer] + BASE + ["--resume", os.path.join(tmp, "nothing")], ["nothing"])):
+            if problem:
+                failures.append(problem)
+    for f in failures:
+        print("FAIL:", f)
+    print(f"uninterrupted val_loss={whole}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
