@@ -9,6 +9,9 @@
 // until every rank has read and verified its part, so a bad checkpoint is an
 // error on every rank, never a partial load.
 //
+// CheckpointReader reads any range of a checkpoint without the program that
+// saved it (the Hugging Face export and the zero_checkpoint tool use it).
+//
 // The engine plugs in through StateSource: the units and parameters, the
 // state slots, the element ranges this rank holds, and reads and writes of
 // them. Ranks talk through Collective: one all-gather of a 64-bit value.

@@ -8,8 +8,11 @@
 // by N ranks at stage s loads on M ranks at stage t.
 //
 //   #include "zero/checkpoint/optimizer_io.hpp"
-//   opt.save("ckpt/step-100");   // collective
+//   opt.save("ckpt/step-100");                     // collective
+//   opt.save("ckpt/step-200", {.async = true});    // returns once the state is in host memory
+//   opt.wait_save();                               // (or the next save or load, or the destructor)
 //   opt.load("ckpt");            // collective: the newest complete checkpoint under ckpt/
+//   opt.load_hf("hf/");          // collective: parameters from Hugging Face safetensors, by name
 //
 // Slots: "master" (fp32; the parameters themselves in fp32 training),
 // "state0".."stateK-1" (the optimizer's fp32 state), and "param" (the 16-bit
