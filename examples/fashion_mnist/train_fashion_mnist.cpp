@@ -6,6 +6,7 @@
 //                       [--precision fp32|bf16|fp16] [--optimizer adamw|adam|sgd]
 //                       [--epochs 8] [--batch 256] [--lr 0.002] [--seed 1]
 //                       [--data DIR] [--report] [--history-json FILE]
+//                       [--save DIR [--save-every K] [--save-async] [--keep-last K]] [--resume DIR]
 //
 // (--help lists them with their defaults.) Per epoch it prints loss, test
 // accuracy, samples/s and model-state bytes per rank; the last line is
@@ -52,6 +53,8 @@ struct Args {
   std::string history_json;  // empty: none
   std::string save_dir, resume_dir;  // checkpoints (empty: none)
   int save_every = 0;                // also every this many steps (0: at the end of each epoch only)
+  bool save_async = false;           // write checkpoints in the background
+  int keep_last = 0;                 // keep only this many newest checkpoints (0: all)
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -78,6 +81,11 @@ void add_options(CLI::App& app, Args& a) {
       ->type_name("DIR");
   app.add_option("--save-every", a.save_every, "also checkpoint every K optimizer steps (needs --save)")
       ->check(CLI::Range(1, 1 << 30));
+  app.add_flag("--save-async", a.save_async,
+               "write checkpoints in the background: training goes on once the state is copied to memory; each "
+               "completes at the next save or at the end of the run");
+  app.add_option("--keep-last", a.keep_last, "keep only the K newest complete checkpoints in --save DIR")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--resume", a.resume_dir,
                  "continue from the newest complete checkpoint in DIR (any --ranks, --stage, --offload; the same "
                  "--batch, --epochs, --seed, --lr and --optimizer)")
@@ -90,6 +98,8 @@ void add_options(CLI::App& app, Args& a) {
                                                     "libxxhash-dev, then reconfigure)");
 #endif
     if (a.save_every > 0 && a.save_dir.empty()) throw CLI::ValidationError("--save-every", "needs --save DIR");
+    if (a.save_async && a.save_dir.empty()) throw CLI::ValidationError("--save-async", "needs --save DIR");
+    if (a.keep_last > 0 && a.save_dir.empty()) throw CLI::ValidationError("--keep-last", "needs --save DIR");
     if (a.launch.comm == "local" && a.batch % a.launch.ranks != 0)
       throw CLI::ValidationError("--batch", std::to_string(a.batch) + " is not a multiple of --ranks " +
                                                 std::to_string(a.launch.ranks));
@@ -145,8 +155,9 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
   for (int l = 0; l < layers; ++l) {
     const auto& shape = model.layers()[static_cast<std::size_t>(l)];
     units.push_back(opt.add_unit("fc" + std::to_string(l)));
-    weights.push_back(opt.add_param(units.back(), "fc" + std::to_string(l) + ".weight", shape.weight_numel()));
-    const auto bias = opt.add_param(units.back(), "fc" + std::to_string(l) + ".bias", static_cast<std::size_t>(shape.out));
+    const auto out = static_cast<std::uint64_t>(shape.out), in = static_cast<std::uint64_t>(shape.in);
+    weights.push_back(opt.add_param(units.back(), "fc" + std::to_string(l) + ".weight", shape.weight_numel(), {out, in}));
+    const auto bias = opt.add_param(units.back(), "fc" + std::to_string(l) + ".bias", static_cast<std::size_t>(shape.out), {out});
     // The model reads [W][b] as one span: the layout must keep them adjacent.
     zero::require(opt.layout().param(bias).offset == shape.bias_offset(),
                   "layer ", l, ": bias does not follow the weight in the unit layout");
@@ -238,20 +249,33 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
                   start_step / steps_per_epoch + 1);
   }
   double loss_sum = 0;  // this rank's, over the epoch's steps
+  std::string writing;  // --save-async: the checkpoint being written in the background
+  auto say = [&](const char* what, const std::string& dir) {
+    if (!lead) return;
+    std::printf("%s %s\n", what, dir.c_str());
+    std::fflush(stdout);
+  };
   auto save = [&] {
     double total = loss_sum;  // the epoch's loss so far, summed over ranks
     comm.all_reduce(&total, 1, zero::DType::f64, zero::comm::ReduceOp::sum, true);
-    nlohmann::json extra = run_identity();
-    extra["epoch_loss_mean_sum"] = resumed_loss_mean_sum + total / static_cast<double>(ranks);
-    const auto dir = zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, extra);
-    if (lead) {
-      std::printf("saved checkpoint %s\n", dir.string().c_str());
-      std::fflush(stdout);
-    }
+    typename zero::checkpoint::OptimizerIo<Opt>::SaveOptions save_options;
+    save_options.extra = run_identity();
+    save_options.extra["epoch_loss_mean_sum"] = resumed_loss_mean_sum + total / static_cast<double>(ranks);
+    save_options.async = args.save_async;
+    save_options.io.keep_last = static_cast<std::uint64_t>(args.keep_last);
+    const auto dir = zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, save_options).string();
+    if (!writing.empty()) say("saved checkpoint", writing);  // the save above completed it first
+    writing = args.save_async ? dir : std::string();
+    say(args.save_async ? "saving checkpoint in the background:" : "saved checkpoint", dir);
+  };
+  auto finish_saves = [&] {
+    opt.wait_save();
+    if (!writing.empty()) say("saved checkpoint", writing);
   };
 #else
   double loss_sum = 0;
   auto save = [] {};
+  auto finish_saves = [] {};
 #endif
   for (int epoch = 1; epoch <= args.epochs; ++epoch) {
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -325,6 +349,7 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
       save();
     }
   }
+  finish_saves();
   if (lead && !args.history_json.empty()) write_history(args.history_json, args, ranks, model.num_params(), history);
   if (lead && args.report) {
     std::printf("%s\n%s\n", opt.memory_report().to_json().c_str(), last_train_comm.to_json().c_str());

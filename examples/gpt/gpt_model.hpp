@@ -67,6 +67,7 @@ enum FinalParam : int { kLnfWeight, kLnfBias, kFinalParams };
 struct ParamSpec {
   std::string name;
   std::size_t numel = 0;
+  std::vector<std::uint64_t> shape;  // as PyTorch holds it (Linear weights [out, in])
 };
 
 // One unit's parameters and where each starts in the unit's flat buffer
@@ -79,22 +80,27 @@ struct UnitSpec {
 };
 
 inline std::vector<UnitSpec> describe_units(const Config& c) {
-  const auto C = static_cast<std::size_t>(c.width);
+  const auto C = static_cast<std::uint64_t>(c.width);
+  auto param = [](std::string name, std::vector<std::uint64_t> shape) {
+    std::size_t numel = 1;
+    for (std::uint64_t d : shape) numel *= static_cast<std::size_t>(d);
+    return ParamSpec{std::move(name), numel, std::move(shape)};
+  };
   std::vector<UnitSpec> units;
-  units.push_back({"embedding", {{"wte", static_cast<std::size_t>(c.vocab) * C},
-                                 {"wpe", static_cast<std::size_t>(c.context) * C}}, {}, 0});
+  units.push_back({"embedding", {param("wte", {static_cast<std::uint64_t>(c.vocab), C}),
+                                 param("wpe", {static_cast<std::uint64_t>(c.context), C})}, {}, 0});
   for (int l = 0; l < c.layers; ++l) {
     const std::string p = "h" + std::to_string(l) + ".";
     units.push_back({"block" + std::to_string(l),
-                     {{p + "ln_1.weight", C}, {p + "ln_1.bias", C},
-                      {p + "attn.c_attn.weight", 3 * C * C}, {p + "attn.c_attn.bias", 3 * C},
-                      {p + "attn.c_proj.weight", C * C}, {p + "attn.c_proj.bias", C},
-                      {p + "ln_2.weight", C}, {p + "ln_2.bias", C},
-                      {p + "mlp.c_fc.weight", 4 * C * C}, {p + "mlp.c_fc.bias", 4 * C},
-                      {p + "mlp.c_proj.weight", 4 * C * C}, {p + "mlp.c_proj.bias", C}},
+                     {param(p + "ln_1.weight", {C}), param(p + "ln_1.bias", {C}),
+                      param(p + "attn.c_attn.weight", {3 * C, C}), param(p + "attn.c_attn.bias", {3 * C}),
+                      param(p + "attn.c_proj.weight", {C, C}), param(p + "attn.c_proj.bias", {C}),
+                      param(p + "ln_2.weight", {C}), param(p + "ln_2.bias", {C}),
+                      param(p + "mlp.c_fc.weight", {4 * C, C}), param(p + "mlp.c_fc.bias", {4 * C}),
+                      param(p + "mlp.c_proj.weight", {C, 4 * C}), param(p + "mlp.c_proj.bias", {C})},
                      {}, 0});
   }
-  units.push_back({"ln_f", {{"ln_f.weight", C}, {"ln_f.bias", C}}, {}, 0});
+  units.push_back({"ln_f", {param("ln_f.weight", {C}), param("ln_f.bias", {C})}, {}, 0});
   for (UnitSpec& u : units) {
     for (const ParamSpec& p : u.params) {
       u.offsets.push_back(u.numel);

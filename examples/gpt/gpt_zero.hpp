@@ -29,7 +29,8 @@ class ZeroBinding {
     for (const UnitSpec& u : model.units()) {
       units_.push_back(opt.add_unit(u.name));
       params_.emplace_back();
-      for (const ParamSpec& p : u.params) params_.back().push_back(opt.add_param(units_.back(), p.name, p.numel));
+      for (const ParamSpec& p : u.params)
+        params_.back().push_back(opt.add_param(units_.back(), p.name, p.numel, p.shape));
     }
   }
 

@@ -778,10 +778,10 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
   REQUIRE(v == hf_value(2, 123));
 }
 
-TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][memory]") {
-  // In a child process (a fresh peak): a model of 128 MiB through a 4 MiB
-  // buffer must raise the peak resident set by far less than the model.
-  TempDir tmp;
+// Runs fn in a child process (a fresh peak) and says whether it raised the
+// peak resident set by less than limit_kib (printing by how much, as `what`).
+template <class Fn>
+bool child_peak_growth_below(long limit_kib, const char* what, Fn&& fn) {
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -795,6 +795,23 @@ TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][me
     // Reset the peak to the present (Linux >= 4.0: writing 5 to clear_refs).
     { std::ofstream("/proc/self/clear_refs") << "5"; }
     const long before = status_kib("VmRSS:");
+    fn();
+    const long growth = status_kib("VmHWM:") - before;
+    std::printf("%s: peak RSS grew by %ld KiB\n", what, growth);
+    std::fflush(stdout);
+    std::_Exit(growth >= 0 && growth < limit_kib ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  return WEXITSTATUS(status) == 0;
+}
+
+TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][memory]") {
+  // A model of 128 MiB through a 4 MiB buffer must raise the peak resident
+  // set by far less than the model.
+  TempDir tmp;
+  CHECK(child_peak_growth_below(16 * 1024, "hf_export of 128 MiB through a 4 MiB buffer", [&] {
     const std::vector<HfTensor> model = {{"a", {16 << 20}, TensorType::F32}, {"b", {16 << 20}, TensorType::F32}};
     HfExportOptions o;
     o.buffer_bytes = 4 << 20;
@@ -802,16 +819,44 @@ TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][me
     hf_export(tmp.path, model, [](std::size_t, std::uint64_t first, std::uint64_t n, void* d) {
       for (std::uint64_t i = 0; i < n; ++i) static_cast<float*>(d)[i] = static_cast<float>(first + i);
     }, o);
-    const long growth = status_kib("VmHWM:") - before;
-    std::printf("hf_export of 128 MiB through a 4 MiB buffer: peak RSS grew by %ld KiB\n", growth);
-    std::fflush(stdout);
-    std::_Exit(growth >= 0 && growth < 16 * 1024 ? 0 : 1);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
+  }));
   REQUIRE(fs::file_size(tmp.path / "model-00002-of-00002.safetensors") > (64u << 20));
+}
+
+TEST_CASE("hugging face: a checkpoint exports in bounded memory, without the program that saved it",
+          "[checkpoint][hf][memory]") {
+  // A master of 64 MiB saved by 3 ranks, its largest unit 64 MiB: the export
+  // reads it through one 4 MiB buffer and writes through another.
+  TempDir tmp;
+  const auto units = model_units(6711);  // layer3: 16.8M elements
+  const std::vector<SlotDesc> slots = {{"master", DType::f32, true}};
+  {
+    zero::comm::LocalGroup group(3);
+    group.run([&](zero::comm::Local& c) {
+      FakeRank rank(units, slots, static_cast<std::uint64_t>(c.rank()), 3, true);
+      rank.fill();
+      save_checkpoint(tmp.path / "ckpt", rank, make_collective(c));
+    });
+  }
+  CHECK(child_peak_growth_below(16 * 1024, "hf_export_checkpoint of a 64 MiB master through 4 MiB buffers", [&] {
+    HfExportOptions o;
+    o.buffer_bytes = 4 << 20;
+    hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "hf", TensorType::F32, o);
+  }));
+  // Every parameter, named and shaped as registered, holds its master values.
+  HfReader hf(tmp.path / "hf");
+  std::vector<float> v;
+  for (std::size_t u = 0; u < units.size(); ++u)
+    for (const ParamDesc& p : units[u].params) {
+      INFO(p.name);
+      CHECK(hf.tensor(p.name).shape == (p.shape.empty() ? zero::Shape{p.numel} : p.shape));
+      v.resize(p.numel);
+      hf.read(p.name, 0, p.numel, TensorType::F32, v.data());
+      std::uint64_t bad = 0;
+      for (std::uint64_t i = 0; i < p.numel; ++i) bad += v[i] != formula(0, u, p.offset + i);
+      CHECK(bad == 0);
+    }
+  CHECK(hf.tensor("layer0.w0").shape == zero::Shape{20, 15});
 }
 
 // Not run by default: writes a checkpoint and an export for

@@ -10,10 +10,13 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "../engine/reference.hpp"
+#include "zero/checkpoint/hugging_face.hpp"
 #include "zero/checkpoint/optimizer_io.hpp"
 #include "zero/offload/disk_state_store.hpp"
 #include "zero/zero.hpp"
@@ -42,10 +45,18 @@ struct TempDir {
 // every rank count).
 inline constexpr std::size_t kSizes[] = {700, 1301, 257};
 
+// Shapes for `shaped` builds: one 3-D, one flat (none given), one 1-D.
+inline const zero::Shape kShapes[] = {{7, 4, 25}, {}, {257}};
+
 template <class Opt>
-void build(Opt& opt, bool initialise) {
-  for (std::size_t u = 0; u < 3; ++u)
-    opt.add_param(opt.add_unit("block" + std::to_string(u)), "w" + std::to_string(u), kSizes[u]);
+void build(Opt& opt, bool initialise, bool shaped = false) {
+  for (std::size_t u = 0; u < 3; ++u) {
+    const auto unit = opt.add_unit("block" + std::to_string(u));
+    if (shaped)
+      opt.add_param(unit, "w" + std::to_string(u), kSizes[u], kShapes[u]);
+    else
+      opt.add_param(unit, "w" + std::to_string(u), kSizes[u]);  // the three-argument form stays
+  }
   opt.finalize();
   if (!initialise) return;
   for (std::size_t p = 0; p < 3; ++p) {
@@ -232,4 +243,293 @@ TEST_CASE("loading into another optimizer is an error on every rank", "[checkpoi
     }
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("adamw") && Catch::Contains("sgd"));
+}
+
+namespace {
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The parameters' fp32 masters, unpadded, per parameter.
+template <class Opt>
+std::vector<std::vector<float>> param_masters(Opt& opt) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t p = 0; p < opt.layout().params().size(); ++p) out.push_back(opt.master_values(zero::ParamId{p}));
+  return out;
+}
+
+std::vector<float> hf_values(const zero::checkpoint::HfReader& r, const std::string& name) {
+  const auto& t = r.tensor(name);
+  std::vector<float> v(t.numel());
+  r.read(name, 0, v.size(), zero::checkpoint::TensorType::F32, v.data());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("shapes given at add_param: checked, kept in the manifest, exported and imported", "[checkpoint][shape][hf]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<3>>;
+  using zero::checkpoint::TensorType;
+  const auto hyper = zero::test::test_hyper<zero::optim::AdamW>();
+  const zero::Options options = options_for<Opt>();
+  {
+    zero::comm::LocalGroup group(1);
+    group.run([&](zero::comm::Local& c) {
+      Opt opt(c, hyper, options);
+      const auto u = opt.add_unit("fc");
+      REQUIRE_THROWS_MATCHES(opt.add_param(u, "fc.weight", 700, {28, 24}), zero::Error,
+                             Catch::Matchers::Message("add_param: parameter 'fc.weight' has 700 elements but its shape "
+                                                      "[28, 24] holds 672; give the shape of exactly those elements (or "
+                                                      "none: flat)"));
+      REQUIRE_THROWS_WITH(opt.add_param(u, "fc.huge", 8, {1ull << 32, 1ull << 32, 2}),
+                          Catch::Contains("'fc.huge'") && Catch::Contains("more than 2^64"));
+      CHECK(opt.layout().params().empty());
+      const auto w = opt.add_param(u, "fc.weight", 700, {28, 25});
+      CHECK(opt.layout().param(w).shape == zero::Shape{28, 25});
+    });
+  }
+  TempDir dir;
+  std::vector<std::vector<float>> saved;
+  {
+    zero::comm::LocalGroup group(2);
+    group.run([&](zero::comm::Local& c) {
+      Opt opt(c, hyper, options);
+      build(opt, true, true);
+      train_steps(opt, c.rank(), 1, 2);
+      opt.save((dir.path / "ckpt").string());
+      auto m = param_masters(opt);
+      if (c.rank() == 0) saved = std::move(m);
+    });
+  }
+  const auto manifest_path = dir.path / "ckpt" / zero::checkpoint::manifest_file_name;
+  const auto manifest = zero::checkpoint::parse_manifest(file_bytes(manifest_path), manifest_path);
+  REQUIRE(manifest.units.size() == 3);
+  for (std::size_t u = 0; u < 3; ++u) CHECK(manifest.units[u].params[0].shape == kShapes[u]);
+
+  // Exported by name with the registered shapes (flat where none was
+  // given), fp32 exactly the master, bf16 the master rounded to nearest even.
+  zero::checkpoint::HfExportOptions small;
+  small.max_shard_bytes = 3000;  // w0 (2800 bytes) alone, then w1 (5204 bytes) alone, then w2
+  small.buffer_bytes = 1000;
+  const auto result = zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf", TensorType::F32, small);
+  CHECK(result.files.size() == 3);
+  CHECK(result.total_size == 4 * (700 + 1301 + 257));
+  zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf-bf16", TensorType::BF16);
+  zero::checkpoint::HfReader hf(dir.path / "hf"), hf16(dir.path / "hf-bf16");
+  const zero::Shape exported[] = {{7, 4, 25}, {1301}, {257}};
+  for (std::size_t p = 0; p < 3; ++p) {
+    const std::string name = "w" + std::to_string(p);
+    INFO(name);
+    CHECK(hf.tensor(name).shape == exported[p]);
+    CHECK(hf.tensor(name).dtype == TensorType::F32);
+    CHECK(hf_values(hf, name) == saved[p]);
+    CHECK(hf16.tensor(name).dtype == TensorType::BF16);
+    std::vector<float> rounded;
+    for (float x : saved[p]) rounded.push_back(zero::to_float(zero::from_float<bf16>(x)));
+    CHECK(hf_values(hf16, name) == rounded);
+  }
+
+  // Imported by name into a fresh model on another rank count and stage.
+  std::vector<std::string> errors(3);
+  std::vector<std::vector<std::vector<float>>> imported(3);
+  {
+    zero::comm::LocalGroup group(3);
+    group.run([&](zero::comm::Local& c) {
+      const auto r = static_cast<std::size_t>(c.rank());
+      zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<2>> opt(
+          c, zero::test::test_hyper<zero::optim::Sgd>(), zero::Options{});
+      build(opt, false, true);
+      opt.load_hf((dir.path / "hf" / zero::checkpoint::hf_index_file_name).string());
+      imported[r] = param_masters(opt);
+      // A model registered flat takes any shape of its element count.
+      zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<1>> flat(c, hyper, zero::Options{});
+      build(flat, false, false);
+      flat.load_hf((dir.path / "hf").string());
+      if (param_masters(flat) != saved) errors[r] = "the flat model imported other values";
+    });
+  }
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK(errors[r].empty());
+    CHECK(imported[r] == saved);
+  }
+
+  // A shape or a name the file set does not have: an error on every rank,
+  // naming the tensor and both shapes, and no parameter changed.
+  auto import_error = [&](auto register_params) {
+    std::vector<std::string> what(2);
+    zero::comm::LocalGroup group(2);
+    group.run([&](zero::comm::Local& c) {
+      Opt opt(c, hyper, options);
+      register_params(opt);
+      opt.finalize();
+      const auto before = param_masters(opt);
+      try {
+        opt.load_hf((dir.path / "hf").string());
+      } catch (const zero::Error& e) {
+        what[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+      if (param_masters(opt) != before) what[static_cast<std::size_t>(c.rank())] += " (and parameters changed)";
+    });
+    CHECK(what[0] == what[1]);
+    return what[0];
+  };
+  CHECK_THAT(import_error([](Opt& opt) {
+               opt.add_param(opt.add_unit("block0"), "w0", 700, {28, 25});
+               opt.add_param(opt.add_unit("block1"), "w1", 1301);
+             }),
+             Catch::Contains("model-00001-of-00003.safetensors") &&
+                 Catch::EndsWith("tensor 'w0' has shape [7, 4, 25], the model expects [28, 25]"));
+  CHECK_THAT(import_error([](Opt& opt) { opt.add_param(opt.add_unit("block1"), "w1", 1300); }),
+             Catch::EndsWith("tensor 'w1' has shape [1301], the model expects [1300]"));
+  CHECK_THAT(import_error([](Opt& opt) { opt.add_param(opt.add_unit("u"), "w9", 5); }),
+             Catch::Contains("has no tensor named 'w9'"));
+
+  // Loading the checkpoint into a model of another shape is an error naming
+  // both; a manifest from before shapes (none recorded) loads into a shaped model.
+  std::vector<std::string> load_errors(1);
+  std::vector<std::vector<float>> from_old;
+  {
+    nlohmann::json j = nlohmann::json::parse(file_bytes(manifest_path));
+    for (auto& u : j["units"])
+      for (auto& p : u["params"]) p.erase("shape");
+    fs::copy(dir.path / "ckpt", dir.path / "old");
+    zero::checkpoint::write_file_atomically(dir.path / "old" / zero::checkpoint::manifest_file_name, j.dump());
+    zero::comm::LocalGroup group(1);
+    group.run([&](zero::comm::Local& c) {
+      Opt other(c, hyper, options);
+      other.add_param(other.add_unit("block0"), "w0", 700, {28, 25});
+      other.add_param(other.add_unit("block1"), "w1", 1301);
+      other.add_param(other.add_unit("block2"), "w2", 257);
+      other.finalize();
+      try {
+        other.load((dir.path / "ckpt").string());
+      } catch (const zero::Error& e) {
+        load_errors[0] = e.what();
+      }
+      Opt opt(c, hyper, options);
+      build(opt, false, true);
+      opt.load((dir.path / "old").string());
+      from_old = param_masters(opt);
+    });
+  }
+  CHECK_THAT(load_errors[0], Catch::Contains("is a checkpoint of another model: parameter 0 of unit 'block0' is 'w0' "
+                                             "(700 elements at 0, shape [7, 4, 25]) there, 'w0' (700 elements at 0, "
+                                             "shape [28, 25]) here"));
+  CHECK(from_old == saved);
+}
+
+TEST_CASE("an asynchronous save returns before it is written and equals a synchronous one byte for byte",
+          "[checkpoint][async]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<2>>;
+  TempDir dir;
+  const zero::Options options = options_for<Opt>();
+  const auto hyper = zero::test::test_hyper<zero::optim::AdamW>();
+  const fs::path async_dir = dir.path / "async", sync_dir = dir.path / "sync";
+  const fs::path async_manifest = async_dir / zero::checkpoint::manifest_file_name;
+  std::vector<std::string> errors(2);
+  std::vector<Final> continued(2), reference(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    auto expect = [&](bool ok, const char* what) {
+      if (!ok && errors[r].empty()) errors[r] = what;
+    };
+    {
+      Opt opt(c, hyper, options);
+      build(opt, true);
+      train_steps(opt, c.rank(), 1, 3);
+      opt.save(async_dir.string(), {.async = true});
+      // The checkpoint does not exist yet (its manifest comes at completion),
+      // and training goes on while the rank files are written.
+      expect(!fs::exists(async_manifest), "the manifest exists before the save completed");
+      train_steps(opt, c.rank(), 4, 6);
+      expect(!fs::exists(async_manifest), "the manifest appeared before wait_save");
+      opt.wait_save();
+      expect(fs::exists(async_manifest), "no manifest after wait_save");
+      continued[r] = final_state(opt);
+      // A second save waits for the first; the destructor completes the last.
+      opt.save((dir.path / "a1").string(), {.async = true});
+      opt.save((dir.path / "a2").string(), {.async = true});
+      expect(fs::exists(dir.path / "a1" / zero::checkpoint::manifest_file_name), "the second save did not complete the first");
+    }
+    expect(fs::exists(dir.path / "a2" / zero::checkpoint::manifest_file_name), "the destructor did not complete the save");
+    {
+      Opt opt(c, hyper, options);
+      build(opt, true);
+      train_steps(opt, c.rank(), 1, 3);
+      opt.save(sync_dir.string());
+      train_steps(opt, c.rank(), 4, 6);
+      reference[r] = final_state(opt);
+      // load completes a save in flight first (here: of the state it loads).
+      opt.save((dir.path / "a3").string(), {.async = true});
+      const auto loaded = opt.load((dir.path / "a3").string());
+      expect(loaded.manifest.run.step == 6, "load did not read the save it completed");
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r].empty());
+    CHECK(continued[r].masters == reference[r].masters);  // the snapshot did not disturb training
+    CHECK(continued[r].params == reference[r].params);
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(sync_dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"manifest.json", "rank-0-of-2.json", "rank-0-of-2.safetensors",
+                                          "rank-1-of-2.json", "rank-1-of-2.safetensors"});
+  for (const auto& name : names) {
+    INFO(name);
+    REQUIRE(fs::exists(async_dir / name));
+    CHECK(file_bytes(async_dir / name) == file_bytes(sync_dir / name));
+  }
+}
+
+TEST_CASE("keep_last keeps the newest complete step checkpoints only", "[checkpoint][retention]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
+  using Io = zero::checkpoint::OptimizerIo<Opt>;
+  TempDir dir;
+  const auto hyper = zero::test::test_hyper<zero::optim::Sgd>();
+  fs::create_directories(dir.path / "step-000000000");  // an interrupted save (no manifest), older
+  fs::create_directories(dir.path / "step-000000099");  // newer than any complete one: left alone
+  std::vector<std::vector<std::string>> listings;
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    Opt opt(c, hyper, zero::Options{});
+    build(opt, true);
+    Io::SaveOptions keep2;
+    keep2.io.keep_last = 2;
+    for (int step = 1; step <= 4; ++step) {
+      train_steps(opt, c.rank(), step, step);
+      Io::save_step(opt, dir.path.string(), keep2);
+      if (c.rank() == 0) {
+        std::vector<std::string> names;
+        for (const auto& e : fs::directory_iterator(dir.path)) names.push_back(e.path().filename().string());
+        std::sort(names.begin(), names.end());
+        listings.push_back(names);
+      }
+    }
+    keep2.async = true;
+    keep2.io.keep_last = 1;
+    train_steps(opt, c.rank(), 5, 5);
+    Io::save_step(opt, dir.path.string(), keep2);
+    opt.wait_save();
+    if (c.rank() == 0) {
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(dir.path)) names.push_back(e.path().filename().string());
+      std::sort(names.begin(), names.end());
+      listings.push_back(names);
+    }
+  });
+  REQUIRE(listings.size() == 5);
+  using V = std::vector<std::string>;
+  CHECK(listings[0] == V{"latest", "step-000000001", "step-000000099"});
+  CHECK(listings[1] == V{"latest", "step-000000001", "step-000000002", "step-000000099"});
+  CHECK(listings[2] == V{"latest", "step-000000002", "step-000000003", "step-000000099"});
+  CHECK(listings[3] == V{"latest", "step-000000003", "step-000000004", "step-000000099"});
+  CHECK(listings[4] == V{"latest", "step-000000005", "step-000000099"});
+  CHECK(file_bytes(dir.path / "latest") == "step-000000005\n");
+  CHECK_THROWS_WITH(zero::checkpoint::Checkpointer::remove_old_checkpoints(dir.path, 0),
+                    Catch::Contains("keep must be at least 1"));
 }

@@ -9,6 +9,9 @@
 // until every rank has read and verified its part, so a bad checkpoint is an
 // error on every rank, never a partial load.
 //
+// CheckpointReader reads any range of a checkpoint without the program that
+// saved it (the Hugging Face export and the zero_checkpoint tool use it).
+//
 // The engine plugs in through StateSource: the units and parameters, the
 // state slots, the element ranges this rank holds, and reads and writes of
 // them. Ranks talk through Collective: one all-gather of a 64-bit value.
@@ -98,6 +101,10 @@ struct SaveOptions {
   // Host memory each rank streams its state through on a synchronous save
   // (rounded to whole checksum chunks); an asynchronous save copies all of it.
   std::size_t io_buffer_bytes = std::size_t{16} << 20;
+  // save_step: once the new checkpoint is complete, keep only the K newest
+  // complete step-* checkpoints under the root (0: keep all). See
+  // remove_old_checkpoints.
+  std::uint64_t keep_last = 0;
 };
 
 struct LoadOptions {
@@ -247,14 +254,26 @@ class Checkpointer {
   // Writes a checkpoint into `dir` (created if needed; a checkpoint already
   // there stops existing first: its manifest goes before any file changes).
   void save(const std::filesystem::path& dir, const StateSource& source, bool async = false) {
-    start(dir, std::nullopt, source, async);
+    write(dir, std::nullopt, source, async);
   }
-  // Writes root/step-<step>/ and, once complete, points root/latest at it.
+  // Writes root/step-<step>/ and, once complete, points root/latest at it
+  // (and applies SaveOptions::keep_last).
   void save_step(const std::filesystem::path& root, const StateSource& source, bool async = false) {
-    start(step_directory(root, source.run_state().step), root, source, async);
+    write(step_directory(root, source.run_state().step), root, source, async);
   }
+  // Writes `dir`; with `root`, as save_step does once complete.
+  void write(const std::filesystem::path& dir, std::optional<std::filesystem::path> root, const StateSource& source,
+             bool async);
 
   bool pending() const { return pending_.has_value(); }
+
+  // Removes all but the `keep` newest complete step-* checkpoints under
+  // `root` (keep >= 1: the newest complete one always stays), and the step-*
+  // directories without a manifest older than the newest complete one (what
+  // interrupted saves left). Each loses its manifest first (and the
+  // directory is fsynced), so a removal cut short leaves an incomplete
+  // directory, never a checkpoint with files missing.
+  static void remove_old_checkpoints(const std::filesystem::path& root, std::uint64_t keep);
 
   // Completes the write in flight, if any (collective): waits for this
   // rank's file, confirms every rank's, rank 0 writes the manifest.
@@ -279,6 +298,10 @@ class Checkpointer {
       write_file_atomically(p.dir / manifest_file_name, manifest_to_json(m).dump(1));
       if (p.root) write_file_atomically(*p.root / latest_file_name, p.dir.filename().string() + "\n");
     });
+    if (p.root && options_.keep_last > 0)
+      detail::on_every_rank(c_, *p.root, "removing old checkpoints", [&] {
+        if (c_.rank == 0) remove_old_checkpoints(*p.root, options_.keep_last);
+      });
   }
 
  private:
@@ -290,81 +313,6 @@ class Checkpointer {
     std::thread writer;
     std::exception_ptr error;
   };
-
-  void start(const std::filesystem::path& dir, std::optional<std::filesystem::path> root, const StateSource& source,
-             bool async) {
-    finish();
-    Pending p;
-    p.dir = dir;
-    p.root = std::move(root);
-    std::vector<OwnedRange> ranges;
-    std::vector<SlotDesc> slots;
-    std::vector<TensorRecord> plan;
-    const auto hashes = c_.all_gather_u64(XXH3_64bits(dir.string().data(), dir.string().size()));
-    detail::on_every_rank(c_, dir, "preparing the checkpoint", [&] {
-      for (std::size_t r = 0; r < hashes.size(); ++r)
-        if (hashes[r] != hashes[0])
-          fail(dir, "rank ", r, " saves to another directory than rank 0: every rank must pass the same path");
-      p.manifest.run = source.run_state();
-      p.manifest.run.world_size = c_.size;
-      p.manifest.checksum_chunk_bytes = options_.checksum_chunk_bytes;
-      p.manifest.units = source.units();
-      slots = source.slots();
-      detail::check_slot_names(slots);
-      for (const auto& s : slots) p.manifest.slots.push_back({s.name, tensor_type_of(s.dtype)});
-      ranges = source.save_ranges();
-      plan = detail::plan_rank_file(slots, p.manifest.units, ranges);
-      if (c_.rank == 0) {
-        std::filesystem::create_directories(dir);
-        std::error_code ec;
-        if (std::filesystem::remove(dir / manifest_file_name, ec)) fsync_directory(dir);
-        if (ec) fail(dir / manifest_file_name, "cannot remove the old manifest: ", ec.message());
-      }
-    });
-    detail::on_every_rank(c_, dir, "copying the state", [&] {
-      std::filesystem::create_directories(dir);
-      if (async) {
-        for (const auto& t : plan) {
-          std::vector<char> bytes(t.count * dtype_bytes(slots[t.slot].dtype));
-          source.read(t.slot, OwnedRange{t.unit, t.begin, t.count}, bytes.data());
-          p.snapshot.push_back(std::move(bytes));
-        }
-      }
-    });
-    const std::uint64_t rank = c_.rank, size = c_.size;
-    const SaveOptions options = options_;
-    auto write = [dir, rank, size, options, slots, plan, &source, async](const std::vector<std::vector<char>>& snapshot) {
-      auto fetch = [&](std::size_t index, std::uint64_t first, std::uint64_t n, void* dst) {
-        const TensorRecord& t = plan[index];
-        const std::size_t es = dtype_bytes(slots[t.slot].dtype);
-        if (async) {
-          std::memcpy(dst, snapshot[index].data() + first * es, n * es);
-        } else {
-          source.read(t.slot, OwnedRange{t.unit, t.begin + first, n}, dst);
-        }
-      };
-      write_rank_file(dir, rank, size, options, slots, plan, fetch);
-    };
-    if (async) {
-      pending_.emplace(std::move(p));
-      Pending* q = &*pending_;
-      q->writer = std::thread([q, write] {
-        try {
-          write(q->snapshot);
-        } catch (...) {
-          q->error = std::current_exception();
-        }
-      });
-    } else {
-      try {
-        write({});
-      } catch (...) {
-        p.error = std::current_exception();
-      }
-      pending_.emplace(std::move(p));
-      finish();
-    }
-  }
 
   // Streams this rank's file through one buffer of whole checksum chunks,
   // hashing each chunk, then leaves its record beside it for rank 0.
@@ -405,6 +353,106 @@ class Checkpointer {
   SaveOptions options_;
   std::optional<Pending> pending_;
 };
+
+inline void Checkpointer::write(const std::filesystem::path& dir, std::optional<std::filesystem::path> root,
+                                const StateSource& source, bool async) {
+  finish();
+  Pending p;
+  p.dir = dir;
+  p.root = std::move(root);
+  std::vector<OwnedRange> ranges;
+  std::vector<SlotDesc> slots;
+  std::vector<TensorRecord> plan;
+  const auto hashes = c_.all_gather_u64(XXH3_64bits(dir.string().data(), dir.string().size()));
+  detail::on_every_rank(c_, dir, "preparing the checkpoint", [&] {
+    for (std::size_t r = 0; r < hashes.size(); ++r)
+      if (hashes[r] != hashes[0])
+        fail(dir, "rank ", r, " saves to another directory than rank 0: every rank must pass the same path");
+    p.manifest.run = source.run_state();
+    p.manifest.run.world_size = c_.size;
+    p.manifest.checksum_chunk_bytes = options_.checksum_chunk_bytes;
+    p.manifest.units = source.units();
+    slots = source.slots();
+    detail::check_slot_names(slots);
+    for (const auto& s : slots) p.manifest.slots.push_back({s.name, tensor_type_of(s.dtype)});
+    ranges = source.save_ranges();
+    plan = detail::plan_rank_file(slots, p.manifest.units, ranges);
+    if (c_.rank == 0) {
+      std::filesystem::create_directories(dir);
+      std::error_code ec;
+      if (std::filesystem::remove(dir / manifest_file_name, ec)) fsync_directory(dir);
+      if (ec) fail(dir / manifest_file_name, "cannot remove the old manifest: ", ec.message());
+    }
+  });
+  detail::on_every_rank(c_, dir, "copying the state", [&] {
+    std::filesystem::create_directories(dir);
+    if (async) {
+      for (const auto& t : plan) {
+        std::vector<char> bytes(t.count * dtype_bytes(slots[t.slot].dtype));
+        source.read(t.slot, OwnedRange{t.unit, t.begin, t.count}, bytes.data());
+        p.snapshot.push_back(std::move(bytes));
+      }
+    }
+  });
+  const std::uint64_t rank = c_.rank, size = c_.size;
+  const SaveOptions options = options_;
+  auto write_file = [dir, rank, size, options, slots, plan, &source, async](const std::vector<std::vector<char>>& snapshot) {
+    auto fetch = [&](std::size_t index, std::uint64_t first, std::uint64_t n, void* dst) {
+      const TensorRecord& t = plan[index];
+      const std::size_t es = dtype_bytes(slots[t.slot].dtype);
+      if (async) {
+        std::memcpy(dst, snapshot[index].data() + first * es, n * es);
+      } else {
+        source.read(t.slot, OwnedRange{t.unit, t.begin + first, n}, dst);
+      }
+    };
+    write_rank_file(dir, rank, size, options, slots, plan, fetch);
+  };
+  if (async) {
+    pending_.emplace(std::move(p));
+    Pending* q = &*pending_;
+    q->writer = std::thread([q, write_file] {
+      try {
+        write_file(q->snapshot);
+      } catch (...) {
+        q->error = std::current_exception();
+      }
+    });
+  } else {
+    try {
+      write_file({});
+    } catch (...) {
+      p.error = std::current_exception();
+    }
+    pending_.emplace(std::move(p));
+    finish();
+  }
+}
+
+inline void Checkpointer::remove_old_checkpoints(const std::filesystem::path& root, std::uint64_t keep) {
+  require(keep >= 1, "remove_old_checkpoints: keep must be at least 1 (the newest complete checkpoint stays)");
+  std::vector<std::pair<std::uint64_t, std::filesystem::path>> complete, incomplete;
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    const auto step = detail::step_of(e.path().filename().string());
+    if (!step || !e.is_directory()) continue;
+    (std::filesystem::is_regular_file(e.path() / manifest_file_name) ? complete : incomplete).emplace_back(*step, e.path());
+  }
+  if (complete.empty()) return;
+  std::sort(complete.begin(), complete.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::filesystem::path> doomed;
+  for (std::size_t i = static_cast<std::size_t>(std::min<std::uint64_t>(keep, complete.size())); i < complete.size(); ++i)
+    doomed.push_back(complete[i].second);
+  for (const auto& [step, dir] : incomplete)
+    if (step < complete.front().first) doomed.push_back(dir);
+  for (const auto& dir : doomed) {
+    std::error_code ec;
+    if (std::filesystem::remove(dir / manifest_file_name, ec)) fsync_directory(dir);  // no longer a checkpoint
+    if (ec) fail(dir / manifest_file_name, "cannot remove it to retire the checkpoint: ", ec.message());
+    std::filesystem::remove_all(dir, ec);
+    if (ec) fail(dir, "cannot remove the retired checkpoint: ", ec.message());
+  }
+  fsync_directory(root);
+}
 
 // A synchronous save into `dir` (collective).
 inline void save_checkpoint(const std::filesystem::path& dir, const StateSource& source, const Collective& c,
@@ -459,8 +507,9 @@ inline void check_compatible(const Manifest& m, const StateSource& source, const
       const bool shapes_ok = x.shape.empty() || y.shape.empty() || x.shape == y.shape;
       if (x.name != y.name || x.offset != y.offset || x.numel != y.numel || !shapes_ok)
         fail(file, "is a checkpoint of another model: parameter ", p, " of unit '", a.name, "' is '", x.name, "' (",
-             x.numel, " elements at ", x.offset, ") there, '", y.name, "' (", y.numel, " elements at ", y.offset,
-             ") here", shapes_ok ? "" : ", with another shape");
+             x.numel, " elements at ", x.offset, shapes_ok ? "" : ", shape " + shape_text(x.shape), ") there, '",
+             y.name, "' (", y.numel, " elements at ", y.offset, shapes_ok ? "" : ", shape " + shape_text(y.shape),
+             ") here");
     }
   }
   const RunState here = source.run_state();
@@ -472,58 +521,104 @@ inline void check_compatible(const Manifest& m, const StateSource& source, const
             "checkpoint load: owned range [", r.begin, ", +", r.count, ") of unit ", r.unit, " lies outside the unit");
 }
 
-// Reads elements [first, first + n) of tensor t (slot type `from`) from its
-// file into dst (type `to`), reading whole checksum chunks and verifying each.
-struct ChunkedRead {
-  const Manifest& m;
-  const std::filesystem::path& dir;
-  std::size_t io_buffer_bytes;
-  std::map<std::string, SafetensorsReader> open;
-  std::vector<char> buffer;
-  std::uint64_t bytes_read = 0;
+}  // namespace detail
 
+// A checkpoint read without the program that saved it: its manifest, and
+// any element range of any slot of any unit, assembled from the rank files
+// whatever their number, reading only the checksum chunks that cover the
+// range and verifying each. Memory: one I/O buffer (io_buffer_bytes, at
+// least one checksum chunk) and a file descriptor per rank file read.
+class CheckpointReader {
+ public:
+  // `path`: a checkpoint directory, or a root whose newest complete step-*
+  // directory is taken.
+  explicit CheckpointReader(const std::filesystem::path& path, std::size_t io_buffer_bytes = std::size_t{16} << 20)
+      : dir_(resolve_checkpoint(path)), io_buffer_bytes_(io_buffer_bytes) {
+    const auto file = dir_ / manifest_file_name;
+    manifest_ = parse_manifest(read_whole_file(file), file);
+    // The tensors of each (slot, unit), so that finding the ones a range
+    // overlaps does not scan every file for every range.
+    by_slot_unit_.resize(manifest_.slots.size() * manifest_.units.size());
+    for (std::size_t f = 0; f < manifest_.files.size(); ++f)
+      for (std::size_t t = 0; t < manifest_.files[f].tensors.size(); ++t) {
+        const TensorRecord& r = manifest_.files[f].tensors[t];
+        by_slot_unit_[r.slot * manifest_.units.size() + r.unit].emplace_back(f, t);
+      }
+  }
+
+  const std::filesystem::path& directory() const { return dir_; }
+  const Manifest& manifest() const { return manifest_; }
+  // Bytes read from rank files so far.
+  std::uint64_t bytes_read() const { return bytes_read_; }
+
+  // Elements [begin, begin + count) of unit `unit` in slot `slot` (indices
+  // into the manifest's units and slots) into dst, converted to `to`.
+  void read(std::size_t slot, std::size_t unit, std::uint64_t begin, std::uint64_t count, void* dst, DType to) {
+    require(slot < manifest_.slots.size() && unit < manifest_.units.size() && begin <= manifest_.units[unit].numel &&
+                count <= manifest_.units[unit].numel - begin,
+            dir_.string(), ": read of slot ", slot, ", unit ", unit, ", elements [", begin, ", +", count,
+            ") outside the checkpoint");
+    const std::size_t es = dtype_bytes(to);
+    for (const auto& [f, i] : by_slot_unit_[slot * manifest_.units.size() + unit]) {
+      const TensorRecord& t = manifest_.files[f].tensors[i];
+      const std::uint64_t lo = std::max(begin, t.begin), hi = std::min(begin + count, t.begin + t.count);
+      if (lo < hi)
+        read_tensor(manifest_.files[f], t, lo - t.begin, hi - lo, static_cast<char*>(dst) + (lo - begin) * es, to);
+    }
+  }
+
+ private:
   const SafetensorsReader& file(const FileRecord& f) {
-    auto it = open.find(f.name);
-    if (it != open.end()) return it->second;
-    const auto path = dir / f.name;
+    auto it = open_.find(f.name);
+    if (it != open_.end()) return it->second;
+    const auto path = dir_ / f.name;
     {
       ReadFile probe(path);
       if (probe.size() != f.bytes)
         fail(path, "is ", probe.size(), " bytes, the manifest recorded ", f.bytes,
              probe.size() < f.bytes ? " (truncated)" : " (changed since it was saved)");
     }
-    return open.emplace(f.name, SafetensorsReader(path)).first->second;
+    return open_.emplace(f.name, SafetensorsReader(path)).first->second;
   }
 
-  void read(const FileRecord& f, const TensorRecord& t, std::uint64_t first, std::uint64_t n, void* dst, DType to) {
+  // Elements [first, first + n) of tensor t into dst (type `to`), reading
+  // whole checksum chunks and verifying each.
+  void read_tensor(const FileRecord& f, const TensorRecord& t, std::uint64_t first, std::uint64_t n, void* dst,
+                   DType to) {
     const SafetensorsReader& r = file(f);
-    const TensorType type = m.slots[t.slot].dtype;
+    const TensorType type = manifest_.slots[t.slot].dtype;
     const TensorEntry& e = r.at(t.name);
     if (e.dtype != type || e.shape != std::vector<std::uint64_t>{t.count})
       fail(r.path(), "tensor '", t.name, "' is ", tensor_type_name(e.dtype), " of ", e.end - e.begin,
            " bytes, the manifest says ", tensor_type_name(type), " of ", t.count, " elements");
-    const std::uint64_t es = tensor_type_bytes(type), total = t.count * es, chunk = m.checksum_chunk_bytes;
+    const std::uint64_t es = tensor_type_bytes(type), total = t.count * es, chunk = manifest_.checksum_chunk_bytes;
     const std::uint64_t a = first * es, b = (first + n) * es;
-    const std::uint64_t piece = std::max<std::uint64_t>(chunk, io_buffer_bytes / chunk * chunk);
+    const std::uint64_t piece = std::max<std::uint64_t>(chunk, io_buffer_bytes_ / chunk * chunk);
     for (std::uint64_t at = a / chunk * chunk; at < b; at += piece) {
       const std::uint64_t len = std::min({piece, total - at, (b + chunk - 1) / chunk * chunk - at});
-      buffer.resize(static_cast<std::size_t>(len));
-      r.read(e, at, len, buffer.data());
-      bytes_read += len;
+      buffer_.resize(static_cast<std::size_t>(len));
+      r.read(e, at, len, buffer_.data());
+      bytes_read_ += len;
       for (std::uint64_t c = 0; c < len; c += chunk) {
         const std::uint64_t index = (at + c) / chunk, clen = std::min(chunk, len - c);
-        if (XXH3_64bits(buffer.data() + c, clen) != t.chunk_xxh3[index])
+        if (XXH3_64bits(buffer_.data() + c, clen) != t.chunk_xxh3[index])
           fail(r.path(), "checksum mismatch in tensor '", t.name, "', bytes [", at + c, ", ", at + c + clen,
                ") (chunk ", index, "): the file is corrupt");
       }
       const std::uint64_t lo = std::max(a, at), hi = std::min(b, at + len);
-      convert_elements(buffer.data() + (lo - at), type, static_cast<char*>(dst) + (lo - a) / es * dtype_bytes(to), to,
-                       (hi - lo) / es);
+      detail::convert_elements(buffer_.data() + (lo - at), type,
+                               static_cast<char*>(dst) + (lo - a) / es * dtype_bytes(to), to, (hi - lo) / es);
     }
   }
-};
 
-}  // namespace detail
+  std::filesystem::path dir_;
+  Manifest manifest_;
+  std::size_t io_buffer_bytes_;
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> by_slot_unit_;  // (file, tensor) per (slot, unit)
+  std::map<std::string, SafetensorsReader> open_;
+  std::vector<char> buffer_;
+  std::uint64_t bytes_read_ = 0;
+};
 
 // Loads the checkpoint at `path` (a checkpoint directory, or a root whose
 // newest complete step-* directory is taken) into `source` (collective).
@@ -535,12 +630,14 @@ struct ChunkedRead {
 inline LoadResult load_checkpoint(const std::filesystem::path& path, StateSource& source, const Collective& c,
                                   const LoadOptions& options = {}) {
   LoadResult result;
+  std::optional<CheckpointReader> reader;
   std::vector<SlotDesc> slots;
   std::vector<std::size_t> saved_slot;  // per source slot: index in the manifest, or slots.size() when absent
   detail::on_every_rank(c, path, "reading the manifest", [&] {
-    result.directory = resolve_checkpoint(path);
+    reader.emplace(path, options.io_buffer_bytes);
+    result.directory = reader->directory();
+    result.manifest = reader->manifest();
     const auto file = result.directory / manifest_file_name;
-    result.manifest = parse_manifest(read_whole_file(file), file);
     detail::check_compatible(result.manifest, source, file);
     slots = source.slots();
     for (const SlotDesc& s : slots) {
@@ -561,27 +658,15 @@ inline LoadResult load_checkpoint(const std::filesystem::path& path, StateSource
   const std::vector<OwnedRange> owned = source.owned();
   std::vector<std::vector<char>> loaded;  // per (slot, owned range)
   detail::on_every_rank(c, result.directory, "reading the rank files", [&] {
-    // The tensors of each (saved slot, unit), so that finding the ones an
-    // owned range overlaps does not scan every file for every range.
-    std::vector<std::vector<std::pair<const FileRecord*, const TensorRecord*>>> by_slot_unit(m.slots.size() *
-                                                                                            m.units.size());
-    for (const FileRecord& f : m.files)
-      for (const TensorRecord& t : f.tensors) by_slot_unit[t.slot * m.units.size() + t.unit].emplace_back(&f, &t);
-    detail::ChunkedRead reader{m, result.directory, options.io_buffer_bytes, {}, {}, 0};
     for (std::size_t s = 0; s < slots.size(); ++s) {
       for (const OwnedRange& o : owned) {
         loaded.emplace_back();
         if (saved_slot[s] == m.slots.size()) continue;
-        auto& out = loaded.back();
-        const std::size_t es = dtype_bytes(slots[s].dtype);
-        out.resize(static_cast<std::size_t>(o.count * es));
-        for (const auto& [f, t] : by_slot_unit[saved_slot[s] * m.units.size() + o.unit]) {
-          const std::uint64_t lo = std::max(o.begin, t->begin), hi = std::min(o.begin + o.count, t->begin + t->count);
-          if (lo < hi) reader.read(*f, *t, lo - t->begin, hi - lo, out.data() + (lo - o.begin) * es, slots[s].dtype);
-        }
+        loaded.back().resize(static_cast<std::size_t>(o.count * dtype_bytes(slots[s].dtype)));
+        reader->read(saved_slot[s], o.unit, o.begin, o.count, loaded.back().data(), slots[s].dtype);
       }
     }
-    result.bytes_read = reader.bytes_read;
+    result.bytes_read = reader->bytes_read();
   });
   detail::on_every_rank(c, result.directory, "writing the loaded state", [&] {
     std::size_t k = 0;

@@ -29,6 +29,7 @@
 #include "zero/checkpoint/files.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/error.hpp"
+#include "zero/shape.hpp"
 
 namespace zero::checkpoint {
 
@@ -207,6 +208,25 @@ class HfReader {
   mutable std::vector<char> scratch_;
 };
 
+namespace detail {
+
+// Every name of `tensors` is in `reader`, with its shape: otherwise an error
+// naming the missing tensors, or the tensor, both shapes and the file.
+inline void check_hf_tensors(const HfReader& reader, const std::vector<HfTensor>& tensors) {
+  std::string missing;
+  for (const HfTensor& t : tensors)
+    if (!reader.contains(t.name)) missing += (missing.empty() ? "'" : ", '") + t.name + "'";
+  if (!missing.empty()) fail(reader.origin(), "has no tensor named ", missing);
+  for (const HfTensor& t : tensors) {
+    const TensorEntry& e = reader.tensor(t.name);
+    if (e.shape != t.shape)
+      fail(reader.file_of(t.name).path(), "tensor '", t.name, "' has shape ", shape_text(e.shape),
+           ", the model expects ", shape_text(t.shape));
+  }
+}
+
+}  // namespace detail
+
 // Streams `tensors` by name from the file set at `path` into `sink`, in
 // pieces of at most buffer_bytes. Every name and shape is checked before the
 // first byte reaches the sink: a missing name or another shape is an error
@@ -215,21 +235,7 @@ inline void hf_import(const std::filesystem::path& path, const std::vector<HfTen
                       std::size_t buffer_bytes = std::size_t{16} << 20) {
   require(buffer_bytes >= 8, "hf_import: buffer_bytes must be at least 8");
   HfReader reader(path);
-  std::string missing;
-  for (const HfTensor& t : tensors)
-    if (!reader.contains(t.name)) missing += (missing.empty() ? "'" : ", '") + t.name + "'";
-  if (!missing.empty()) fail(reader.origin(), "has no tensor named ", missing);
-  auto shape_text = [](const std::vector<std::uint64_t>& s) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-  };
-  for (const HfTensor& t : tensors) {
-    const TensorEntry& e = reader.tensor(t.name);
-    if (e.shape != t.shape)
-      fail(reader.file_of(t.name).path(), "tensor '", t.name, "' has shape ", shape_text(e.shape),
-           ", the model expects ", shape_text(t.shape));
-  }
+  detail::check_hf_tensors(reader, tensors);
   std::vector<char> buffer(buffer_bytes);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::uint64_t numel = reader.tensor(tensors[i].name).numel();
@@ -240,6 +246,41 @@ inline void hf_import(const std::filesystem::path& path, const std::vector<HfTen
       sink(i, first, n, buffer.data());
     }
   }
+}
+
+// The model's tensors as exported: every parameter of `units`, in order,
+// with the shape it was registered with, or flat ([numel]).
+inline std::vector<HfTensor> hf_tensors(const std::vector<UnitDesc>& units, TensorType dtype = TensorType::F32) {
+  std::vector<HfTensor> out;
+  for (const UnitDesc& u : units)
+    for (const ParamDesc& p : u.params) out.push_back({p.name, p.shape.empty() ? Shape{p.numel} : p.shape, dtype});
+  return out;
+}
+
+// Exports the fp32 master of the checkpoint at `checkpoint` (a checkpoint
+// directory, or a root: its newest complete one) as a Hugging Face file set
+// in `out`, without the program that saved it: parameters named and shaped
+// as registered, in `dtype` (F32, or BF16/F16 rounded to nearest even).
+// Memory: the export buffer plus the reader's I/O buffer, whatever the
+// model size; every chunk read is checked against its checksum.
+inline HfExportResult hf_export_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
+                                           TensorType dtype = TensorType::F32, const HfExportOptions& options = {}) {
+  require(dtype != TensorType::I64, "hf_export_checkpoint: export as F32, BF16 or F16, not I64");
+  CheckpointReader reader(checkpoint, options.buffer_bytes);
+  const Manifest& m = reader.manifest();
+  const std::size_t master = m.slot_index("master");
+  if (master == m.slots.size())
+    fail(reader.directory() / manifest_file_name, "has no 'master' slot: not a checkpoint of a ZeroOptimizer");
+  // (unit, parameter) of each exported tensor, in hf_tensors' order.
+  std::vector<std::pair<std::size_t, const ParamDesc*>> where;
+  for (std::size_t u = 0; u < m.units.size(); ++u)
+    for (const ParamDesc& p : m.units[u].params) where.emplace_back(u, &p);
+  return hf_export(
+      out, hf_tensors(m.units, dtype),
+      [&](std::size_t t, std::uint64_t first, std::uint64_t count, void* dst) {
+        reader.read(master, where[t].first, where[t].second->offset + first, count, dst, storage_type_of(dtype));
+      },
+      options);
 }
 
 }  // namespace zero::checkpoint

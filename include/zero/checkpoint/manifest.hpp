@@ -38,6 +38,7 @@
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
+#include "zero/shape.hpp"
 
 namespace zero::checkpoint {
 
@@ -56,7 +57,7 @@ struct ParamDesc {
   std::string name;
   std::uint64_t offset = 0;
   std::uint64_t numel = 0;
-  std::vector<std::uint64_t> shape;
+  Shape shape;
   friend bool operator==(const ParamDesc&, const ParamDesc&) = default;
 };
 
@@ -244,7 +245,9 @@ inline void validate_manifest(const Manifest& m, const std::filesystem::path& fi
       cursor = p.offset + p.numel;
       if (!p.shape.empty()) {
         const auto n = TensorSpec{p.name, TensorType::F32, p.shape}.checked_numel();
-        if (n != p.numel) fail(file, "parameter '", p.name, "': its shape does not hold ", p.numel, " elements");
+        if (n != p.numel)
+          fail(file, "parameter '", p.name, "': its shape ", shape_text(p.shape), " does not hold its ", p.numel,
+               " elements");
       }
     }
   }

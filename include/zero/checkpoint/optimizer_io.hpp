@@ -8,8 +8,11 @@
 // by N ranks at stage s loads on M ranks at stage t.
 //
 //   #include "zero/checkpoint/optimizer_io.hpp"
-//   opt.save("ckpt/step-100");   // collective
+//   opt.save("ckpt/step-100");                     // collective
+//   opt.save("ckpt/step-200", {.async = true});    // returns once the state is in host memory
+//   opt.wait_save();                               // (or the next save or load, or the destructor)
 //   opt.load("ckpt");            // collective: the newest complete checkpoint under ckpt/
+//   opt.load_hf("hf/");          // collective: parameters from Hugging Face safetensors, by name
 //
 // Slots: "master" (fp32; the parameters themselves in fp32 training),
 // "state0".."stateK-1" (the optimizer's fp32 state), and "param" (the 16-bit
@@ -21,12 +24,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "zero/checkpoint/checkpoint.hpp"
+#include "zero/checkpoint/hugging_face.hpp"
 #include "zero/engine/zero_optimizer.hpp"
 
 namespace zero::checkpoint {
@@ -49,8 +56,20 @@ nlohmann::json hyper_json(const Hyper& h) {
 }
 }  // namespace detail
 
+// How ZeroOptimizer::save writes: opt.save(dir, {.async = true}).
+struct OptimizerSaveOptions {
+  // Return once this rank's state is copied to host memory; a background
+  // thread writes the rank file, and the checkpoint becomes complete (its
+  // manifest written) at the optimizer's wait_save(), next save or load, or
+  // destruction. A crash before that leaves the previous checkpoint intact.
+  bool async = false;
+  nlohmann::json extra = nlohmann::json::object();  // the caller's own state (epoch, data order), in the manifest
+  SaveOptions io = {};  // checksum chunks, I/O buffer, keep_last (save_step)
+};
+
 template <class Opt>
 struct OptimizerIo {
+  using SaveOptions = OptimizerSaveOptions;
   using param_type = typename Opt::param_type;
   using Ops = backend::Ops<typename Opt::backend_policy>;
   static constexpr bool mixed = Opt::precision_policy::mixed;
@@ -68,7 +87,7 @@ struct OptimizerIo {
         UnitDesc d{u.name, u.numel, {}};
         for (const std::size_t p : u.params) {
           const ParamInfo& info = opt_.layout_.params()[p];
-          d.params.push_back({info.name, info.offset, info.numel, {}});
+          d.params.push_back({info.name, info.offset, info.numel, info.shape});
         }
         out.push_back(std::move(d));
       }
@@ -161,20 +180,23 @@ struct OptimizerIo {
 
   // Collective: the optimizer's state into `dir`; `extra` (the trainer's
   // epoch, data order, ...) is kept in the manifest for its resume.
-  static void save(Opt& opt, const std::string& dir, nlohmann::json extra = nlohmann::json::object()) {
-    settle(opt, "save");
-    Source source(opt, std::move(extra));
-    save_checkpoint(dir, source, collective(opt));
+  static void save(Opt& opt, const std::string& dir, SaveOptions options = {}) {
+    write(opt, dir, std::nullopt, std::move(options));
+  }
+  static void save(Opt& opt, const std::string& dir, nlohmann::json extra) {
+    save(opt, dir, SaveOptions{.extra = std::move(extra)});
   }
 
-  // Collective: root/step-<step count>/, then root/latest points at it; a
-  // later load(root) finds the newest complete one.
-  static std::filesystem::path save_step(Opt& opt, const std::string& root,
-                                         nlohmann::json extra = nlohmann::json::object()) {
-    settle(opt, "save");
-    Source source(opt, std::move(extra));
-    Checkpointer(collective(opt)).save_step(root, source, false);
-    return step_directory(root, static_cast<std::uint64_t>(opt.step_count()));
+  // Collective: root/step-<step count>/, then root/latest points at it and,
+  // with options.io.keep_last = K, only the K newest complete checkpoints
+  // under root remain. A later load(root) finds the newest complete one.
+  static std::filesystem::path save_step(Opt& opt, const std::string& root, SaveOptions options = {}) {
+    const auto dir = step_directory(root, static_cast<std::uint64_t>(opt.step_count()));
+    write(opt, dir, root, std::move(options));
+    return dir;
+  }
+  static std::filesystem::path save_step(Opt& opt, const std::string& root, nlohmann::json extra) {
+    return save_step(opt, root, SaveOptions{.extra = std::move(extra)});
   }
 
   // Collective: the state of the checkpoint at (or newest under) `path`.
@@ -207,13 +229,72 @@ struct OptimizerIo {
     return result;
   }
 
+  // Collective: every parameter from a Hugging Face file set, by name (see
+  // ZeroOptimizer::load_hf). Every rank opens the files and checks every
+  // name and shape before the first set_param, so a bad file set is an
+  // error on every rank with nothing changed; then one parameter at a time
+  // (memory: one parameter in fp32) goes through set_param.
+  static void load_hf(Opt& opt, const std::string& path) {
+    settle(opt, "load_hf");
+    const Collective c = collective(opt);
+    const auto& params = opt.layout_.params();
+    std::optional<HfReader> reader;
+    detail::on_every_rank(c, path, "checking the Hugging Face files", [&] {
+      reader.emplace(path);
+      std::vector<HfTensor> wanted;
+      for (const ParamInfo& p : params) {
+        HfTensor t{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, TensorType::F32};
+        // Registered flat: any shape of its element count (a PyTorch
+        // state dict's [out, in] into a flat parameter).
+        if (p.shape.empty() && reader->contains(p.name)) {
+          const TensorEntry& e = reader->tensor(p.name);
+          if (e.numel() == p.numel) t.shape = e.shape;
+        }
+        wanted.push_back(std::move(t));
+      }
+      checkpoint::detail::check_hf_tensors(*reader, wanted);
+      for (const ParamInfo& p : params)
+        require(reader->tensor(p.name).dtype != TensorType::I64, reader->file_of(p.name).path().string(),
+                ": tensor '", p.name, "' is I64: parameters are imported from F32, F16 or BF16 tensors");
+    });
+    std::vector<float> values;
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      detail::on_every_rank(c, path, "reading parameter '" + params[p].name + "'", [&] {
+        values.resize(params[p].numel);
+        reader->read(params[p].name, 0, params[p].numel, TensorType::F32, values.data());
+      });
+      opt.set_param(ParamId{p}, values.data());
+    }
+  }
+
  private:
-  // Between optimizer steps, with nothing in flight.
+  // Between optimizer steps, with nothing in flight (a background save
+  // completed first).
   static void settle(Opt& opt, const char* what) {
     require(opt.finalized_, what, ": call finalize() first");
     require(opt.micro_ == 0, what, ": call it between optimizer steps, not within a gradient-accumulation window");
+    opt.wait_save();
     opt.land_update();
     opt.synchronize();
+  }
+
+  // The Checkpointer of an asynchronous save, kept by the optimizer until
+  // it completes.
+  class Background final : public BackgroundSave {
+   public:
+    Background(Opt& opt, const checkpoint::SaveOptions& io) : checkpointer(collective(opt), io) {}
+    void finish() override { checkpointer.finish(); }
+    Checkpointer checkpointer;
+  };
+
+  // `dir` (a step directory of `root` when root is given).
+  static void write(Opt& opt, const std::filesystem::path& dir, std::optional<std::filesystem::path> root,
+                    SaveOptions options) {
+    settle(opt, "save");
+    auto background = std::make_unique<Background>(opt, options.io);
+    Source source(opt, std::move(options.extra));
+    background->checkpointer.write(dir, std::move(root), source, options.async);
+    if (options.async) opt.background_save_ = std::move(background);
   }
 };
 

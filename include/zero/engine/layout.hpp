@@ -20,6 +20,7 @@
 
 #include "zero/engine/agreement.hpp"
 #include "zero/error.hpp"
+#include "zero/shape.hpp"
 
 namespace zero {
 
@@ -35,6 +36,9 @@ struct ParamInfo {
   std::size_t numel;
   std::size_t unit;
   std::size_t offset;  // first element within its unit's flat buffer
+  // As registered (e.g. {out, in}), or empty: flat. The optimizer stores
+  // every parameter flat; checkpoints and the Hugging Face export keep it.
+  Shape shape = {};
 };
 
 struct UnitInfo {
@@ -65,12 +69,21 @@ class Layout {
     return UnitId{units_.size() - 1};
   }
 
-  ParamId add_param(UnitId unit, std::string name, std::size_t numel) {
+  // `shape`, when given, must hold exactly `numel` elements.
+  ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape = {}) {
     require(!finalized_, "add_param('", name, "') after finalize(): register every parameter first");
     require(unit.index < units_.size(), "add_param('", name, "'): unit id ", unit.index, " does not exist (",
             units_.size(), " units registered)");
     require(numel > 0, "add_param: parameter '", name, "' has 0 elements; zero-sized parameters cannot be "
             "partitioned: leave them out of the optimizer");
+    if (!shape.empty()) {
+      std::uint64_t product = 1;
+      bool overflow = false;
+      for (std::uint64_t d : shape) overflow = overflow || __builtin_mul_overflow(product, d, &product);
+      require(!overflow && product == numel, "add_param: parameter '", name, "' has ", numel, " elements but its shape ",
+              shape_text(shape), " holds ", overflow ? std::string("more than 2^64") : std::to_string(product),
+              "; give the shape of exactly those elements (or none: flat)");
+    }
     require(param_names_.insert(name).second, "add_param: a parameter named '", name,
             "' already exists; parameter names must be unique");
     UnitInfo& u = units_[unit.index];
@@ -78,7 +91,7 @@ class Layout {
     const std::size_t end = checked_add(offset, numel, "add_param('", name, "', ", numel, " elements) in unit '",
                                         u.name, "'");
     if (offset > u.numel) u.gaps.emplace_back(u.numel, offset);
-    params_.push_back(ParamInfo{std::move(name), numel, unit.index, offset});
+    params_.push_back(ParamInfo{std::move(name), numel, unit.index, offset, std::move(shape)});
     u.params.push_back(params_.size() - 1);
     u.numel = end;
     return ParamId{params_.size() - 1};
@@ -130,12 +143,16 @@ class Layout {
   std::size_t shard_total() const { return shard_total_; }
   std::size_t max_unit() const { return max_unit_; }
 
-  // A hash of everything that decides positions (names, sizes, order).
+  // A hash of everything that decides positions (names, sizes, order) and
+  // of the shapes (which checkpoints and exports record).
   std::uint64_t hash() const {
     Fnv1a h;
     for (const auto& u : units_) {
       h.add(u.name);
-      for (std::size_t p : u.params) h.add(params_[p].name).add_value(params_[p].numel);
+      for (std::size_t p : u.params) {
+        h.add(params_[p].name).add_value(params_[p].numel).add_value(params_[p].shape.size());
+        for (std::uint64_t d : params_[p].shape) h.add_value(d);
+      }
     }
     return h.value();
   }

@@ -38,6 +38,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -68,6 +70,14 @@ namespace checkpoint {
 // (needs nlohmann-json and xxHash), included only by programs that checkpoint.
 template <class Opt>
 struct OptimizerIo;
+// A save still being written in the background (save(dir, {.async = true})):
+// the optimizer completes it (collective) at wait_save(), at the next save
+// or load, and when it is destroyed.
+class BackgroundSave {
+ public:
+  virtual ~BackgroundSave() = default;
+  virtual void finish() = 0;
+};
 }  // namespace checkpoint
 
 struct StepResult {
@@ -141,11 +151,27 @@ class ZeroOptimizer {
 
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+  // Completes a background save (collective: every rank destroys its
+  // optimizer). While an exception unwinds, it only waits for this rank's
+  // file, and the checkpoint stays incomplete (no manifest), so the previous
+  // one is what a resume finds. A destructor cannot throw: a failure is
+  // printed to stderr; call wait_save() first to get it as an exception.
+  ~ZeroOptimizer() {
+    if (!background_save_) return;
+    try {
+      if (std::uncaught_exceptions() <= unwinding_at_start_) wait_save();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zero: rank %d: the background checkpoint save failed: %s\n", rank(), e.what());
+    }
+  }
 
   // ---- Registration ----------------------------------------------------
   UnitId add_unit(std::string name) { return layout_.add_unit(std::move(name)); }
-  ParamId add_param(UnitId unit, std::string name, std::size_t numel) {
-    return layout_.add_param(unit, std::move(name), numel);
+  // `shape` (optional, e.g. {out, in}) must hold `numel` elements; the
+  // optimizer stores every parameter flat, checkpoints and the Hugging Face
+  // export keep the shape.
+  ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape = {}) {
+    return layout_.add_param(unit, std::move(name), numel, std::move(shape));
   }
 
   // Collective. Checks that all ranks registered the same layout, then
@@ -217,9 +243,19 @@ class ZeroOptimizer {
   // ---- Checkpoints (#include "zero/checkpoint/optimizer_io.hpp") ----------
   // Collective. Writes this run's state into directory `dir` (one
   // safetensors file per rank, a manifest last; docs/checkpoint-format.md).
+  // With {.async = true} it returns once this rank's state is copied to host
+  // memory and writes in the background; the checkpoint exists once
+  // wait_save(), the next save or load, or the destructor completes it.
   template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
-  void save(const std::string& dir) {
-    Io::save(*this, dir);
+  void save(const std::string& dir, typename Io::SaveOptions options = {}) {
+    Io::save(*this, dir, std::move(options));
+  }
+  // Collective. Completes a background save: waits for this rank's file,
+  // confirms every rank's, writes the manifest. Nothing pending: nothing.
+  void wait_save() {
+    if (!background_save_) return;
+    auto pending = std::move(background_save_);  // a failure is reported once, not again by the destructor
+    pending->finish();
   }
   // Collective. Loads a checkpoint saved by any number of ranks at any stage
   // and offload tier (the same optimizer and model); `path` is a checkpoint
@@ -227,6 +263,16 @@ class ZeroOptimizer {
   template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
   auto load(const std::string& path) {
     return Io::load(*this, path);
+  }
+  // Collective. Sets every parameter from a Hugging Face safetensors file set
+  // (a .safetensors file, a model.safetensors.index.json, or a directory
+  // holding either), by name: a missing name, or a shape other than the
+  // registered one (or another element count, for a parameter registered
+  // flat), is an error on every rank before any parameter changes. The
+  // optimizer state and the step counter are left as they are.
+  template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
+  void load_hf(const std::string& path) {
+    Io::load_hf(*this, path);
   }
 
   double loss_scale() const { return scaler_.scale(); }
@@ -437,6 +483,8 @@ class ZeroOptimizer {
   std::int64_t steps_ = 0;
   std::int64_t steps_at_reset_ = 0;
   MemoryReport memory_{};
+  std::unique_ptr<checkpoint::BackgroundSave> background_save_;  // an asynchronous save in flight
+  int unwinding_at_start_ = std::uncaught_exceptions();          // exceptions in flight when constructed
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 };
