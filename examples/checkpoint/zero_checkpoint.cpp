@@ -7,13 +7,18 @@
 //                                                Hugging Face sharded safetensors, in bounded memory
 //   zero_checkpoint verify HF DIR                does the safetensors file set HF hold the
 //                                                parameters of DIR: names, shapes, values
+//   zero_checkpoint import HF DIR OUT [--keep-state]
+//                                                a checkpoint OUT of DIR's run with HF's parameters
 //
 // DIR is a checkpoint directory or a root of step-* checkpoints (the newest
-// complete one). Importing Hugging Face weights into a run is the training
-// program's job: opt.load_hf(path) (zero/checkpoint/optimizer_io.hpp);
-// `verify` checks beforehand that the file set fits the model a checkpoint
-// of that run describes. Exit codes: 0 done (verify: everything matches),
-// 1 verify found a difference, 2 a bad command line or an unusable input.
+// complete one). `import` writes OUT as one rank (any rank count and stage
+// loads it): the fp32 master from HF by name, the optimizer state zero and
+// the step 0 (fine-tuning from the weights; --keep-state keeps DIR's state,
+// step and loss scale instead); a run resumes from it with --resume OUT. A
+// running program can also take the weights directly: opt.load_hf(path)
+// (zero/checkpoint/optimizer_io.hpp). Exit codes: 0 done (verify:
+// everything matches), 1 verify found a difference, 2 a bad command line or
+// an unusable input.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -218,11 +223,101 @@ int verify(const std::string& hf_path, const std::string& path) {
   return problems.empty() ? 0 : 1;
 }
 
+// What `import` writes: DIR's units and slots (but "param", the 16-bit copy,
+// which a load rounds from the master), every element owned by one rank; the master
+// read from the Hugging Face file set, the other slots zero or DIR's.
+class ImportSource final : public ck::StateSource {
+ public:
+  ImportSource(ck::CheckpointReader& checkpoint, const ck::HfReader& hf, bool keep_state)
+      : checkpoint_(checkpoint), hf_(hf), keep_state_(keep_state) {
+    const ck::Manifest& m = checkpoint.manifest();
+    for (const ck::SavedSlot& slot : m.slots)
+      if (slot.name != "param") slots_.push_back({slot.name, ck::storage_type_of(slot.dtype), true});
+    if (m.slot_index("master") == m.slots.size())
+      ck::fail(checkpoint.directory() / ck::manifest_file_name, "has no 'master' slot: not a checkpoint of a ZeroOptimizer");
+    // Every parameter there, with its shape, before anything is written.
+    for (const ck::UnitDesc& u : m.units)
+      for (const ck::ParamDesc& p : u.params) {
+        if (!hf.contains(p.name))
+          ck::fail(hf.origin(), "has no tensor '" + p.name + "', a parameter of the checkpoint " +
+                                    checkpoint.directory().string());
+        const ck::TensorEntry& t = hf.tensor(p.name);
+        const zero::Shape want = p.shape.empty() ? zero::Shape{p.numel} : p.shape;
+        const bool flat_fits = p.shape.empty() && t.numel() == p.numel;
+        if (t.shape != want && !flat_fits)
+          ck::fail(hf.origin(), "'" + p.name + "' has shape " + zero::shape_text(t.shape) + ", the checkpoint's is " +
+                                    zero::shape_text(want));
+        if (t.dtype == ck::TensorType::I64)
+          ck::fail(hf.origin(), "'" + p.name + "' is I64, not a floating-point tensor");
+      }
+  }
+
+  std::vector<ck::UnitDesc> units() const override { return checkpoint_.manifest().units; }
+  std::vector<ck::SlotDesc> slots() const override { return slots_; }
+  std::vector<ck::OwnedRange> owned() const override {
+    std::vector<ck::OwnedRange> all;
+    const auto& units = checkpoint_.manifest().units;
+    for (std::size_t u = 0; u < units.size(); ++u) all.push_back({u, 0, units[u].numel});
+    return all;
+  }
+  void read(std::size_t slot, const ck::OwnedRange& r, void* dst) const override {
+    const ck::SlotDesc& desc = slots_[slot];
+    if (desc.name == "master") return read_master(r, static_cast<float*>(dst));
+    if (keep_state_) {
+      checkpoint_.read(checkpoint_.manifest().slot_index(desc.name), r.unit, r.begin, r.count, dst, desc.dtype);
+    } else {
+      std::memset(dst, 0, r.count * zero::dtype_bytes(desc.dtype));
+    }
+  }
+  void write(std::size_t, const ck::OwnedRange&, const void*) override {
+    throw zero::Error("zero_checkpoint import writes a checkpoint; it loads none");
+  }
+  ck::RunState run_state() const override {
+    ck::RunState run = checkpoint_.manifest().run;
+    if (!keep_state_) run.step = 0;
+    return run;
+  }
+
+ private:
+  // Elements [r.begin, r.begin + r.count) of the unit: each parameter's
+  // values from its tensor, the alignment gaps between parameters zero.
+  void read_master(const ck::OwnedRange& r, float* dst) const {
+    std::fill(dst, dst + r.count, 0.0f);
+    const std::uint64_t end = r.begin + r.count;
+    for (const ck::ParamDesc& p : checkpoint_.manifest().units[r.unit].params) {
+      const std::uint64_t from = std::max(r.begin, p.offset), to = std::min(end, p.offset + p.numel);
+      if (from < to) hf_.read(p.name, from - p.offset, to - from, ck::TensorType::F32, dst + (from - r.begin));
+    }
+  }
+
+  ck::CheckpointReader& checkpoint_;
+  const ck::HfReader& hf_;
+  bool keep_state_;
+  std::vector<ck::SlotDesc> slots_;
+};
+
+int import_hf(const std::string& hf_path, const std::string& path, const std::string& out, bool keep_state) {
+  const auto opened = open_checkpoint(path);
+  const ck::HfReader hf(hf_path);
+  ImportSource source(*opened, hf, keep_state);
+  ck::save_checkpoint(out, source, ck::Collective{});
+  std::uint64_t params = 0;
+  for (const auto& u : opened->manifest().units) params += u.params.size();
+  std::printf("wrote %s: %llu parameter(s) from %s, %s, as 1 rank at stage %llu\n", out.c_str(),
+              static_cast<unsigned long long>(params), hf.origin().c_str(),
+              keep_state ? ("the optimizer state and step " + std::to_string(opened->manifest().run.step) + " of " +
+                            opened->directory().string())
+                               .c_str()
+                         : "the optimizer state zero, step 0",
+              static_cast<unsigned long long>(opened->manifest().run.stage));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"zero_checkpoint: inspect a zero checkpoint, export it as Hugging Face safetensors, or verify a "
-               "safetensors file set against it, without the training program.",
+  CLI::App app{"zero_checkpoint: inspect a zero checkpoint, export it as Hugging Face safetensors, verify a "
+               "safetensors file set against it, or import one into a new checkpoint, without the training program.",
                "zero_checkpoint"};
   app.require_subcommand(1);
   std::string dir, out, hf, dtype = "fp32", max_shard_text = "5GB";
@@ -257,10 +352,23 @@ int main(int argc, char** argv) {
       ->required();
   verify_cmd->add_option("DIR", dir, "checkpoint directory, or a root of step-* checkpoints (the newest)")->required();
 
+  bool keep_state = false;
+  auto* import_cmd = app.add_subcommand(
+      "import", "write a checkpoint OUT of the run DIR describes with the parameters of a Hugging Face safetensors file "
+                "set (by name; shapes checked): the optimizer state zero and step 0 unless --keep-state; one rank, "
+                "loadable by any rank count and stage (--resume OUT)");
+  import_cmd->add_option("HF", hf, "a .safetensors file, a model.safetensors.index.json, or a directory holding one")
+      ->required();
+  import_cmd->add_option("DIR", dir, "checkpoint of the run (its model, optimizer and settings), or a root of step-* ones")
+      ->required();
+  import_cmd->add_option("OUT", out, "the new checkpoint directory (must not hold one)")->required();
+  import_cmd->add_flag("--keep-state", keep_state, "keep DIR's optimizer state, step and loss scale");
+
   zero::examples::parse_or_exit(app, argc, argv);
   try {
     if (*inspect_cmd) return inspect(dir);
     if (*export_cmd) return export_hf(dir, out, dtype, max_shard);
+    if (*import_cmd) return import_hf(hf, dir, out, keep_state);
     return verify(hf, dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero_checkpoint: error: %s\n", e.what());

@@ -9,7 +9,10 @@ files, bit for bit; shapes are the registered [out, in] / [out]; PyTorch
 then evaluates the exported model on the test set and must print the
 trainer's test_accuracy. A bf16 export is the master rounded to nearest even
 (PyTorch's rounding). `verify` accepts the export and finds a changed value;
-a run with --save-async writes the same bytes as the synchronous one; bad
+`import` writes weights of its own (the export halved) into a one-rank
+checkpoint of the run: that master, zero optimizer state, step 0 (or the
+run's state with --keep-state), which the trainer resumes on 4 ranks; a
+run with --save-async writes the same bytes as the synchronous one; bad
 input exits 2 with a message naming the problem. Skips (77) without the data.
 
     check_checkpoint_tool.py TRAINER ZERO_CHECKPOINT
@@ -74,10 +77,11 @@ def read_export(d):
     return out, sorted(files)
 
 
-def read_master(ckpt):
-    """{name: (shape, fp32 tensor)}: each parameter's master from the rank files, by the manifest."""
+def read_master(ckpt, slot_name="master"):
+    """{name: (shape, fp32 tensor)}: each parameter's master (or another fp32 slot) from the rank files, by the
+    manifest."""
     m = json.load(open(os.path.join(ckpt, "manifest.json")))
-    master = [s["name"] for s in m["slots"]].index("master")
+    master = [s["name"] for s in m["slots"]].index(slot_name)
     units = [torch.full((u["numel"],), float("nan")) for u in m["units"]]
     for f in m["files"]:
         header, data = read_safetensors(os.path.join(ckpt, f["name"]))
@@ -89,6 +93,20 @@ def read_master(ckpt):
         for p in u["params"]:
             out[p["name"]] = (p.get("shape"), unit[p["offset"]:p["offset"] + p["numel"]].clone())
     return out
+
+
+def write_safetensors(path, tensors):
+    """One safetensors file of fp32 tensors, written from the format's definition."""
+    header, blobs, at = {}, [], 0
+    for name, t in tensors.items():
+        raw = t.contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
 
 
 def idx(path):
@@ -177,6 +195,39 @@ def main():
         bad = run([tool, "verify", changed, root], code=1).stdout
         expect("1 of" in bad and "values differ" in bad, "verify did not report the changed value")
 
+        # import: weights of its own (the export halved) into a new one-rank checkpoint of the run; the
+        # master is exactly those weights, the optimizer state zero, the step 0, and the trainer resumes it.
+        halved = {name: t.float() * 0.5 for name, t in exported.items()}
+        weights = os.path.join(tmp, "halved.safetensors")
+        write_safetensors(weights, halved)
+        fresh = os.path.join(tmp, "imported")
+        said = run([tool, "import", weights, root, fresh]).stdout
+        expect("the optimizer state zero, step 0, as 1 rank at stage 3" in said, f"import says {said!r}")
+        imported = read_master(fresh)
+        for name, t in halved.items():
+            expect(torch.equal(imported[name][1], t.reshape(-1)), f"import: {name}'s master is not the file's values")
+            expect(imported[name][0] == list(t.shape), f"import: {name} recorded as {imported[name][0]}")
+        manifest = json.load(open(os.path.join(fresh, "manifest.json")))
+        expect(manifest["step"] == 0 and manifest["world_size"] == 1,
+               f"import: step {manifest['step']}, world size {manifest['world_size']}")
+        for slot in ("state0", "state1"):  # AdamW: exp_avg, exp_avg_sq
+            expect(all(not v[1].any() for v in read_master(fresh, slot).values()), f"import: {slot} is not zero")
+        run([tool, "verify", weights, fresh])
+        kept = os.path.join(tmp, "kept")
+        run([tool, "import", weights, root, kept, "--keep-state"])
+        expect(json.load(open(os.path.join(kept, "manifest.json")))["step"] == 234, "--keep-state: not step 234")
+        saved_m = read_master(ckpt, "state0")
+        expect(all(torch.equal(t, saved_m[n][1]) for n, (_, t) in read_master(kept, "state0").items()),
+               "--keep-state: state0 is not the checkpoint's")
+        resumed = run([trainer, "--epochs", "1", "--ranks", "4", "--stage", "1", "--precision", "fp32", "--seed", "5",
+                       "--resume", fresh]).stdout
+        expect("at step 0" in resumed and re.search(r"^test_accuracy=", resumed, re.M) is not None,
+               "the trainer did not resume the imported checkpoint at step 0")
+        short = os.path.join(tmp, "short.safetensors")
+        write_safetensors(short, {n: t for n, t in halved.items() if n != "fc2.bias"})
+        wrong = os.path.join(tmp, "wrong.safetensors")
+        write_safetensors(wrong, {n: (t.reshape(-1) if n == "fc1.weight" else t) for n, t in halved.items()})
+
         # --save-async writes what the synchronous save writes, byte for byte.
         later = os.path.join(tmp, "async")
         out = run([trainer] + TRAIN + ["--save", later, "--save-async"]).stdout
@@ -202,13 +253,16 @@ def main():
             ([tool, "export", ckpt, os.path.join(tmp, "x"), "--max-shard-size", "lots"], "is not a size"),
             ([tool, "export", ckpt, os.path.join(tmp, "x"), "--dtype", "fp8"], "fp8 not in"),
             ([tool, "verify", empty, ckpt], "holds neither model.safetensors.index.json nor model.safetensors"),
+            ([tool, "import", short, ckpt, os.path.join(tmp, "y")], "has no tensor 'fc2.bias'"),
+            ([tool, "import", wrong, ckpt, os.path.join(tmp, "y")], "'fc1.weight' has shape [32768], the checkpoint's is [128, 256]"),
         ]
         for cmd, message in cases:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
             text = r.stdout + r.stderr
             print("$", " ".join(cmd), "->", r.returncode, text.strip().splitlines()[-1] if text.strip() else "")
             expect(r.returncode == 2 and message in text, f"{' '.join(cmd[1:])}: exit {r.returncode}, {text[-300:]!r}")
-    print("checked: export bit for bit, shapes, accuracy, bf16 rounding, verify, --save-async, --keep-last, errors")
+    print("checked: export bit for bit, shapes, accuracy, bf16 rounding, verify, import, --save-async, --keep-last, "
+          "errors")
     return 1 if failures else 0
 
 
