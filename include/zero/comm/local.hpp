@@ -229,6 +229,7 @@ class Local {
     // block is its own receive block, which is skipped).
     const std::size_t block_bytes = send_count * bytes;
     std::vector<void*>& dsts = destinations_;
+    dsts.reserve(static_cast<std::size_t>(n));  // on the first call, whether or not this rank gets a piece
     share_pieces(static_cast<std::size_t>(n), block_bytes, piece_bytes(block_bytes),
                  [&](std::size_t s, std::size_t begin, std::size_t end) {
                    const char* src = static_cast<const char*>(group_->send_[s]);
@@ -253,6 +254,7 @@ class Local {
     const int n = size();
     const bool stream = detail::streaming_pays(footprint(count, t));
     std::vector<void*>& dsts = destinations_;
+    dsts.reserve(static_cast<std::size_t>(n));  // on the first call, whether or not this rank gets a piece
     share_pieces(1, total, piece_bytes(total), [&](std::size_t, std::size_t begin, std::size_t end) {
       dsts.clear();
       for (int s = 0; s < n; ++s)
