@@ -175,9 +175,9 @@ class ZeroOptimizer {
   // ---- Forward / backward ------------------------------------------------
   // The unit's parameters (padded flat buffer; a parameter starts at
   // layout().param(p).offset). Stage 3: collective, gathers the unit (and
-  // prefetches the next ones) into a gather slot.
+  // prefetches the next ones) into the gather arena.
   const param_type* acquire_unit(UnitId u);
-  // Stage 3: frees the unit's gather slot. Other stages: nothing.
+  // Stage 3: frees the unit's room in the gather arena. Other stages: nothing.
   void release_unit(UnitId u);
   // Pointer to parameter p inside its unit's parameters (after finalize();
   // stage 3: the unit must be acquired, not merely prefetched).
@@ -331,7 +331,8 @@ class ZeroOptimizer {
             "keep the communicator the optimizer was built with alive and unchanged while the optimizer is used");
     return overlap_.lane();
   }
-  // Events of Ops::Overlap: one per gradient staging set, one per gather slot.
+  // Events of Ops::Overlap: one per gradient staging set, one per gather slot
+  // (a unit the arena holds).
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
   static constexpr std::size_t slot_event(std::size_t slot) { return 2 + slot; }
   // With overlap, two staging sets: the caller writes one bucket while the
@@ -756,7 +757,7 @@ std::vector<float> ZeroOptimizer<P, O, S, F, B>::master_values(ParamId id) {
                             all.begin() + static_cast<std::ptrdiff_t>(start + p.numel));
 }
 
-// ---- Stage 3 gather slots ----------------------------------------------------
+// ---- Stage 3 gather arena ----------------------------------------------------
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 int ZeroOptimizer<P, O, S, F, B>::find_slot(std::size_t unit) const {
