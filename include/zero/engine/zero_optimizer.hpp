@@ -784,7 +784,10 @@ std::size_t ZeroOptimizer<P, O, S, F, B>::arena_place(std::size_t n) const {
     if (end - begin < n) continue;
     if (begin == 0) return 0;
     if (end == capacity) return end - n;
-    if (end - begin < best_gap) best = begin, best_gap = end - begin;
+    if (end - begin < best_gap) {
+      best = begin;
+      best_gap = end - begin;
+    }
   }
   return best;
 }
