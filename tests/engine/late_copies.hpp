@@ -18,6 +18,7 @@ struct LateCopyQueue {
   std::vector<std::function<void()>> pending;
   std::size_t deferred = 0;  // copies queued (the test's evidence that it deferred)
   std::size_t ran_late = 0;  // ... and that were still queued when an operation forced them
+  std::size_t stats_fetches = 0;  // gradient statistics brought to the host (a wait each)
   void drain() {
     ran_late += pending.size();
     for (auto& copy : pending) copy();
@@ -96,10 +97,18 @@ struct Ops<LateCopies> {
     in_order();
     Eager::fused_step(args);
   }
+  // Each is one wait for the stream (counted: a step should make one).
   template <class Grad>
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
     in_order();
+    ++test::late_copies().stats_fetches;
     return Eager::grad_stats(grad, n);
+  }
+  template <class Piece>
+  static kernels::GradStats grad_stats_pieces(std::size_t count, Piece&& piece) {
+    in_order();
+    ++test::late_copies().stats_fetches;
+    return Eager::grad_stats_pieces(count, piece);
   }
   static void synchronize() { in_order(); }
 

@@ -1144,10 +1144,13 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   // where the update reads it. One pass where the owned gradient is
   // contiguous (stage 0: all of it; stages 2-3: the shard buffer; offload:
   // its host copy); stage 1's owned pieces are interleaved in the device
-  // buffer, and summed per unit everywhere so that the norm has one rounding.
+  // buffer: one pass per unit, added in unit order on the backend (on a GPU,
+  // on the device), and brought to the host once.
   kernels::GradStats stats;
   if constexpr (rules.reduce_scatter_at_step) {
-    for (const auto& u : units) stats += UpdateOps::grad_stats(update_grad(u), update_size(u));
+    stats = UpdateOps::grad_stats_pieces(units.size(), [&](std::size_t i) {
+      return std::pair<const grad_type*, std::size_t>(update_grad(units[i]), update_size(units[i]));
+    });
   } else {
     stats = UpdateOps::grad_stats(update_grad(units.front()), owned_total());
   }
