@@ -317,6 +317,8 @@ namespace {
 
 struct StatsRun {
   std::size_t fetches = 0;  // gradient statistics brought to the host, over every step (LateCopies)
+  // Host waits from the start of each step() to its control all-reduce, summed over the steps.
+  std::size_t waits_before_control = 0;
   double grad_norm = 0.0;   // of the last step
 };
 
@@ -327,7 +329,12 @@ StatsRun count_stats_fetches() {
   constexpr int steps = 3;
   StatsRun out;
   zero::comm::LocalGroup group(2);
-  group.run([&](zero::comm::Local& c) {
+  group.run([&](zero::comm::Local& local) {
+    std::size_t step_start = 0, waits = 0;
+    using Event = zero::test::WatchedLocal::Event;
+    zero::test::WatchedLocal c(local, [&](Event e, std::size_t, bool control) {
+      if (e == Event::all_reduce && control) waits += zero::test::late_copies().host_waits - step_start;
+    });
     Opt opt(c, zero::test::test_hyper<AdamW>(), {});
     std::vector<zero::UnitId> units;
     for (std::size_t u = 0; u < 5; ++u) {
@@ -346,9 +353,10 @@ StatsRun count_stats_fetches() {
         opt.grad_ready(*it);
         opt.release_unit(*it);
       }
+      step_start = zero::test::late_copies().host_waits;
       last = opt.step();
     }
-    if (c.rank() == 0) out = {zero::test::late_copies().stats_fetches - before, last.grad_norm};
+    if (c.rank() == 0) out = {zero::test::late_copies().stats_fetches - before, waits, last.grad_norm};
   });
   return out;
 }
@@ -358,6 +366,9 @@ void check_one_fetch_per_step() {
   INFO("stage " << S);
   const StatsRun device = count_stats_fetches<S, zero::backend::LateCopies>();
   CHECK(device.fetches == 3);
+  // ... and that is the only wait between the last backward and the control
+  // all-reduce (its values go up from page-locked memory without one).
+  CHECK(device.waits_before_control == 3);
   // Added on the backend in unit order, as the host adds them: the same norm to the bit.
   CHECK(device.grad_norm == count_stats_fetches<S, zero::backend::Host>().grad_norm);
   CHECK(device.grad_norm > 0.0);
@@ -365,10 +376,11 @@ void check_one_fetch_per_step() {
 
 }  // namespace
 
-TEST_CASE("a step brings the gradient statistics to the host once, at every stage", "[engine][offload]") {
+TEST_CASE("a step waits for the device once before its control all-reduce, at every stage", "[engine][offload]") {
   // Stage 1's owned gradient is one piece per unit (interleaved with the
   // other ranks' pieces); on a device its statistics used to come to the
-  // host piece by piece, a wait for the stream each.
+  // host piece by piece, a wait for the stream each, and the control values
+  // went up with a blocking copy.
   check_one_fetch_per_step<0>();
   check_one_fetch_per_step<1>();
   check_one_fetch_per_step<2>();

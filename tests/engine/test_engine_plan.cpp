@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine_harness.hpp"
 #include "zero/engine/plan.hpp"
 #include "zero/zero.hpp"
 
@@ -215,40 +216,6 @@ TEST_CASE("offload moves master, states and the gradient shard off the device", 
 
 namespace {
 
-// comm::Local that records how the engine groups its reductions: the
-// reduce-scatters of each group_begin()/group_end(), in launch order.
-class GroupRecorder {
- public:
-  explicit GroupRecorder(zero::comm::Local& c) : c_(c) {}
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  void all_reduce(void* b, std::size_t n, zero::DType t, zero::comm::ReduceOp op, bool control) {
-    c_.all_reduce(b, n, t, op, control);
-  }
-  void reduce_scatter(const void* s, void* r, std::size_t n, zero::DType t) {
-    if (in_group_) groups.back().push_back(n);
-    c_.reduce_scatter(s, r, n, t);
-  }
-  void all_gather(const void* s, void* r, std::size_t n, zero::DType t, bool control) {
-    c_.all_gather(s, r, n, t, control);
-  }
-  void broadcast(void* b, std::size_t n, zero::DType t, int root) { c_.broadcast(b, n, t, root); }
-  void barrier() { c_.barrier(); }
-  const zero::comm::ByteCounters& counters() const { return c_.counters(); }
-  void reset_counters() { c_.reset_counters(); }
-  void group_begin() {
-    in_group_ = true;
-    groups.emplace_back();
-  }
-  void group_end() { in_group_ = false; }
-
-  std::vector<std::vector<std::size_t>> groups;  // shard elements of each reduce-scatter, per group
-
- private:
-  zero::comm::Local& c_;
-  bool in_group_ = false;
-};
-
 struct UnequalRun {
   zero::MemoryReport memory;
   std::vector<std::vector<std::size_t>> groups;  // of the last step
@@ -266,7 +233,16 @@ UnequalRun train_unequal(const zero::Options& options) {
   UnequalRun out;
   zero::comm::LocalGroup group(2);
   group.run([&](zero::comm::Local& local) {
-    GroupRecorder comm(local);
+    // How the engine groups its reductions: the shard elements of each
+    // reduce-scatter, per group, in launch order.
+    std::vector<std::vector<std::size_t>> groups;
+    bool in_group = false;
+    using Event = zero::test::WatchedLocal::Event;
+    zero::test::WatchedLocal comm(local, [&](Event e, std::size_t n, bool) {
+      if (e == Event::group_begin) groups.emplace_back();
+      if (e == Event::reduce_scatter && in_group) groups.back().push_back(n);
+      if (e == Event::group_begin || e == Event::group_end) in_group = e == Event::group_begin;
+    });
     Opt opt(comm, typename Opt::Hyper{}, options);
     std::vector<zero::UnitId> units;
     for (std::size_t u = 0; u < sizes.size(); ++u) {
@@ -308,7 +284,7 @@ UnequalRun train_unequal(const zero::Options& options) {
           if (!ok) out.arena_holds_every_pair = false;
         }
     for (int step = 0; step < 2; ++step) {
-      comm.groups.clear();
+      groups.clear();
       for (const auto u : units) {
         opt.acquire_unit(u);
         opt.release_unit(u);
@@ -326,7 +302,7 @@ UnequalRun train_unequal(const zero::Options& options) {
     }
     std::vector<float> masters(opt.layout().padded_total());
     opt.gather_masters(masters.data());
-    if (comm.rank() == 0) out = {opt.memory_report(), comm.groups, masters, out.arena_holds_every_pair};
+    if (comm.rank() == 0) out = {opt.memory_report(), groups, masters, out.arena_holds_every_pair};
   });
   return out;
 }

@@ -79,6 +79,24 @@ struct StepResult {
   double loss_scale = 1.0;      // the scale that was in effect for this step
 };
 
+namespace detail {
+// Host memory for the step's control values: page-locked where the backend
+// has such memory (a copy from it need not wait), else plain host memory.
+template <class Ops>
+struct ControlHostBuffer {
+  using type = backend::HostBuffer<double>;
+};
+template <class Ops>
+  requires requires(double* d, const double* s, std::size_t n) {
+    typename Ops::template PinnedBuffer<double>;
+    Ops::upload_async(d, s, n);
+  }
+struct ControlHostBuffer<Ops> {
+  using type = typename Ops::template PinnedBuffer<double>;
+  static constexpr bool async = true;
+};
+}  // namespace detail
+
 template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
           BackendPolicy Backend = backend::Host>
 class ZeroOptimizer {
@@ -383,7 +401,7 @@ class ZeroOptimizer {
   std::uint64_t step_report(const typename Optimizer::Scalars* scalars, bool non_finite) const;
   // Rank r's report after the control all-reduce.
   std::uint64_t rank_report(int r) const {
-    return static_cast<std::uint64_t>(control_host_[1 + static_cast<std::size_t>(r)]);
+    return static_cast<std::uint64_t>(control_host_.data()[1 + static_cast<std::size_t>(r)]);
   }
   // Throws on every rank when a rank's hyper-parameters are invalid or differ
   // from rank 0's, or a gradient holds inf/NaN without loss scaling to skip it.
@@ -439,7 +457,7 @@ class ZeroOptimizer {
   // The step's control all-reduce, in backend memory and its host copy: the
   // squared norm, then one report per rank (see step_report()).
   Buffer<double> control_;
-  std::vector<double> control_host_;
+  typename detail::ControlHostBuffer<Ops>::type control_host_;
   std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
   std::vector<std::size_t> slot_offset_;    // where the slot's unit lies in the arena
   std::vector<bool> slot_in_use_;           // acquired and not yet released
@@ -515,7 +533,7 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
     slot_in_use_.assign(sizes.gather_slot_count, false);
   }
   control_ = Buffer<double>(sizes.control);
-  control_host_.assign(sizes.control, 0.0);
+  control_host_ = typename detail::ControlHostBuffer<Ops>::type(sizes.control);
   reduced_this_micro_.assign(layout_.units().size(), false);
   account_memory();
   finalized_ = true;
@@ -1167,16 +1185,24 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   // One control all-reduce (summed): stages 1-3 add the owned shards' squared
   // norms in slot 0 (stage 0 computed its norm from the whole reduced
   // gradient); slot 1 + r carries rank r's report, the other ranks add 0.
-  std::fill(control_host_.begin(), control_host_.end(), 0.0);
-  if constexpr (rules.norm_needs_all_reduce()) control_host_[0] = stats.sum_squares;
-  control_host_[1 + static_cast<std::size_t>(rank())] =
+  double* control = control_host_.data();
+  const std::size_t control_size = control_host_.size();
+  std::fill(control, control + control_size, 0.0);
+  if constexpr (rules.norm_needs_all_reduce()) control[0] = stats.sum_squares;
+  control[1 + static_cast<std::size_t>(rank())] =
       static_cast<double>(step_report(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite));
+  // Up from page-locked memory without a host wait where the backend can (the
+  // statistics above were the step's one wait before the all-reduce); the
+  // all-reduce's lane starts after the copy, and the download waits for both.
+  if constexpr (requires { detail::ControlHostBuffer<Ops>::async; })
+    Ops::upload_async(control_.data(), control, control_size);
+  else
+    Ops::upload(control_.data(), control, control_size);
   communicate([&] {
-    Ops::upload(control_.data(), control_host_.data(), control_host_.size());
-    comm_->all_reduce(control_.data(), control_host_.size(), DType::f64, comm::ReduceOp::sum, true);
-    Ops::download(control_host_.data(), control_.data(), control_host_.size());
+    comm_->all_reduce(control_.data(), control_size, DType::f64, comm::ReduceOp::sum, true);
+    Ops::download(control, control_.data(), control_size);
   });
-  if constexpr (rules.norm_needs_all_reduce()) stats.sum_squares = control_host_[0];
+  if constexpr (rules.norm_needs_all_reduce()) stats.sum_squares = control[0];
   bool overflow = false;
   for (int r = 0; r < ranks(); ++r)
     overflow = overflow || (rank_report(r) & report_non_finite) != 0;
