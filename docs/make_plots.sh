@@ -43,7 +43,7 @@ ready() {
 }
 
 # (1) Memory per rank against N, 7.5B parameters as in the ZeRO paper's example, in 32 units (layers)
-#     of 234M: the largest unit sizes stage 3's gather slots and the gradient staging. Without zero_plan,
+#     of 234M: the largest units size stage 3's gather arena and the gradient staging. Without zero_plan,
 #     plots.py draws the paper's formulas from any plan data already in DATA_DIR, or alone.
 plan=$build/examples/zero_plan
 if ready memory "$plan" plan; then

@@ -114,9 +114,11 @@ void print_table(const plan::Plan& p) {
   std::printf("run: %d rank(s) (%d per node x %d node(s)), stage %d, %s, %s (K = %llu bytes/parameter), offload %s\n",
               c.ranks(), c.ranks_per_node, c.nodes, c.stage, plan::name(c.precision), c.optimizer.c_str(),
               static_cast<unsigned long long>(k), plan::name(c.offload));
-  std::printf("options: bucket %s (%zu unit(s) per bucket, %zu staging set(s)), prefetch %d, accumulation %d, "
-              "reduce in %s, overlap %s\n\n",
-              bytes_text(c.options.bucket_bytes).c_str(), p.sizes.bucket_units, p.sizes.staging_sets,
+  const zero::GradientBuckets& buckets = p.sizes.buckets;
+  std::printf("options: bucket %s (%zu bucket(s) of up to %zu unit(s), the largest %s; %zu staging set(s)), "
+              "prefetch %d, accumulation %d, reduce in %s, overlap %s\n\n",
+              bytes_text(c.options.bucket_bytes).c_str(), buckets.buckets.size(), buckets.max_units,
+              bytes_text(buckets.max_elements * pb).c_str(), p.sizes.staging_sets,
               c.options.prefetch_units, c.options.grad_accumulation_steps,
               c.options.reduce_dtype == zero::ReduceDType::fp32 ? "fp32" : plan::name(c.precision),
               c.overlap ? "on" : "off");
@@ -249,8 +251,8 @@ int main(int argc, char** argv) {
   std::size_t units = 1, layers = 0, width = 0, vocab = 0, context = 0, heads = 0;
   auto* params_opt = app.add_option("--params", params_text, "Parameter count, K/M/B/T suffixes (7B, 350M)");
   app.add_option("--units", units,
-                 "With --params: split into this many equal units (layers). The largest unit sizes the stage-3 "
-                 "gather slots and the gradient staging")
+                 "With --params: split into this many equal units (layers). The largest units size the stage-3 "
+                 "gather arena, the largest bucket of whole units the gradient staging")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
       ->needs(params_opt);
   auto* layers_opt = app.add_option("--layers", layers, "GPT shape: transformer blocks (one unit each)");
@@ -288,8 +290,8 @@ int main(int argc, char** argv) {
   std::string bucket_text = "32M";
   app.add_option("--bucket-bytes", bucket_text, "Options::bucket_bytes: gradient bucket, K/M/G suffixes (powers of "
                                                 "1024)");
-  app.add_option("--prefetch-units", config.options.prefetch_units, "Options::prefetch_units (stage 3 gather slots "
-                                                                    "= this + 1)")
+  app.add_option("--prefetch-units", config.options.prefetch_units, "Options::prefetch_units (the stage-3 gather "
+                                                                    "arena holds this + 1 of the largest units)")
       ->check(CLI::Range(0, 16));
   app.add_option("--grad-accumulation", config.options.grad_accumulation_steps,
                  "Options::grad_accumulation_steps: micro-batches per step")

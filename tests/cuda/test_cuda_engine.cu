@@ -30,6 +30,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../engine/reference.hpp"
@@ -238,6 +239,22 @@ void ops_tests() {
     got = DeviceOps::grad_stats(dg.p + 700, 100);
     CHECK(got.non_finite, "grad_stats sees an inf");
     CHECK(DeviceOps::allocation_count() == allocs, "grad_stats allocates no buffer");
+    // grad_stats_pieces: ranges added on the device in order, as the host adds them (to the bit), and an
+    // inf in any piece seen; empty pieces are skipped.
+    const std::size_t starts[] = {0, 3000, 3000, 9001}, sizes[] = {1234, 0, 5000, 777};
+    auto pieces_of = [&](const float* base) {
+      return [base, &starts, &sizes](std::size_t i) { return std::pair<const float*, std::size_t>(base + starts[i], sizes[i]); };
+    };
+    g[777] = 0.5f;
+    dg.put(g);
+    const auto want_pieces = HostOps::grad_stats_pieces(4, pieces_of(g.data()));
+    got = DeviceOps::grad_stats_pieces(4, pieces_of(dg.p));
+    CHECK(got.sum_squares == want_pieces.sum_squares && !got.non_finite,
+          fmt("grad_stats_pieces %.17g vs host %.17g", got.sum_squares, want_pieces.sum_squares));
+    g[9500] = NAN;
+    dg.put(g);
+    CHECK(DeviceOps::grad_stats_pieces(4, pieces_of(dg.p)).non_finite, "grad_stats_pieces sees a NaN in the last piece");
+    CHECK(DeviceOps::allocation_count() == allocs, "grad_stats_pieces allocates no buffer");
   } catch (const std::exception& e) {
     CHECK(false, std::string("Ops<Cuda>: exception: ") + e.what());
   }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reference.hpp"
@@ -38,6 +39,43 @@ struct Config {
   static constexpr int stage = S;
   using Precision = P;
   using Optimizer = O;
+};
+
+// comm::Local that shows `seen` each collective and group boundary before
+// running it: the tests' window onto what the engine launches, and when.
+class WatchedLocal {
+ public:
+  enum class Event { all_reduce, reduce_scatter, all_gather, broadcast, group_begin, group_end };
+  using Watcher = std::function<void(Event, std::size_t count, bool control)>;
+  WatchedLocal(comm::Local& c, Watcher seen) : c_(c), seen_(std::move(seen)) {}
+
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  void all_reduce(void* b, std::size_t n, DType t, comm::ReduceOp op, bool control) {
+    seen_(Event::all_reduce, n, control);
+    c_.all_reduce(b, n, t, op, control);
+  }
+  void reduce_scatter(const void* s, void* r, std::size_t n, DType t) {
+    seen_(Event::reduce_scatter, n, false);
+    c_.reduce_scatter(s, r, n, t);
+  }
+  void all_gather(const void* s, void* r, std::size_t n, DType t, bool control) {
+    seen_(Event::all_gather, n, control);
+    c_.all_gather(s, r, n, t, control);
+  }
+  void broadcast(void* b, std::size_t n, DType t, int root) {
+    seen_(Event::broadcast, n, false);
+    c_.broadcast(b, n, t, root);
+  }
+  void barrier() { c_.barrier(); }
+  const comm::ByteCounters& counters() const { return c_.counters(); }
+  void reset_counters() { c_.reset_counters(); }
+  void group_begin() { seen_(Event::group_begin, 0, false); }
+  void group_end() { seen_(Event::group_end, 0, false); }
+
+ private:
+  comm::Local& c_;
+  Watcher seen_;
 };
 
 // The equivalence criterion of the ZeRO design (see reference.hpp).

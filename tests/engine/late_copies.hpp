@@ -18,6 +18,8 @@ struct LateCopyQueue {
   std::vector<std::function<void()>> pending;
   std::size_t deferred = 0;  // copies queued (the test's evidence that it deferred)
   std::size_t ran_late = 0;  // ... and that were still queued when an operation forced them
+  std::size_t stats_fetches = 0;  // gradient statistics brought to the host (a wait each)
+  std::size_t host_waits = 0;     // calls that return only when the stream got there
   void drain() {
     ran_late += pending.size();
     for (auto& copy : pending) copy();
@@ -50,6 +52,11 @@ struct Ops<LateCopies> {
 
   // Every operation on the stream first runs the copies queued before it.
   static void in_order() { test::late_copies().drain(); }
+  // ... and a call that returns with its result on the host waits for the stream.
+  static void host_wait() {
+    in_order();
+    ++test::late_copies().host_waits;
+  }
 
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {
@@ -63,12 +70,12 @@ struct Ops<LateCopies> {
   }
   template <class T>
   static void upload(T* dst, const T* host_src, std::size_t n) {
-    in_order();
+    host_wait();
     Eager::upload(dst, host_src, n);
   }
   template <class T>
   static void download(T* host_dst, const T* src, std::size_t n) {
-    in_order();
+    host_wait();
     Eager::download(host_dst, src, n);
   }
   template <class T>
@@ -96,12 +103,20 @@ struct Ops<LateCopies> {
     in_order();
     Eager::fused_step(args);
   }
+  // Each is one wait for the stream (counted: a step should make one).
   template <class Grad>
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
-    in_order();
+    host_wait();
+    ++test::late_copies().stats_fetches;
     return Eager::grad_stats(grad, n);
   }
-  static void synchronize() { in_order(); }
+  template <class Piece>
+  static kernels::GradStats grad_stats_pieces(std::size_t count, Piece&& piece) {
+    host_wait();
+    ++test::late_copies().stats_fetches;
+    return Eager::grad_stats_pieces(count, piece);
+  }
+  static void synchronize() { host_wait(); }
 
   // One stream for compute and communication; a lane (where the collectives
   // run) still starts after the copies queued before it.

@@ -312,3 +312,77 @@ TEST_CASE("the delayed update needs offload", "[engine][offload][delayed][errors
   });
   CHECK_THAT(error, Catch::Contains("delayed_update") && Catch::Contains("offload::Cpu"));
 }
+
+namespace {
+
+struct StatsRun {
+  std::size_t fetches = 0;  // gradient statistics brought to the host, over every step (LateCopies)
+  // Host waits from the start of each step() to its control all-reduce, summed over the steps.
+  std::size_t waits_before_control = 0;
+  double grad_norm = 0.0;   // of the last step
+};
+
+// Five units of unequal size on 2 ranks, 3 steps; the backward of the documented loop.
+template <int S, class Backend>
+StatsRun count_stats_fetches() {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<S>, zero::offload::None, Backend>;
+  constexpr int steps = 3;
+  StatsRun out;
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& local) {
+    std::size_t step_start = 0, waits = 0;
+    using Event = zero::test::WatchedLocal::Event;
+    zero::test::WatchedLocal c(local, [&](Event e, std::size_t, bool control) {
+      if (e == Event::all_reduce && control) waits += zero::test::late_copies().host_waits - step_start;
+    });
+    Opt opt(c, zero::test::test_hyper<AdamW>(), {});
+    std::vector<zero::UnitId> units;
+    for (std::size_t u = 0; u < 5; ++u) {
+      units.push_back(opt.add_unit("u" + std::to_string(u)));
+      opt.add_param(units.back(), "w" + std::to_string(u), 100 + 37 * u);
+    }
+    opt.finalize();
+    const std::size_t before = zero::test::late_copies().stats_fetches;
+    zero::StepResult last;
+    for (int step = 0; step < steps; ++step) {
+      for (auto it = units.rbegin(); it != units.rend(); ++it) {
+        opt.acquire_unit(*it);
+        bf16* g = opt.grad_buffer(*it);
+        for (std::size_t i = 0; i < opt.layout().unit(*it).numel; ++i)
+          g[i] = zero::from_float<bf16>(0.01f * static_cast<float>((i * 5 + it->index + static_cast<std::size_t>(step)) % 11) - 0.05f);
+        opt.grad_ready(*it);
+        opt.release_unit(*it);
+      }
+      step_start = zero::test::late_copies().host_waits;
+      last = opt.step();
+    }
+    if (c.rank() == 0) out = {zero::test::late_copies().stats_fetches - before, waits, last.grad_norm};
+  });
+  return out;
+}
+
+template <int S>
+void check_one_fetch_per_step() {
+  INFO("stage " << S);
+  const StatsRun device = count_stats_fetches<S, zero::backend::LateCopies>();
+  CHECK(device.fetches == 3);
+  // ... and that is the only wait between the last backward and the control
+  // all-reduce (its values go up from page-locked memory without one).
+  CHECK(device.waits_before_control == 3);
+  // Added on the backend in unit order, as the host adds them: the same norm to the bit.
+  CHECK(device.grad_norm == count_stats_fetches<S, zero::backend::Host>().grad_norm);
+  CHECK(device.grad_norm > 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("a step waits for the device once before its control all-reduce, at every stage", "[engine][offload]") {
+  // Stage 1's owned gradient is one piece per unit (interleaved with the
+  // other ranks' pieces); on a device its statistics used to come to the
+  // host piece by piece, a wait for the stream each, and the control values
+  // went up with a blocking copy.
+  check_one_fetch_per_step<0>();
+  check_one_fetch_per_step<1>();
+  check_one_fetch_per_step<2>();
+  check_one_fetch_per_step<3>();
+}

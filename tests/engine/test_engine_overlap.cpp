@@ -132,6 +132,11 @@ struct Ops<DeferredLane> {
     wait_current();
     return Eager::grad_stats(grad, n);
   }
+  template <class Piece>
+  static kernels::GradStats grad_stats_pieces(std::size_t count, Piece&& piece) {
+    wait_current();
+    return Eager::grad_stats_pieces(count, piece);
+  }
   static void synchronize() { wait_current(); }
 
   class Overlap {

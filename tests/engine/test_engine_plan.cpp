@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine_harness.hpp"
 #include "zero/engine/plan.hpp"
 #include "zero/zero.hpp"
 
@@ -211,4 +212,127 @@ TEST_CASE("offload moves master, states and the gradient shard off the device", 
   CHECK(cpu.comm.bytes_sent == none.comm.bytes_sent);
   c.stage = 0;
   CHECK_THROWS_WITH(plan::make_plan(c), Catch::Contains("stage >= 1"));
+}
+
+namespace {
+
+struct UnequalRun {
+  zero::MemoryReport memory;
+  std::vector<std::vector<std::size_t>> groups;  // of the last step
+  std::vector<float> masters;
+  bool arena_holds_every_pair = true;
+};
+
+// One large embedding, eight blocks, a small final norm, each one parameter
+// (2 ranks pad units to 128 elements: 1024, 8 x 384, 128), trained with the
+// GPT's hook order: forward 0..9, the tied head acquires the embedding again,
+// backward 9..0 (the embedding's gradient without a new acquire).
+template <class Opt>
+UnequalRun train_unequal(const zero::Options& options) {
+  const std::vector<std::size_t> sizes = {1000, 300, 300, 300, 300, 300, 300, 300, 300, 10};
+  UnequalRun out;
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& local) {
+    // How the engine groups its reductions: the shard elements of each
+    // reduce-scatter, per group, in launch order.
+    std::vector<std::vector<std::size_t>> groups;
+    bool in_group = false;
+    using Event = zero::test::WatchedLocal::Event;
+    zero::test::WatchedLocal comm(local, [&](Event e, std::size_t n, bool) {
+      if (e == Event::group_begin) groups.emplace_back();
+      if (e == Event::reduce_scatter && in_group) groups.back().push_back(n);
+      if (e == Event::group_begin || e == Event::group_end) in_group = e == Event::group_begin;
+    });
+    Opt opt(comm, typename Opt::Hyper{}, options);
+    std::vector<zero::UnitId> units;
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      units.push_back(opt.add_unit("u" + std::to_string(u)));
+      opt.add_param(units.back(), "w" + std::to_string(u), sizes[u]);
+    }
+    opt.finalize();
+    auto value = [](std::size_t u, std::size_t i) { return static_cast<float>(u * 1000 + i) * 0.25f; };
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      std::vector<float> v(sizes[u]);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(u, i);
+      opt.set_param(zero::ParamId{u}, v.data());
+    }
+    // Any two units held at once, and a third acquired after the first is
+    // released, read their own values (the arena holds the two largest units
+    // and puts each against an end, so no pair is refused or overlaps).
+    auto holds = [&](std::size_t u) {
+      const float* p = opt.acquire_unit(units[u]);
+      for (std::size_t i = 0; i < sizes[u]; ++i)
+        if (p[i] != value(u, i)) return false;
+      return true;
+    };
+    auto still = [&](std::size_t u) {
+      const float* p = opt.param_data(zero::ParamId{u});
+      for (std::size_t i = 0; i < sizes[u]; ++i)
+        if (p[i] != value(u, i)) return false;
+      return true;
+    };
+    const bool pairs = options.prefetch_units >= 1;  // (room for two units)
+    for (std::size_t a = 0; a < sizes.size() && pairs; ++a)
+      for (std::size_t b = 0; b < sizes.size(); ++b)
+        for (std::size_t c = 0; c < sizes.size(); ++c) {
+          if (a == b || b == c || a == c) continue;
+          bool ok = holds(a) && holds(b) && still(a);
+          opt.release_unit(units[a]);
+          ok = holds(c) && still(b) && ok;
+          opt.release_unit(units[b]);
+          opt.release_unit(units[c]);
+          if (!ok) out.arena_holds_every_pair = false;
+        }
+    for (int step = 0; step < 2; ++step) {
+      groups.clear();
+      for (const auto u : units) {
+        opt.acquire_unit(u);
+        opt.release_unit(u);
+      }
+      opt.acquire_unit(units[0]);  // the tied head
+      opt.release_unit(units[0]);
+      for (std::size_t u = sizes.size(); u-- > 0;) {
+        if (u > 0) opt.acquire_unit(units[u]);
+        float* g = opt.grad_buffer(units[u]);
+        for (std::size_t i = 0; i < sizes[u]; ++i) g[i] = 0.001f * static_cast<float>((i * 7 + u) % 13) - 0.006f;
+        opt.grad_ready(units[u]);
+        if (u > 0) opt.release_unit(units[u]);
+      }
+      opt.step();
+    }
+    std::vector<float> masters(opt.layout().padded_total());
+    opt.gather_masters(masters.data());
+    if (comm.rank() == 0) out = {opt.memory_report(), groups, masters, out.arena_holds_every_pair};
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("units of unequal size: gradient buckets and the gather arena are sized in bytes", "[engine][plan]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, AdamW, zero::stage<3>, zero::offload::None, zero::backend::Host>;
+  // Padded units (elements): embedding 1024, blocks 8 x 384, norm 128; shards half of that.
+  // Buckets of 1536 elements (6 KiB of fp32), filled in backward order:
+  //   {norm, b8, b7, b6} 1280, {b5, b4, b3, b2} 1536, {b1, embedding} 1408.
+  // Sized by the largest unit (4 KiB), a bucket would hold one unit, and each
+  // slot, staging or gather, an embedding.
+  zero::Options options;
+  options.bucket_bytes = 1536 * 4;
+  const UnequalRun run = train_unequal<Opt>(options);
+  const std::vector<std::vector<std::size_t>> expected_groups = {
+      {64, 192, 192, 192}, {192, 192, 192, 192}, {192, 512}};
+  CHECK(run.groups == expected_groups);  // 3 launches for 10 units
+  const std::uint64_t staging = 1536 * 4, shard_staging = 768 * 4, arena = (1024 + 384) * 4;
+  CHECK(run.memory.communication_buffers == staging + shard_staging + arena);
+  CHECK(run.arena_holds_every_pair);
+
+  // The same training with every unit alone in its bucket and nothing
+  // prefetched: the grouping changes when reductions launch, not a bit of the result.
+  zero::Options alone = options;
+  alone.bucket_bytes = 1;
+  alone.prefetch_units = 0;
+  const UnequalRun single = train_unequal<Opt>(alone);
+  CHECK(single.groups.size() == 10);
+  CHECK(single.memory.communication_buffers == (1024 + 512 + 1024) * 4);
+  CHECK(single.masters == run.masters);
 }

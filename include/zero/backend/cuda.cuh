@@ -16,7 +16,7 @@
 // orders the two with events (Ops<Cuda>::Overlap below), so collectives run
 // beside the user's kernels.
 //
-// The host waits only where it must: download, grad_stats and synchronize
+// The host waits only where it must: download, grad_stats(_pieces) and synchronize
 // return results to the host; upload returns when the host buffer may be
 // reused. Those waits go through zero::cuda::wait_stream, which turns a
 // collective that will never finish into a CommError instead of a hang.
@@ -298,6 +298,24 @@ struct Ops<Cuda> {
     int device = 0;
     ZERO_CUDA_CHECK(cudaGetDevice(&device));
     return detail::cuda_thread_workspace().stats(device).compute(grad, n, stream());
+  }
+
+  // The statistics of several ranges, piece(i) -> {grad, n} for i < count:
+  // added on the device in order (as the host adds them), and fetched with
+  // one wait instead of one per range.
+  template <class Piece>
+  static kernels::GradStats grad_stats_pieces(std::size_t count, Piece&& piece) {
+    int device = 0;
+    ZERO_CUDA_CHECK(cudaGetDevice(&device));
+    kernels::CudaGradStats& stats = detail::cuda_thread_workspace().stats(device);
+    bool any = false;
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto [grad, n] = piece(i);
+      if (n == 0) continue;
+      stats.enqueue(grad, n, stream(), any);
+      any = true;
+    }
+    return any ? stats.fetch(stream()) : kernels::GradStats{};
   }
 
   // Waits for everything enqueued on this thread's stream.

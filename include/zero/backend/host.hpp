@@ -130,6 +130,17 @@ struct Ops<Host> {
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
     return kernels::host_grad_stats(grad, n);
   }
+  // The statistics of several ranges, piece(i) -> {grad, n} for i < count,
+  // added in order.
+  template <class Piece>
+  static kernels::GradStats grad_stats_pieces(std::size_t count, Piece&& piece) {
+    kernels::GradStats stats;
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto [grad, n] = piece(i);
+      stats += kernels::host_grad_stats(grad, n);
+    }
+    return stats;
+  }
   static void synchronize() {}
 
   // Compute/communication overlap (see Ops<Cuda>::Overlap). Host

@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/adam.hpp"
@@ -48,13 +49,15 @@ concept BackendOverlap = std::default_initializable<Overlap> && std::constructib
 // What the engine calls, checked on the element types it uses. The
 // operations are stream-ordered on a device: copy, zero, convert, accumulate
 // and fused_step are enqueued; upload returns when the host source may be
-// reused; download and grad_stats return when the result is on the host.
+// reused; download, grad_stats and grad_stats_pieces (several ranges, one
+// result) return when the result is on the host.
 template <class O>
 concept BackendOps =
     BackendBuffer<typename O::template Buffer<float>, float> &&
     BackendBuffer<typename O::template Buffer<bf16>, bf16> && BackendOverlap<typename O::Overlap> &&
     requires(float* f, const float* cf, bf16* h, const bf16* ch, double* d, const double* cd, std::size_t n, bool b,
-             const kernels::FusedStepArgs<optim::AdamW, bf16, bf16>& args) {
+             const kernels::FusedStepArgs<optim::AdamW, bf16, bf16>& args,
+             std::pair<const bf16*, std::size_t> (*pieces)(std::size_t)) {
       { O::allocation_count() } -> std::convertible_to<std::uint64_t>;
       O::copy(f, cf, n);
       O::zero(h, n);
@@ -66,6 +69,7 @@ concept BackendOps =
       O::accumulate(h, cf, n, b);
       O::fused_step(args);
       { O::grad_stats(ch, n) } -> std::same_as<kernels::GradStats>;
+      { O::grad_stats_pieces(n, pieces) } -> std::same_as<kernels::GradStats>;
       O::synchronize();
     };
 

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
+#include <vector>
 
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
@@ -31,6 +33,78 @@ inline bool gradients_in_place(const StagePlan& stage, const Options& options) {
   return !stage.grads_sharded && options.grad_accumulation_steps == 1;
 }
 
+// Gradient buckets: runs of consecutive units whose reductions are launched
+// together. Backward hands gradients over from the last unit to the first, so
+// units are packed in that order, each bucket taking units while their
+// gradients fit in Options::bucket_bytes; a unit larger than that gets a
+// bucket of its own. A bucket's staging holds its units back to back in
+// layout order, so the staging is sized by the largest bucket's bytes, not by
+// a unit count times the largest unit (with a large embedding beside small
+// blocks, that would make every slot an embedding).
+struct GradientBuckets {
+  struct Bucket {
+    std::size_t first_unit = 0, units = 0;  // units [first_unit, first_unit + units)
+    std::size_t elements = 0;               // padded elements of its units
+    std::size_t shard_elements = 0;         // of their shards
+  };
+  std::vector<Bucket> buckets;            // in the order backward fills them
+  std::vector<std::size_t> bucket_of;     // per unit: its bucket
+  std::vector<std::size_t> offset;        // per unit: first element in its bucket's staging
+  std::vector<std::size_t> shard_offset;  // per unit: first element of its shard in the bucket's shard staging
+  std::size_t max_elements = 0, max_shard_elements = 0, max_units = 0;  // over the buckets
+
+  const Bucket& of(std::size_t unit) const { return buckets[bucket_of[unit]]; }
+};
+
+inline GradientBuckets gradient_buckets(const Layout& layout, std::size_t grad_bytes, std::size_t bucket_bytes) {
+  const auto& units = layout.units();
+  GradientBuckets g;
+  g.bucket_of.assign(units.size(), 0);
+  g.offset.assign(units.size(), 0);
+  g.shard_offset.assign(units.size(), 0);
+  std::size_t bytes = 0;  // of the bucket being filled
+  for (std::size_t i = units.size(); i-- > 0;) {
+    const std::size_t unit_bytes = checked_mul(units[i].padded, grad_bytes, "the gradient of unit '", units[i].name, "'");
+    if (g.buckets.empty() || checked_add(bytes, unit_bytes, "a gradient bucket") > bucket_bytes) {
+      g.buckets.emplace_back();
+      bytes = 0;
+    }
+    auto& b = g.buckets.back();
+    b.first_unit = i;
+    ++b.units;
+    b.elements += units[i].padded;
+    b.shard_elements += units[i].shard;
+    bytes += unit_bytes;
+    g.bucket_of[i] = g.buckets.size() - 1;
+  }
+  for (const auto& b : g.buckets) {
+    const UnitInfo& first = units[b.first_unit];
+    for (std::size_t i = b.first_unit; i < b.first_unit + b.units; ++i) {
+      g.offset[i] = units[i].full_offset - first.full_offset;
+      g.shard_offset[i] = units[i].shard_offset - first.shard_offset;
+    }
+    g.max_elements = std::max(g.max_elements, b.elements);
+    g.max_shard_elements = std::max(g.max_shard_elements, b.shard_elements);
+    g.max_units = std::max(g.max_units, b.units);
+  }
+  return g;
+}
+
+// Stage 3's gather arena: at most prefetch_units + 1 units are held at once
+// (acquired or prefetched), so an arena of the prefetch_units + 1 largest
+// units' elements holds any set of them; ZeroOptimizer places each unit
+// against an end of the arena, which for up to two units always fits (see
+// gather_into_slot).
+inline std::size_t gather_arena_elements(const Layout& layout, std::size_t slots) {
+  std::vector<std::size_t> sizes;
+  for (const auto& u : layout.units()) sizes.push_back(u.padded);
+  const std::size_t k = std::min(slots, sizes.size());
+  std::partial_sort(sizes.begin(), sizes.begin() + static_cast<std::ptrdiff_t>(k), sizes.end(), std::greater<>());
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < k; ++i) total = checked_add(total, sizes[i], "finalize(): the stage-3 gather arena");
+  return total;
+}
+
 // Elements of every buffer one rank allocates at finalize().
 struct BufferSizes {
   // Model state.
@@ -39,13 +113,13 @@ struct BufferSizes {
   std::size_t master = 0;          // fp32 master (0 when fp32 parameters are their own master)
   std::size_t state_per_slot = 0;  // each optimizer-state array (fp32)
   // Communication buffers.
-  std::size_t bucket_units = 1;    // units whose reductions are launched together
+  GradientBuckets buckets;         // which units are reduced together, and where each is staged
   std::size_t staging_sets = 1;    // 2 when double-buffered
   std::size_t grad_staging = 0;    // gradient type: where the caller writes a unit's gradient
   std::size_t reduce_staging_fp32 = 0;  // fp32: 16-bit gradients widened to reduce in fp32
   std::size_t shard_staging = 0;   // gradient type: a reduce-scatter's result before accumulation
-  std::size_t gather_slots = 0;    // stage 3, parameter type: (prefetch + 1) whole units
-  std::size_t gather_slot_count = 0;
+  std::size_t gather_slots = 0;    // stage 3, parameter type: the arena of the (prefetch + 1) largest units
+  std::size_t gather_slot_count = 0;  // units the arena holds at once (prefetch + 1)
   std::size_t control = 0;         // doubles: the step's [sum of squares, one report per rank]
   std::size_t max_unit = 0;        // largest padded unit
   std::size_t max_shard = 0;       // largest shard
@@ -64,25 +138,25 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
 
   s.max_unit = layout.max_unit();
   for (const auto& u : layout.units()) s.max_shard = std::max(s.max_shard, u.shard);
-  // A bucket: as many units as fit in Options::bucket_bytes (at least one).
-  s.bucket_units = std::clamp<std::size_t>(
-      options.bucket_bytes / checked_mul(s.max_unit, spec.grad_bytes, "the largest unit's gradient"), 1,
-      layout.units().size());
+  s.buckets = gradient_buckets(layout, spec.grad_bytes, options.bucket_bytes);
   s.staging_sets = spec.overlap ? 2 : 1;
-  const std::size_t staged = s.staging_sets * s.bucket_units;
-  // Products of a slot count and a unit size: checked, a huge unit must not wrap.
-  auto slots = [](std::size_t count, std::size_t per_slot, const char* what) {
-    return checked_mul(count, per_slot, "finalize(): the ", what, " (", count, " slots)");
+  // Products of a set count and a bucket size: checked, a huge bucket must not wrap.
+  auto sets = [](std::size_t count, std::size_t per_set, const char* what) {
+    return checked_mul(count, per_set, "finalize(): the ", what, " (", count, " sets)");
   };
-  if (!gradients_in_place(spec.stage, options)) s.grad_staging = slots(staged, s.max_unit, "gradient staging");
+  const std::size_t bucket = s.buckets.max_elements;
+  if (!gradients_in_place(spec.stage, options))
+    s.grad_staging = sets(s.staging_sets, bucket, "gradient staging");
   // Stage 1 widens one unit at a time at step(); the others a whole staged bucket.
   if (options.reduce_dtype == ReduceDType::fp32 && spec.grad_bytes != 4)
-    s.reduce_staging_fp32 =
-        slots(spec.stage.reduce_scatter_at_step ? 1 : staged, s.max_unit, "fp32 reduction staging");
-  if (spec.stage.reduce_scatter_on_flush) s.shard_staging = slots(staged, s.max_shard, "reduce-scatter staging");
+    s.reduce_staging_fp32 = spec.stage.reduce_scatter_at_step
+                                ? s.max_unit
+                                : sets(s.staging_sets, bucket, "fp32 reduction staging");
+  if (spec.stage.reduce_scatter_on_flush)
+    s.shard_staging = sets(s.staging_sets, s.buckets.max_shard_elements, "reduce-scatter staging");
   if (spec.stage.params_sharded) {
     s.gather_slot_count = static_cast<std::size_t>(options.prefetch_units) + 1;
-    s.gather_slots = slots(s.gather_slot_count, s.max_unit, "stage-3 gather slots");
+    s.gather_slots = gather_arena_elements(layout, s.gather_slot_count);
   }
   s.control = 1 + static_cast<std::size_t>(layout.ranks());
   return s;

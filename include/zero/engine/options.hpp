@@ -38,13 +38,15 @@ struct NvmeOptions {
 };
 
 struct Options {
-  // Gradient bucket: finished unit gradients are staged until a bucket of
-  // this many bytes (counted in whole units of the largest size, at least
-  // one) is full, then their reductions are launched together (one NCCL
-  // group), as DeepSpeed's reduce_bucket_size. Stages 0 and 1 without
-  // accumulation take gradients in place and stage nothing.
+  // Gradient bucket: consecutive units whose gradients fit in this many
+  // bytes (a larger unit is a bucket of its own) are staged until the last
+  // of them is ready, then their reductions are launched together (one NCCL
+  // group), as DeepSpeed's reduce_bucket_size. The staging holds the largest
+  // bucket (engine/buffer_sizes.hpp). Stages 0 and 1 without accumulation
+  // take gradients in place and stage nothing.
   std::size_t bucket_bytes = std::size_t{32} << 20;
-  // Stage 3: units gathered ahead of the one in use.
+  // Stage 3: units gathered ahead of the one in use (the gather arena holds
+  // the prefetch_units + 1 largest units).
   int prefetch_units = 1;
   // Micro-batches summed before each optimizer step.
   int grad_accumulation_steps = 1;

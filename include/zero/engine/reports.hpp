@@ -46,7 +46,7 @@ struct MemoryReport {
   std::uint64_t optimizer_states = 0;  // e.g. Adam's m and v
   // Of the four lines above, the bytes that are padding (not additional).
   std::uint64_t padding = 0;
-  // Not model state: staging for reductions, stage-3 gather slots, and with
+  // Not model state: staging for reductions, the stage-3 gather arena, and with
   // offload the host staging of the parameters on their way to the device.
   std::uint64_t communication_buffers = 0;
   // Each line above split by where it lives (totals equal the lines). With

@@ -35,6 +35,7 @@
 #include "zero/config.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -87,6 +88,24 @@ struct StepResult {
   double grad_norm = 0.0;       // global L2 norm of the unscaled, averaged gradient (before clipping)
   double loss_scale = 1.0;      // the scale that was in effect for this step
 };
+
+namespace detail {
+// Host memory for the step's control values: page-locked where the backend
+// has such memory (a copy from it need not wait), else plain host memory.
+template <class Ops>
+struct ControlHostBuffer {
+  using type = backend::HostBuffer<double>;
+};
+template <class Ops>
+  requires requires(double* d, const double* s, std::size_t n) {
+    typename Ops::template PinnedBuffer<double>;
+    Ops::upload_async(d, s, n);
+  }
+struct ControlHostBuffer<Ops> {
+  using type = typename Ops::template PinnedBuffer<double>;
+  static constexpr bool async = true;
+};
+}  // namespace detail
 
 template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
           BackendPolicy Backend = backend::Host>
@@ -200,9 +219,9 @@ class ZeroOptimizer {
   // ---- Forward / backward ------------------------------------------------
   // The unit's parameters (padded flat buffer; a parameter starts at
   // layout().param(p).offset). Stage 3: collective, gathers the unit (and
-  // prefetches the next ones) into a gather slot.
+  // prefetches the next ones) into the gather arena.
   const param_type* acquire_unit(UnitId u);
-  // Stage 3: frees the unit's gather slot. Other stages: nothing.
+  // Stage 3: frees the unit's room in the gather arena. Other stages: nothing.
   void release_unit(UnitId u);
   // Pointer to parameter p inside its unit's parameters (after finalize();
   // stage 3: the unit must be acquired, not merely prefetched).
@@ -376,14 +395,22 @@ class ZeroOptimizer {
             "keep the communicator the optimizer was built with alive and unchanged while the optimizer is used");
     return overlap_.lane();
   }
-  // Events of Ops::Overlap: one per gradient staging set, one per gather slot.
+  // Events of Ops::Overlap: one per gradient staging set, one per gather slot
+  // (a unit the arena holds).
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
   static constexpr std::size_t slot_event(std::size_t slot) { return 2 + slot; }
   // With overlap, two staging sets: the caller writes one bucket while the
   // previous one is reduced.
   std::size_t staging_sets() const { return overlap_.active() ? 2 : 1; }
-  // Position of a bucket's i-th unit in the staging buffers.
-  std::size_t staging_slot(std::size_t i) const { return set_ * bucket_units_ + i; }
+  // Where unit u's gradient is staged in the current set (its bucket's units
+  // lie back to back; a set holds the largest bucket), and its shard's
+  // reduce-scatter result.
+  std::size_t staging_offset(std::size_t u) const {
+    return set_ * buckets_.max_elements + buckets_.offset[u];
+  }
+  std::size_t shard_staging_offset(std::size_t u) const {
+    return set_ * buckets_.max_shard_elements + buckets_.shard_offset[u];
+  }
 
   // Collective: every unit, padded, into host memory `out`, from each rank's
   // updated range of it (fill(u, dst) writes that range into backend memory).
@@ -420,12 +447,18 @@ class ZeroOptimizer {
   std::uint64_t step_report(const typename Optimizer::Scalars* scalars, bool non_finite) const;
   // Rank r's report after the control all-reduce.
   std::uint64_t rank_report(int r) const {
-    return static_cast<std::uint64_t>(control_host_[1 + static_cast<std::size_t>(r)]);
+    return static_cast<std::uint64_t>(control_host_.data()[1 + static_cast<std::size_t>(r)]);
   }
   // Throws on every rank when a rank's hyper-parameters are invalid or differ
   // from rank 0's, or a gradient holds inf/NaN without loss scaling to skip it.
   void check_step_reports(const std::string& invalid_hyper, bool overflow);
-  int gather_into_slot(std::size_t unit);
+  // Stage 3: gathers `unit` into a free slot of the arena and returns the
+  // slot, or -1 when no slot or no room is free. may_evict: make room by
+  // dropping prefetched units no one acquired (acquire_unit; a prefetch
+  // only uses room that is free).
+  int gather_into_slot(std::size_t unit, bool may_evict);
+  // Where in the gather arena a unit of n elements fits now, or npos.
+  std::size_t arena_place(std::size_t n) const;
   int find_slot(std::size_t unit) const;
   void prefetch_after(std::size_t unit);
 
@@ -452,28 +485,27 @@ class ZeroOptimizer {
   StepArgs pending_args_{};
   std::size_t pending_set_ = 0;
   detail::UpdateWorker worker_;
-  // Communication buffers, one slot per unit of a gradient bucket.
+  // Communication buffers, each set holding the largest gradient bucket.
   Buffer<grad_type> grad_staging_;          // where the caller writes a unit's gradient
-  Buffer<float> reduce_staging_fp32_;       // a unit widened to fp32, when reducing 16-bit gradients in fp32
-  Buffer<grad_type> shard_staging_;         // a reduce-scatter's result before accumulation
-  std::size_t bucket_units_ = 1;            // units whose reductions are launched together
+  Buffer<float> reduce_staging_fp32_;       // a bucket widened to fp32, when reducing 16-bit gradients in fp32
+  Buffer<grad_type> shard_staging_;         // a bucket's reduce-scatter results before accumulation
+  GradientBuckets buckets_;                 // units whose reductions are launched together (buffer_sizes.hpp)
   std::size_t set_ = 0;                     // the staging set the current bucket uses
   typename Ops::Overlap overlap_;
   void* comm_stream_ = nullptr;             // the communicator's stream at finalize()
-  std::size_t max_shard_ = 0;
   struct Pending {
     std::size_t unit;
     grad_type* written;  // where the caller wrote the gradient
-    std::size_t slot;    // its slot in the staging buffers
   };
-  std::vector<Pending> pending_;            // gradients ready but not yet reduced (capacity reserved)
+  std::vector<Pending> pending_;            // gradients ready but not yet reduced, all of one bucket (capacity reserved)
   grad_type* handed_ = nullptr;             // the buffer grad_buffer() handed out
-  Buffer<param_type> gather_slots_;         // stage 3: (prefetch + 1) units
+  Buffer<param_type> gather_slots_;         // stage 3: the arena the gathered units share
   // The step's control all-reduce, in backend memory and its host copy: the
   // squared norm, then one report per rank (see step_report()).
   Buffer<double> control_;
-  std::vector<double> control_host_;
+  typename detail::ControlHostBuffer<Ops>::type control_host_;
   std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
+  std::vector<std::size_t> slot_offset_;    // where the slot's unit lies in the arena
   std::vector<bool> slot_in_use_;           // acquired and not yet released
   int staging_unit_ = -1;                   // unit whose gradient buffer is handed out
 
@@ -508,8 +540,8 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   constexpr const char* shard_grads = "stages 2 and 3 shard the gradients: use stage<2> or higher, or more ranks";
   constexpr const char* shard_states =
       "stages 1-3 shard the master weights and optimizer state: use stage<1> or higher, or more ranks";
-  constexpr const char* fewer_units = "lower Options::bucket_bytes (a bucket holds at least the largest unit), or "
-                                      "split the largest unit";
+  constexpr const char* fewer_units = "lower Options::bucket_bytes (a bucket holds at least one unit), or split "
+                                      "the largest unit";
   params_ = allocate<param_type>(sizes.params, "parameters", rules.params_sharded ? "more ranks" : shard_params);
   grads_ = allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
   if constexpr (requires { store_.configure(options_.nvme, 0); }) store_.configure(options_.nvme, rank());
@@ -533,23 +565,23 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
       host_params_ = allocate_as<OffloadBuffer<param_type>>(sizes.state_per_slot, "host staging of the parameters",
                                                             "more ranks");
   }
-  max_shard_ = sizes.max_shard;
-  bucket_units_ = sizes.bucket_units;
+  buckets_ = sizes.buckets;
   grad_staging_ = allocate<grad_type>(sizes.grad_staging, "gradient staging (one bucket)", fewer_units);
   reduce_staging_fp32_ = allocate<float>(sizes.reduce_staging_fp32, "fp32 reduction staging",
                                          "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " +
                                              std::string(fewer_units));
   shard_staging_ = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
-  pending_.reserve(bucket_units_);
+  pending_.reserve(buckets_.max_units);
   if constexpr (rules.params_sharded) {
-    gather_slots_ = allocate<param_type>(sizes.gather_slots, "stage-3 gather slots",
-                                         "lower Options::prefetch_units (each prefetched unit takes a slot), or "
-                                         "split the largest unit");
+    gather_slots_ = allocate<param_type>(sizes.gather_slots, "stage-3 gather arena",
+                                         "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
+                                         "largest units), or split the largest units");
     slot_unit_.assign(sizes.gather_slot_count, npos);
+    slot_offset_.assign(sizes.gather_slot_count, 0);
     slot_in_use_.assign(sizes.gather_slot_count, false);
   }
   control_ = Buffer<double>(sizes.control);
-  control_host_.assign(sizes.control, 0.0);
+  control_host_ = typename detail::ControlHostBuffer<Ops>::type(sizes.control);
   reduced_this_micro_.assign(layout_.units().size(), false);
   account_memory();
   finalized_ = true;
@@ -791,7 +823,7 @@ std::vector<float> ZeroOptimizer<P, O, S, F, B>::master_values(ParamId id) {
                             all.begin() + static_cast<std::ptrdiff_t>(start + p.numel));
 }
 
-// ---- Stage 3 gather slots ----------------------------------------------------
+// ---- Stage 3 gather arena ----------------------------------------------------
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 int ZeroOptimizer<P, O, S, F, B>::find_slot(std::size_t unit) const {
@@ -801,27 +833,60 @@ int ZeroOptimizer<P, O, S, F, B>::find_slot(std::size_t unit) const {
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-int ZeroOptimizer<P, O, S, F, B>::gather_into_slot(std::size_t unit) {
-  int free_slot = -1;
+std::size_t ZeroOptimizer<P, O, S, F, B>::arena_place(std::size_t n) const {
+  // The held units' ranges, sorted (at most prefetch_units + 1 <= 17: no allocation).
+  std::array<std::pair<std::size_t, std::size_t>, 17> held{};
+  std::size_t count = 0;
   for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-    if (slot_unit_[s] == npos) {
-      free_slot = static_cast<int>(s);
-      break;
+    if (slot_unit_[s] != npos) held[count++] = {slot_offset_[s], slot_offset_[s] + layout_.units()[slot_unit_[s]].padded};
+  std::sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(count));
+  // A unit goes against an end of the arena where it can: then two units
+  // always fit (each sits at an end, leaving the rest to the other, and the
+  // arena holds the two largest). Otherwise into the smallest gap it fits.
+  const std::size_t capacity = gather_slots_.size();
+  std::size_t best = npos, best_gap = npos;
+  for (std::size_t i = 0; i <= count; ++i) {
+    const std::size_t begin = i == 0 ? 0 : held[i - 1].second, end = i == count ? capacity : held[i].first;
+    if (end - begin < n) continue;
+    if (begin == 0) return 0;
+    if (end == capacity) return end - n;
+    if (end - begin < best_gap) {
+      best = begin;
+      best_gap = end - begin;
     }
-  if (free_slot < 0) return -1;
+  }
+  return best;
+}
+
+template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
+int ZeroOptimizer<P, O, S, F, B>::gather_into_slot(std::size_t unit, bool may_evict) {
   const UnitInfo& u = layout_.units()[unit];
-  param_type* slot = gather_slots_.data() + static_cast<std::size_t>(free_slot) * layout_.max_unit();
+  auto free_slot = [&] { return find_slot(npos); };
+  std::size_t offset = free_slot() >= 0 ? arena_place(u.padded) : npos;
+  if (offset == npos && may_evict) {
+    // Prefetched units no one acquired make room (gathered again when
+    // acquired); a gather still in flight into their range is ordered before
+    // the one below on the communication lane.
+    for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+      if (!slot_in_use_[s]) slot_unit_[s] = npos;
+    offset = arena_place(u.padded);
+  }
+  const int slot = free_slot();
+  if (slot < 0 || offset == npos) return -1;
+  const std::size_t si = static_cast<std::size_t>(slot);
+  param_type* dst = gather_slots_.data() + offset;
   // In place: this rank's shard goes to its position, then the gather fills the rest.
-  param_type* mine = slot + static_cast<std::size_t>(rank()) * u.shard;
+  param_type* mine = dst + static_cast<std::size_t>(rank()) * u.shard;
   {
     // On the communication stream; acquire_unit waits for the slot's event.
     auto lane = comm_lane();
     Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
-    comm_->all_gather(mine, slot, u.shard, dtype_traits<param_type>::dtype, false);
-    overlap_.mark(slot_event(static_cast<std::size_t>(free_slot)));
+    comm_->all_gather(mine, dst, u.shard, dtype_traits<param_type>::dtype, false);
+    overlap_.mark(slot_event(si));
   }
-  slot_unit_[static_cast<std::size_t>(free_slot)] = unit;
-  return free_slot;
+  slot_unit_[si] = unit;
+  slot_offset_[si] = offset;
+  return slot;
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -834,7 +899,7 @@ void ZeroOptimizer<P, O, S, F, B>::prefetch_after(std::size_t unit) {
     const long next = static_cast<long>(unit) + dir * k;
     if (next < 0 || next >= n_units) break;
     if (find_slot(static_cast<std::size_t>(next)) >= 0) continue;
-    if (gather_into_slot(static_cast<std::size_t>(next)) < 0) break;
+    if (gather_into_slot(static_cast<std::size_t>(next), false) < 0) break;
   }
 }
 
@@ -847,14 +912,20 @@ auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* 
     return params_.data() + u.full_offset;
   } else {
     int slot = find_slot(id.index);
-    if (slot < 0) slot = gather_into_slot(id.index);
-    require(slot >= 0, "acquire_unit('", u.name, "'): all ", slot_unit_.size(),
-            " stage-3 gather slots hold acquired units; release_unit() the units you are done with, or raise "
-            "Options::prefetch_units");
+    if (slot < 0) slot = gather_into_slot(id.index, true);
+    if (slot < 0) {  // (a branch, not require(): the message lists the acquired units)
+      std::string held;
+      for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+        if (slot_in_use_[s]) held += (held.empty() ? "'" : ", '") + layout_.units()[slot_unit_[s]].name + "'";
+      throw InvalidArgument(detail::concat(
+          "acquire_unit('", u.name, "'): the stage-3 gather arena (room for the ", slot_unit_.size(),
+          " largest units, Options::prefetch_units + 1) is taken by the acquired unit(s) ", held,
+          "; release_unit() the units you are done with, or raise Options::prefetch_units"));
+    }
     slot_in_use_[static_cast<std::size_t>(slot)] = true;
     prefetch_after(id.index);  // gathered while the caller computes with this unit
     overlap_.wait(slot_event(static_cast<std::size_t>(slot)));
-    return gather_slots_.data() + static_cast<std::size_t>(slot) * layout_.max_unit();
+    return gather_slots_.data() + slot_offset_[static_cast<std::size_t>(slot)];
   }
 }
 
@@ -885,7 +956,7 @@ auto ZeroOptimizer<P, O, S, F, B>::param_data(ParamId id) const -> const param_t
     const int slot = find_slot(p.unit);
     require(slot >= 0 && slot_in_use_[static_cast<std::size_t>(slot)], "param_data('", p.name, "'): acquire_unit('",
             u.name, "') first (stage 3 keeps only shards; a prefetched unit may still be being gathered)");
-    return gather_slots_.data() + static_cast<std::size_t>(slot) * layout_.max_unit() + p.offset;
+    return gather_slots_.data() + slot_offset_[static_cast<std::size_t>(slot)] + p.offset;
   }
 }
 
@@ -904,13 +975,16 @@ auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
         "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next"));
   if (staging_unit_ < 0) {  // not handed out yet (grad_buffer may be called again for the same unit)
     const UnitInfo& u = layout_.units()[id.index];
+    // A unit of another bucket (backward out of the usual order): the pending
+    // part of the current bucket is reduced first.
+    if (!pending_.empty() && buckets_.bucket_of[pending_.front().unit] != buckets_.bucket_of[id.index])
+      flush_gradients();
     if (takes_gradients_in_place()) {
       handed_ = grads_.data() + u.full_offset;
     } else {
-      if (pending_.size() == bucket_units_) flush_gradients();  // every slot holds a pending gradient
       // A new bucket reuses a staging set: its previous bucket must be reduced.
       if (pending_.empty()) overlap_.wait(staging_event(set_));
-      handed_ = grad_staging_.data() + staging_slot(pending_.size()) * layout_.max_unit();
+      handed_ = grad_staging_.data() + staging_offset(id.index);
     }
     staging_unit_ = static_cast<int>(id.index);
   }
@@ -932,10 +1006,10 @@ void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
           "') twice in one micro-batch; call step() after each micro-batch");
   const UnitInfo& u = layout_.units()[id.index];
   zero_gaps(u, handed_);
-  pending_.push_back(Pending{id.index, handed_, staging_slot(pending_.size())});
-  // A full bucket is reduced now (while the caller's backward goes on, on a
-  // GPU); the last one when step() is called.
-  if (pending_.size() == bucket_units_) flush_gradients();
+  pending_.push_back(Pending{id.index, handed_});
+  // A complete bucket is reduced now (while the caller's backward goes on, on
+  // a GPU); the last one when step() is called.
+  if (pending_.size() == buckets_.of(id.index).units) flush_gradients();
   reduced_this_micro_[id.index] = true;
   staging_unit_ = -1;
   backward_phase_ = true;
@@ -948,8 +1022,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
   const bool last = micro_ == options_.grad_accumulation_steps - 1;
   constexpr DType gdt = dtype_traits<grad_type>::dtype;
   const bool in_fp32 = reduce_staging_fp32_.size() != 0;
-  const std::size_t max_unit = layout_.max_unit();
-  auto wide = [&](const Pending& p) { return reduce_staging_fp32_.data() + p.slot * max_unit; };
+  auto wide = [&](const Pending& p) { return reduce_staging_fp32_.data() + staging_offset(p.unit); };
   // All of it on the communication stream (no-op without overlap), after the
   // backward that wrote these gradients; the caller's backward of the next
   // units goes on meanwhile.
@@ -993,7 +1066,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
       if (in_fp32)
         comm_->reduce_scatter(wide(p), wide(p) + r * u.shard, u.shard, DType::f32);
       else
-        comm_->reduce_scatter(p.written, shard_staging_.data() + p.slot * max_shard_, u.shard, gdt);
+        comm_->reduce_scatter(p.written, shard_staging_.data() + shard_staging_offset(p.unit), u.shard, gdt);
     }
     comm_->group_end();
     for (const Pending& p : pending_) {
@@ -1002,7 +1075,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
       if (in_fp32)
         Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
       else
-        Ops::accumulate(acc, shard_staging_.data() + p.slot * max_shard_, u.shard, first);
+        Ops::accumulate(acc, shard_staging_.data() + shard_staging_offset(p.unit), u.shard, first);
       // Offload: the finished shard leaves for the host while backward goes on.
       if constexpr (host_staging)
         if (last) Ops::download_async(update_grad(u), acc, u.shard);
@@ -1137,10 +1210,13 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   // where the update reads it. One pass where the owned gradient is
   // contiguous (stage 0: all of it; stages 2-3: the shard buffer; offload:
   // its host copy); stage 1's owned pieces are interleaved in the device
-  // buffer, and summed per unit everywhere so that the norm has one rounding.
+  // buffer: one pass per unit, added in unit order on the backend (on a GPU,
+  // on the device), and brought to the host once.
   kernels::GradStats stats;
   if constexpr (rules.reduce_scatter_at_step) {
-    for (const auto& u : units) stats += UpdateOps::grad_stats(update_grad(u), update_size(u));
+    stats = UpdateOps::grad_stats_pieces(units.size(), [&](std::size_t i) {
+      return std::pair<const grad_type*, std::size_t>(update_grad(units[i]), update_size(units[i]));
+    });
   } else {
     stats = UpdateOps::grad_stats(update_grad(units.front()), owned_total());
   }
@@ -1157,16 +1233,24 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   // One control all-reduce (summed): stages 1-3 add the owned shards' squared
   // norms in slot 0 (stage 0 computed its norm from the whole reduced
   // gradient); slot 1 + r carries rank r's report, the other ranks add 0.
-  std::fill(control_host_.begin(), control_host_.end(), 0.0);
-  if constexpr (rules.norm_needs_all_reduce()) control_host_[0] = stats.sum_squares;
-  control_host_[1 + static_cast<std::size_t>(rank())] =
+  double* control = control_host_.data();
+  const std::size_t control_size = control_host_.size();
+  std::fill(control, control + control_size, 0.0);
+  if constexpr (rules.norm_needs_all_reduce()) control[0] = stats.sum_squares;
+  control[1 + static_cast<std::size_t>(rank())] =
       static_cast<double>(step_report(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite));
+  // Up from page-locked memory without a host wait where the backend can (the
+  // statistics above were the step's one wait before the all-reduce); the
+  // all-reduce's lane starts after the copy, and the download waits for both.
+  if constexpr (requires { detail::ControlHostBuffer<Ops>::async; })
+    Ops::upload_async(control_.data(), control, control_size);
+  else
+    Ops::upload(control_.data(), control, control_size);
   communicate([&] {
-    Ops::upload(control_.data(), control_host_.data(), control_host_.size());
-    comm_->all_reduce(control_.data(), control_host_.size(), DType::f64, comm::ReduceOp::sum, true);
-    Ops::download(control_host_.data(), control_.data(), control_host_.size());
+    comm_->all_reduce(control_.data(), control_size, DType::f64, comm::ReduceOp::sum, true);
+    Ops::download(control, control_.data(), control_size);
   });
-  if constexpr (rules.norm_needs_all_reduce()) stats.sum_squares = control_host_[0];
+  if constexpr (rules.norm_needs_all_reduce()) stats.sum_squares = control[0];
   bool overflow = false;
   for (int r = 0; r < ranks(); ++r)
     overflow = overflow || (rank_report(r) & report_non_finite) != 0;
