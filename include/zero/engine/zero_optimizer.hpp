@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "zero/backend/host.hpp"
+#include "zero/backend/pieced_buffer.hpp"
 #include "zero/comm/any_communicator.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/agreement.hpp"
@@ -354,6 +355,18 @@ class ZeroOptimizer {
   // The same for any buffer type (the store's, page-locked host buffers).
   template <class Buf>
   Buf allocate_as(std::size_t n, const char* what, const std::string& lower_it);
+  // How a host buffer of n elements, laid out as whole copies of the owned
+  // range, is cut into page-locked pieces: never inside a unit's owned range,
+  // which the engine copies whole (backend/pieced_buffer.hpp).
+  backend::PiecePlan piece_plan(std::size_t n) const {
+    backend::PiecePlan plan;
+    plan.piece_bytes = options_.pinned_piece_bytes;
+    const std::size_t owned = owned_total();
+    if (owned == 0 || n % owned != 0) return plan;
+    for (std::size_t set = 0; set < n / owned; ++set)
+      for (const auto& u : layout_.units()) plan.range_ends.push_back(set * owned + state_offset(u) + update_size(u));
+    return plan;
+  }
   // Collective: every rank's values, rank-major, through a backend buffer
   // (collectives take backend memory), counted as control traffic.
   std::vector<std::uint64_t> all_gather_control(const std::vector<std::uint64_t>& mine);
@@ -521,7 +534,10 @@ Buf ZeroOptimizer<P, O, S, F, B>::allocate_as(std::size_t n, const char* what, c
   };
   Buf buffer;
   try {
-    buffer = Buf(n);
+    if constexpr (std::is_constructible_v<Buf, std::size_t, const backend::PiecePlan&>)
+      buffer = Buf(n, piece_plan(n));  // page-locked in pieces (backend/pieced_buffer.hpp)
+    else
+      buffer = Buf(n);
   } catch (const std::bad_alloc&) {
     throw failed("out of memory");
   } catch (const BackendError& e) {
