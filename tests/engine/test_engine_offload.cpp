@@ -447,3 +447,36 @@ TEST_CASE("offload::Cpu: host buffers are page-locked in pieces cut between unit
   CHECK(total == owned * (4 * 3 + 2 + 2));  // master + 2 states in fp32, gradient and parameters in bf16
   CHECK(unlocked_after == log.locked.size());
 }
+
+TEST_CASE("offload::Cpu: offload_times() splits each step into the device wait and the CPU update",
+          "[engine][offload][times]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::Cpu, zero::backend::LateCopies>;
+  zero::Options options;
+  options.grad_accumulation_steps = 2;
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {  // (Catch2 assertions on this one rank's thread only)
+    Opt opt(c, zero::test::test_hyper<AdamW>(), options);
+    const zero::UnitId unit = opt.add_unit("u");
+    opt.add_param(unit, "w", 4096);
+    opt.finalize();
+    const std::vector<bf16> grad(opt.layout().unit(unit).padded, zero::from_float<bf16>(0.01f));
+    auto micro_batch = [&] {
+      std::copy(grad.begin(), grad.end(), opt.grad_buffer(unit));
+      opt.grad_ready(unit);
+      return opt.step();
+    };
+    CHECK(micro_batch().accumulating);
+    CHECK(opt.offload_times().steps == 0);  // an accumulating micro-batch is no step
+    CHECK(micro_batch().stepped);
+    micro_batch();
+    micro_batch();
+    opt.synchronize();
+    const zero::OffloadTimes t = opt.offload_times();
+    CHECK(t.steps == 2);
+    CHECK(t.device_wait_seconds >= 0);
+    CHECK(t.cpu_update_seconds > 0);
+    opt.reset_offload_times();
+    CHECK(opt.offload_times().steps == 0);
+    CHECK(opt.offload_times().cpu_update_seconds == 0);
+  });
+}

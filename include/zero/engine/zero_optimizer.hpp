@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -237,6 +238,9 @@ class ZeroOptimizer {
   std::int64_t step_count() const { return steps_; }
 
   MemoryReport memory_report() const { return memory_; }
+  // Offload from a device: the split of the steps' time (OffloadTimes).
+  OffloadTimes offload_times() const { return offload_times_; }
+  void reset_offload_times() { offload_times_ = {}; }
   CommReport comm_report() const {
     CommReport r;
     r.rank = rank();
@@ -450,6 +454,11 @@ class ZeroOptimizer {
   std::int64_t steps_ = 0;
   std::int64_t steps_at_reset_ = 0;
   MemoryReport memory_{};
+  OffloadTimes offload_times_{};
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 };
@@ -1099,8 +1108,11 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     // it: the step's one wait for the device.
     if constexpr (!rules.reduce_scatter_on_flush)
       for (const auto& u : units) Ops::download_async(update_grad(u), grad_ptr(u), update_size(u));
+    const auto waiting = Clock::now();
     Ops::synchronize();
+    offload_times_.device_wait_seconds += seconds_since(waiting);
   }
+  [[maybe_unused]] const auto norm_pass = Clock::now();
   // Global gradient statistics: squared norm and inf/NaN over the owned range,
   // where the update reads it. One pass where the owned gradient is
   // contiguous (stage 0: all of it; stages 2-3: the shard buffer; offload:
@@ -1112,6 +1124,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   } else {
     stats = UpdateOps::grad_stats(update_grad(units.front()), owned_total());
   }
+  if constexpr (host_staging) offload_times_.cpu_update_seconds += seconds_since(norm_pass);
   // The hyper-parameters may have changed since the last step (a schedule):
   // validated here, and their fingerprint compared across ranks below.
   std::string invalid_hyper;  // allocates only when there is a message
@@ -1181,6 +1194,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::update_units(StepArgs args, bool upload_each, std::size_t host_set) {
   const auto& units = layout_.units();
+  [[maybe_unused]] const auto started = Clock::now();
   const simd::ScopedHostThreads update_threads(offloaded ? options_.offload_threads : 0);
   for (const auto& u : units) {
     args.grad = update_grad(u, host_set);
@@ -1203,6 +1217,10 @@ void ZeroOptimizer<P, O, S, F, B>::update_units(StepArgs args, bool upload_each,
       // synchronize(), which this copy precedes.
       if (upload_each) upload_updated(u);
     }
+  }
+  if constexpr (host_staging) {
+    offload_times_.cpu_update_seconds += seconds_since(started);
+    ++offload_times_.steps;
   }
 }
 
