@@ -1,18 +1,17 @@
 // Why: offloaded model state lives in page-locked host memory, and a large
 // model's shard of it runs to tens of GiB. Page-locking that as one piece
-// asks the driver for one huge pinned mapping, which fails or stalls long
-// before memory runs out on many systems (DeepSpeed pins in pieces for the
-// same reason), and a failure then costs the whole buffer. So the buffer is
-// one contiguous range of ordinary memory, which the engine addresses as
-// one array (a unit's range at its offset, one norm pass over the whole
-// gradient), page-locked piece by piece, each piece well below 4 GiB. The
-// pieces are cut between the ranges the engine copies whole (each unit's
-// owned range), so no copy crosses from one piece into the next unless a
-// single range is larger than a piece.
+// asks the driver for one huge pinned mapping, which can fail on systems
+// with room for the memory itself, and a failure then costs the whole
+// buffer at once. So the buffer is one contiguous range of ordinary memory,
+// which the engine addresses as one array (a unit's range at its offset, one
+// norm pass over the whole gradient), page-locked piece by piece, each piece
+// well below 4 GiB. The pieces are cut between the ranges the engine copies
+// whole (each unit's owned range), so no copy crosses from one piece into the
+// next unless a single range is larger than a piece.
 //
 // The cutting is a pure function (plan_pieces) and the buffer a template
 // over the page-locking calls, so both are tested on the host with a
-// counting locker; the CUDA backend instantiates it with
+// logging locker (tests/engine/late_copies.hpp); the CUDA backend instantiates it with
 // cudaHostRegister/cudaHostUnregister (backend/cuda.cuh).
 #pragma once
 
