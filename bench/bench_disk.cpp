@@ -7,9 +7,6 @@
 //
 //   bench_disk [--dir DIR] [--bytes B] [--block B ...] [--depth D ...] [--reps R] [--json]
 //   bench_disk --sweep     blocks 128K..4M x depths 1..32
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +16,7 @@
 #include <vector>
 
 #include "bench_args.hpp"
+#include "disk_probe.hpp"
 #include "zero/offload/disk_swap.hpp"
 
 namespace {
@@ -26,6 +24,7 @@ namespace {
 using zero::offload::AlignedBuffer;
 using zero::offload::DiskOptions;
 using zero::offload::DiskSwap;
+using zero::bench::seconds_since;
 
 struct Options {
   std::string dir = "/tmp";
@@ -47,56 +46,9 @@ struct Row {
   double ratio() const { return both(swap_write, swap_read) / both(probe_write, probe_read); }
 };
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench_disk: %s\n", what.c_str());
   std::exit(1);
-}
-
-// The raw probe: `bytes` through `fd` in `block` requests, `depth` in
-// flight, each completing whole (anything else ends the benchmark).
-double probe_pass(int fd, bool write, unsigned char* buf, std::size_t bytes, std::size_t block, unsigned depth) {
-  zero::offload::detail::Uring ring(depth);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::size_t next = 0;
-  unsigned in_flight = 0;
-  while (next < bytes || in_flight > 0) {
-    bool prepared = false;
-    for (; in_flight < depth && next < bytes; ++in_flight, prepared = true) {
-      const std::size_t n = std::min(block, bytes - next);
-      ring.prepare(ring.next(), write, fd, buf + next, n, next, n);
-      next += n;
-    }
-    if (prepared && ring.submit() < 0) die("io_uring_submit failed");
-    std::uint64_t expected;
-    int result;
-    for (bool wait = true; in_flight > 0 && ring.completion(wait, expected, result); wait = false) {
-      if (result < 0 || static_cast<std::uint64_t>(result) != expected)
-        die("probe " + std::string(write ? "write" : "read") + " returned " + std::to_string(result) +
-            (result < 0 ? " (" + zero::offload::detail::errno_text(-result) + ")" : ""));
-      --in_flight;
-    }
-  }
-  return static_cast<double>(bytes) / seconds_since(t0) / 1e9;
-}
-
-// One probe run on a fresh preallocated file: {write GB/s, read GB/s}.
-std::pair<double, double> probe(const Options& o, unsigned char* src, unsigned char* dst, std::size_t block,
-                                unsigned depth) {
-  const std::string path = o.dir + "/zero-bench-disk-probe-" + std::to_string(::getpid()) + ".bin";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) die("cannot open " + path + " with O_DIRECT: " + zero::offload::detail::errno_text(errno));
-  if (::fallocate(fd, 0, 0, static_cast<off_t>(o.bytes)) != 0)
-    die("cannot preallocate " + path + ": " + zero::offload::detail::errno_text(errno));
-  const double w = probe_pass(fd, true, src, o.bytes, block, depth);
-  const double r = probe_pass(fd, false, dst, o.bytes, block, depth);
-  ::close(fd);
-  ::unlink(path.c_str());
-  if (std::memcmp(src, dst, o.bytes) != 0) die("the probe read back other bytes than it wrote");
-  return {w, r};
 }
 
 // One DiskSwap run on a fresh swap file (its creation and preallocation not
@@ -124,7 +76,7 @@ Row measure(const Options& o, unsigned char* src, unsigned char* dst, std::size_
   row.block = block;
   row.depth = depth;
   for (int rep = 0; rep < o.reps; ++rep) {  // interleaved, so both see the same disk and load
-    const auto [pw, pr] = probe(o, src, dst, block, depth);
+    const auto [pw, pr] = zero::bench::probe_disk(o.dir, src, dst, o.bytes, block, depth);
     std::memset(dst, 0, o.bytes);
     const auto [sw, sr] = swap_run(o, src, dst, block, depth, row.direct);
     row.probe_write = std::max(row.probe_write, pw);
@@ -197,10 +149,7 @@ int main(int argc, char** argv) {
     if (b % zero::offload::disk_alignment != 0) die("--block " + std::to_string(b) + " is not a multiple of 4096");
 
   AlignedBuffer<unsigned char> src(o.bytes), dst(o.bytes);
-  for (std::size_t i = 0; i < o.bytes; i += 8) {  // data a disk cannot compress or deduplicate
-    const std::uint64_t v = (i + 1) * 0x9E3779B97F4A7C15ull;
-    std::memcpy(src.data() + i, &v, 8);
-  }
+  zero::bench::fill_incompressible(src.data(), o.bytes);
   std::vector<Row> rows;
   for (std::size_t block : o.blocks)
     for (unsigned depth : o.depths) {

@@ -13,7 +13,9 @@
 # Environment: ZERO_GPU_BUILD (build directory, default /tmp/zero-gpu-build),
 # ZERO_GPU_ARCH (e.g. 90; default: detected), ZERO_GPU_DEADLINE (seconds, 450).
 #
-# OUTDIR gets: summary.txt (results, step outcomes, environment), build.log,
+# OUTDIR gets: summary.txt (results, step outcomes, environment; with the
+# offload step's split into GPU wait, CPU update and transfers, and device
+# memory against memory_report(), from the tests' log), build.log,
 # tests.log, sanitizer.log, bench.log (the benchmarks' stderr),
 # bench_step_cuda.jsonl and torch_cuda_optim.jsonl (JSON lines only), and
 # bench_comm_cuda.json (LocalDevice and Nccl bandwidths, bench_comm's schema).
@@ -214,6 +216,12 @@ fi
   grep -hE '^[0-9]+ passed, [0-9]+ failed' "$TESTLOG" "$SANLOG" 2>/dev/null | sed 's/^/  /'
   grep -hE '^(FAIL|SKIP)|NOT RUN|ERROR SUMMARY|Device not supported' "$TESTLOG" "$SANLOG" 2>/dev/null | head -30 |
     sed 's/^ *//; s/^/  /'
+  echo
+  # test_cuda_engine's offload section (run with the tests above): device
+  # memory against memory_report(), and an offloaded step's time split into
+  # GPU wait, CPU update and the rest, beside the same transfers alone.
+  echo "offload::Cpu on this GPU (tests.log, test_cuda_engine --only offload):"
+  grep -hE '^offload::Cpu (stage 2, 64 Mi|step split)' "$TESTLOG" 2>/dev/null | sed 's/^/  /'
   echo
   python3 - "$BENCHJSON" "$TORCHJSON" "$COMMJSON" <<'EOF'
 import json, sys

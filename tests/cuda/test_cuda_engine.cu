@@ -592,15 +592,22 @@ void offload_tests() {
   offload_config<2, Mixed<fp16>, zero::optim::Adam>();
   offload_config<2, Full<float>, zero::optim::Sgd>();
   offload_config<3, Mixed<bf16>, zero::optim::Adam>();
-  // Device memory: 64 Mi parameters at stage 2 on one rank, bf16 + AdamW.
+  // Device memory: 64 Mi parameters at stage 2 on one rank, bf16 + AdamW;
+  // then where the step's time goes (bench/gpu_check.sh copies these lines
+  // into its summary).
   try {
     using Opt = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<2>, zero::offload::Cpu,
                                     zero::backend::Cuda>;
+    using Ops = zero::backend::Ops<zero::backend::Cuda>;
     zero::comm::LocalGroup group(1);
     zero::comm::LocalDevice::run(group, [&](zero::comm::LocalDevice& c) {
-      std::size_t free_before = 0, free_after = 0, total = 0;
+      std::size_t free_before = 0, free_after = 0, free_stepped = 0, total = 0;
       Opt opt(c, zero::test::test_hyper<zero::optim::AdamW>());
-      for (int u = 0; u < 8; ++u) opt.add_param(opt.add_unit("u" + std::to_string(u)), "w", std::size_t{8} << 20);
+      std::vector<zero::UnitId> units;
+      for (int u = 0; u < 8; ++u) {
+        units.push_back(opt.add_unit("u" + std::to_string(u)));
+        opt.add_param(units.back(), "w" + std::to_string(u), std::size_t{8} << 20);
+      }
       ZERO_CUDA_CHECK(cudaDeviceSynchronize());
       ZERO_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
       opt.finalize();
@@ -616,6 +623,58 @@ void offload_tests() {
             fmt("offload::Cpu device memory: %.0f bytes measured, %.0f reported", measured, reported));
       CHECK(m.placed.master.device == 0 && m.placed.optimizer_states.device == 0,
             "offload::Cpu keeps no master or optimizer state on the device");
+
+      // Steps: a warm-up, then `steps` timed on the caller's clock around
+      // grad_ready, step() and synchronize(), against the engine's split.
+      const int steps = g_quick ? 2 : 5;
+      const std::size_t unit_elements = opt.layout().unit(units.front()).padded;
+      std::vector<bf16> host_grad(unit_elements, zero::from_float<bf16>(1e-3f));
+      double total_seconds = 0;
+      for (int step = 0; step <= steps; ++step) {
+        if (step == 1) {
+          opt.reset_offload_times();
+          total_seconds = 0;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        for (auto it = units.rbegin(); it != units.rend(); ++it) {
+          Ops::upload(opt.grad_buffer(*it), host_grad.data(), host_grad.size());
+          opt.grad_ready(*it);
+        }
+        opt.step();
+        opt.synchronize();
+        total_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      ZERO_CUDA_CHECK(cudaMemGetInfo(&free_stepped, &total));
+      const zero::OffloadTimes t = opt.offload_times();
+      // The same bytes moved alone: the owned gradient down, the parameters up.
+      const std::size_t owned = opt.layout().shard_total();
+      zero::backend::CudaBuffer<bf16> device(owned);
+      zero::backend::CudaPinnedBuffer<bf16> host(owned);
+      auto timed = [&](auto copy) {
+        Ops::synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        copy();
+        Ops::synchronize();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      const double down = timed([&] { Ops::download_async(host.data(), device.data(), owned); });
+      const double up = timed([&] { Ops::upload_async(device.data(), host.data(), owned); });
+      const double per = 1e3 / steps;
+      std::printf("offload::Cpu step split (stage 2, 64 Mi bf16, AdamW, %d steps): %.2f ms per step = GPU wait %.2f "
+                  "+ CPU update %.2f + rest %.2f (control all-reduce, uploads not hidden, all-gather); the same "
+                  "transfers alone: gradient down %.2f ms, parameters up %.2f ms (%.1f / %.1f GB/s); device memory "
+                  "after the steps %.1f MiB above before finalize()\n",
+                  steps, total_seconds * per, t.device_wait_seconds * per, t.cpu_update_seconds * per,
+                  (total_seconds - t.device_wait_seconds - t.cpu_update_seconds) * per, down * 1e3, up * 1e3,
+                  owned * 2.0 / down / 1e9, owned * 2.0 / up / 1e9,
+                  static_cast<double>(free_before - free_stepped) / 1048576.0);
+      CHECK(t.steps == static_cast<std::uint64_t>(steps), fmt("offload times counted %llu steps, not %d",
+                                                             static_cast<unsigned long long>(t.steps), steps));
+      CHECK(t.device_wait_seconds >= 0 && t.cpu_update_seconds > 0 &&
+                t.device_wait_seconds + t.cpu_update_seconds <= total_seconds,
+            "offload times: the GPU wait and the CPU update fit inside the steps' time");
+      CHECK(free_stepped + 64.0 * 1048576.0 >= free_after,
+            "offload::Cpu: the steps allocate no device memory beyond the first step's workspaces");
     });
   } catch (const std::exception& e) {
     CHECK(false, std::string("offload::Cpu device memory: exception: ") + e.what());

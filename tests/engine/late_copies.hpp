@@ -3,10 +3,14 @@
 // when stream order forces them (the next operation on the stream, a
 // communication lane's fork, or synchronize()), as a GPU runs them whenever
 // it gets to them. A host read of a download_async destination without the
-// engine's wait reads stale data. Used by the offload tests.
+// engine's wait reads stale data. Its pinned buffers are cut into pieces
+// as the CUDA backend's are, with page-locking logged instead of done. Used by
+// the offload tests and by bench/bench_offload.cpp.
 #pragma once
 
+#include <cstddef>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "zero/zero.hpp"
@@ -31,6 +35,29 @@ inline LateCopyQueue& late_copies() {
   return q;
 }
 
+// Page-locking as the CUDA backend does it, logged instead: each piece a
+// PinnedBuffer locks or unlocks on this thread (a rank), and after
+// `refuse_after` locked pieces, lock() refuses (a low `ulimit -l`).
+struct LockLog {
+  std::vector<std::pair<const void*, std::size_t>> locked;  // address, bytes
+  std::vector<const void*> unlocked;
+  std::size_t refuse_after = static_cast<std::size_t>(-1);
+};
+inline LockLog& lock_log() {
+  thread_local LockLog log;
+  return log;
+}
+struct LoggingLocker {
+  static bool lock(void* p, std::size_t bytes) {
+    LockLog& log = lock_log();
+    if (log.locked.size() >= log.refuse_after) return false;
+    log.locked.emplace_back(p, bytes);
+    return true;
+  }
+  static void unlock(void* p) { lock_log().unlocked.push_back(p); }
+  static const char* last_error() { return "refused by the test's locker"; }
+};
+
 }  // namespace zero::test
 
 namespace zero::backend {
@@ -45,8 +72,9 @@ struct Ops<LateCopies> {
   using Eager = Ops<Host>;
   template <class T>
   using Buffer = HostBuffer<T>;
+  // Cut into pieces as on CUDA, each piece logged (test::lock_log()).
   template <class T>
-  using PinnedBuffer = HostBuffer<T>;
+  using PinnedBuffer = PiecedBuffer<T, test::LoggingLocker>;
 
   static std::uint64_t allocation_count() { return Eager::allocation_count(); }
 

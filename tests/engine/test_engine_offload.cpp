@@ -7,6 +7,8 @@
 // reads the previous step's gradient, and training departs from the run
 // without offload, which it must otherwise match bit for bit (the CPU's
 // fused step rounds exactly as the backend's).
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -385,4 +387,170 @@ TEST_CASE("a step waits for the device once before its control all-reduce, at ev
   check_one_fetch_per_step<1>();
   check_one_fetch_per_step<2>();
   check_one_fetch_per_step<3>();
+}
+
+// ---- Page-locked host buffers in pieces (backend/pieced_buffer.hpp) ---------
+
+TEST_CASE("plan_pieces cuts between ranges, never above the piece size", "[engine][offload][pinned]") {
+  using zero::backend::Piece;
+  zero::backend::PiecePlan plan;
+  plan.piece_bytes = 8192;  // 2048 floats
+  plan.range_ends = {1000, 2000, 2048, 3000, 9000, 9500};
+  // 1000 + 1000 + 48 fill the first piece exactly; the range 3000..9000 is
+  // larger than a piece and is cut at piece size; 9500..10000 is the tail.
+  const std::vector<Piece> want = {{0, 2048}, {2048, 3000}, {3000, 5048}, {5048, 7096}, {7096, 9000}, {9000, 10000}};
+  CHECK(zero::backend::plan_pieces(10000, sizeof(float), plan) == want);
+
+  // Random ranges: the pieces cover the buffer in order, none is above the
+  // limit, and a range that fits in a piece is inside one.
+  std::uint64_t seed = 12345;
+  auto next = [&seed](std::uint64_t bound) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (seed >> 33) % bound;
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t element = trial % 2 == 0 ? 4 : 2;
+    plan.piece_bytes = 4096 * (1 + next(8));
+    plan.range_ends.clear();
+    std::size_t at = 0;
+    for (std::size_t r = next(30); r > 0; --r) plan.range_ends.push_back(at += next(5000));
+    const std::size_t n = at + next(3000);
+    const auto pieces = zero::backend::plan_pieces(n, element, plan);
+    INFO("trial " << trial);
+    std::size_t covered = 0;
+    for (const Piece& p : pieces) {
+      CHECK(p.begin == covered);
+      CHECK(p.end > p.begin);
+      CHECK((p.end - p.begin) * element <= plan.piece_bytes);
+      covered = p.end;
+    }
+    CHECK(covered == n);
+    std::size_t begin = 0;
+    for (std::size_t end : plan.range_ends) {
+      if ((end - begin) * element <= plan.piece_bytes && end > begin) {
+        const auto holder = std::find_if(pieces.begin(), pieces.end(), [&](const Piece& p) { return p.end > begin; });
+        REQUIRE(holder != pieces.end());
+        CHECK(holder->begin <= begin);
+        CHECK(holder->end >= end);
+      }
+      begin = end;
+    }
+  }
+  plan.piece_bytes = 100;
+  CHECK_THROWS_WITH(zero::backend::plan_pieces(10, 4, plan), Catch::Contains("below one 4 KiB page"));
+}
+
+TEST_CASE("PiecedBuffer locks each piece, and falls back to pageable memory when one is refused",
+          "[engine][offload][pinned]") {
+  using Buffer = zero::backend::PiecedBuffer<float, zero::test::LoggingLocker>;
+  zero::test::LockLog& log = zero::test::lock_log();
+  log = {};
+  zero::backend::PiecePlan plan;
+  plan.piece_bytes = 4096;
+  {
+    Buffer b(3000, plan);  // 1024 + 1024 + 952 floats
+    CHECK(b.page_locked());
+    REQUIRE(log.locked.size() == 3);
+    CHECK(log.locked[0] == std::make_pair(static_cast<const void*>(b.data()), std::size_t{4096}));
+    CHECK(log.locked[2] == std::make_pair(static_cast<const void*>(b.data() + 2048), std::size_t{952 * 4}));
+    for (std::size_t i = 0; i < b.size(); ++i) REQUIRE(b.data()[i] == 0.0f);
+    CHECK(log.unlocked.empty());
+  }
+  CHECK(log.unlocked.size() == 3);  // released, every piece unlocked
+  log = {};
+  log.refuse_after = 2;  // the third piece is refused
+  {
+    Buffer b(3000, plan);
+    CHECK_FALSE(b.page_locked());
+    CHECK(log.unlocked.size() == 2);  // the two locked pieces are given back at once
+    b.data()[2999] = 1.0f;            // and the memory is there, pageable
+  }
+  CHECK(log.unlocked.size() == 2);  // nothing more to unlock
+  log = {};
+}
+
+TEST_CASE("offload::Cpu: host buffers are page-locked in pieces cut between units", "[engine][offload][pinned]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::Cpu, zero::backend::LateCopies>;
+  const std::vector<std::size_t> unit_elements = {700, 1300, 2000, 400, 1024, 1900};
+  zero::Options options;
+  options.pinned_piece_bytes = 8192;  // 2048 floats or 4096 bf16: several pieces, no unit larger
+  std::vector<std::size_t> range_ends;
+  zero::test::LockLog log;
+  std::size_t unlocked_after = 0;
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {
+    zero::test::lock_log() = {};
+    {
+      Opt opt(c, zero::test::test_hyper<AdamW>(), options);
+      for (std::size_t u = 0; u < unit_elements.size(); ++u)
+        opt.add_param(opt.add_unit(zero::detail::concat("u", u)), zero::detail::concat("w", u), unit_elements[u]);
+      opt.finalize();
+      for (const auto& u : opt.layout().units()) range_ends.push_back(u.full_offset + u.padded);  // one rank: all owned
+      log = zero::test::lock_log();
+    }
+    unlocked_after = zero::test::lock_log().unlocked.size();
+  });
+  const std::size_t owned = range_ends.back();
+  // Buffers are runs of adjacent pieces: the fp32 master and two AdamW
+  // states (4 bytes each), the host gradient and parameters (bf16).
+  std::vector<std::vector<std::pair<const char*, std::size_t>>> buffers;
+  for (const auto& [p, bytes] : log.locked) {
+    const char* at = static_cast<const char*>(p);
+    if (buffers.empty() || buffers.back().back().first + buffers.back().back().second != at) buffers.emplace_back();
+    buffers.back().emplace_back(at, bytes);
+  }
+  REQUIRE(buffers.size() == 5);
+  std::size_t total = 0, fp32 = 0, bf16s = 0;
+  for (const auto& pieces : buffers) {
+    std::size_t bytes = 0;
+    for (const auto& piece : pieces) bytes += piece.second;
+    total += bytes;
+    REQUIRE((bytes == owned * 4 || bytes == owned * 2));
+    const std::size_t element = bytes / owned;
+    (element == 4 ? fp32 : bf16s) += 1;
+    // Every cut is between two units' ranges, and no piece is above the limit.
+    for (const auto& piece : pieces) {
+      INFO("buffer of " << bytes << " bytes, piece at +" << piece.first - pieces.front().first);
+      CHECK(piece.second <= options.pinned_piece_bytes);
+      const std::size_t end = static_cast<std::size_t>(piece.first + piece.second - pieces.front().first) / element;
+      CHECK(std::find(range_ends.begin(), range_ends.end(), end) != range_ends.end());
+    }
+  }
+  CHECK(fp32 == 3);
+  CHECK(bf16s == 2);
+  CHECK(total == owned * (4 * 3 + 2 + 2));  // master + 2 states in fp32, gradient and parameters in bf16
+  CHECK(unlocked_after == log.locked.size());
+}
+
+TEST_CASE("offload::Cpu: offload_times() splits each step into the device wait and the CPU update",
+          "[engine][offload][times]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<2>, zero::offload::Cpu, zero::backend::LateCopies>;
+  zero::Options options;
+  options.grad_accumulation_steps = 2;
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {  // (Catch2 assertions on this one rank's thread only)
+    Opt opt(c, zero::test::test_hyper<AdamW>(), options);
+    const zero::UnitId unit = opt.add_unit("u");
+    opt.add_param(unit, "w", 4096);
+    opt.finalize();
+    const std::vector<bf16> grad(opt.layout().unit(unit).padded, zero::from_float<bf16>(0.01f));
+    auto micro_batch = [&] {
+      std::copy(grad.begin(), grad.end(), opt.grad_buffer(unit));
+      opt.grad_ready(unit);
+      return opt.step();
+    };
+    CHECK(micro_batch().accumulating);
+    CHECK(opt.offload_times().steps == 0);  // an accumulating micro-batch is no step
+    CHECK(micro_batch().stepped);
+    micro_batch();
+    micro_batch();
+    opt.synchronize();
+    const zero::OffloadTimes t = opt.offload_times();
+    CHECK(t.steps == 2);
+    CHECK(t.device_wait_seconds >= 0);
+    CHECK(t.cpu_update_seconds > 0);
+    opt.reset_offload_times();
+    CHECK(opt.offload_times().steps == 0);
+    CHECK(opt.offload_times().cpu_update_seconds == 0);
+  });
 }

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "zero/backend/host.hpp"
+#include "zero/backend/pieced_buffer.hpp"
 #include "zero/cuda/check.cuh"
 #include "zero/cuda/device.cuh"
 #include "zero/cuda/stream.cuh"
@@ -146,71 +147,39 @@ class CudaBuffer {
   int device_ = 0;
 };
 
-// Host memory for offloaded model state and its transfers: page-locked
-// (cudaHostAlloc), so copies to and from the device run at full PCIe speed
-// and asynchronously. Where pinning fails (a low `ulimit -l`, a container's
-// limit) it falls back to pageable memory with a one-line warning, and says
-// so through page_locked(): the engine refuses it when
-// Options::require_pinned_memory is set. Zero-filled, move-only.
-template <class T>
-class CudaPinnedBuffer {
- public:
-  CudaPinnedBuffer() = default;
-  explicit CudaPinnedBuffer(std::size_t n) : n_(n) {
-    if (n == 0) return;
-    void* p = nullptr;
-    const cudaError_t status = cudaHostAlloc(&p, n * sizeof(T), cudaHostAllocPortable);
-    if (status == cudaSuccess) {
-      locked_ = true;
-    } else {
-      cudaGetLastError();  // not sticky
-      std::fprintf(stderr,
-                   "zero: warning: could not page-lock %zu bytes of host memory for offloaded state (%s); using "
-                   "pageable memory, whose transfers are slower and synchronous (raise `ulimit -l`, or set "
-                   "Options::require_pinned_memory to make this an error)\n",
-                   n * sizeof(T), cudaGetErrorString(status));
-      p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
-      if (p == nullptr) throw std::bad_alloc();
-    }
-    std::memset(p, 0, n * sizeof(T));
-    data_ = static_cast<T*>(p);
+// Page-locking for host memory that copies to and from the device reach at
+// full PCIe speed and asynchronously: cudaHostRegister, one piece at a time
+// (backend/pieced_buffer.hpp cuts the buffer).
+struct CudaPageLocker {
+  static bool lock(void* p, std::size_t bytes) {
+    const cudaError_t status = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (status == cudaSuccess) return true;
+    last() = status;
+    cudaGetLastError();  // not sticky
+    return false;
   }
-  CudaPinnedBuffer(CudaPinnedBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)), locked_(o.locked_) {}
-  CudaPinnedBuffer& operator=(CudaPinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      data_ = std::exchange(o.data_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-      locked_ = o.locked_;
-    }
-    return *this;
+  // The device first finishes what it queued: a copy may still read the piece.
+  static void unlock(void* p) {
+    cudaDeviceSynchronize();
+    cudaHostUnregister(p);
   }
-  CudaPinnedBuffer(const CudaPinnedBuffer&) = delete;
-  CudaPinnedBuffer& operator=(const CudaPinnedBuffer&) = delete;
-  ~CudaPinnedBuffer() { release(); }
-
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  std::size_t size() const { return n_; }
-  std::size_t bytes() const { return n_ * sizeof(T); }
-  bool page_locked() const { return locked_; }
+  static const char* last_error() { return cudaGetErrorString(last()); }
 
  private:
-  // cudaFreeHost waits for the device, so a copy still reading it finishes first.
-  void release() noexcept {
-    if (data_ == nullptr) return;
-    if (locked_)
-      cudaFreeHost(data_);
-    else
-      std::free(data_);
-    data_ = nullptr;
-    n_ = 0;
+  static cudaError_t& last() {
+    thread_local cudaError_t status = cudaSuccess;
+    return status;
   }
-  T* data_ = nullptr;
-  std::size_t n_ = 0;
-  bool locked_ = false;
 };
+
+// Host memory for offloaded model state and its transfers: one contiguous
+// range, page-locked in pieces of at most Options::pinned_piece_bytes cut
+// between units. Where pinning fails (a low `ulimit -l`, a container's limit)
+// it stays pageable with a one-line warning, and says so through
+// page_locked(): the engine refuses it when Options::require_pinned_memory is
+// set. Zero-filled, move-only.
+template <class T>
+using CudaPinnedBuffer = PiecedBuffer<T, CudaPageLocker>;
 
 template <>
 struct Ops<Cuda> {

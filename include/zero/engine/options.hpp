@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "zero/backend/pieced_buffer.hpp"
 #include "zero/error.hpp"
 #include "zero/simd/dispatch.hpp"
 
@@ -67,6 +68,9 @@ struct Options {
   // page-locked are an error (true) or a warning and pageable memory (false).
   int offload_threads = 0;
   bool require_pinned_memory = false;
+  // Offload: page-locked host buffers are locked in pieces of at most this
+  // many bytes, cut between units (1 GiB; see backend/pieced_buffer.hpp).
+  std::size_t pinned_piece_bytes = backend::default_pinned_piece_bytes;
   // Offload: the delayed parameter update of the ZeRO-Offload paper. After
   // `delayed_update_warmup` steps, step t's CPU update runs in the
   // background while step t+1's micro-batches use the parameters of step
@@ -89,6 +93,8 @@ struct Options {
             gradient_divisor, "; it must be > 0, or 0 for ranks x accumulation steps");
     require(offload_threads >= 0 && offload_threads <= simd::max_host_threads, "Options::offload_threads is ",
             offload_threads, "; it must be in [0, ", simd::max_host_threads, "] (0: OpenMP's default)");
+    require(pinned_piece_bytes >= 4096, "Options::pinned_piece_bytes is ", pinned_piece_bytes,
+            "; page-locked host memory is locked in pieces of at least one 4 KiB page: use 1 GiB (the default)");
     require(delayed_update_warmup >= 0, "Options::delayed_update_warmup is ", delayed_update_warmup,
             "; it must be >= 0 (steps updated in place before the update is delayed)");
     require(nvme.window_bytes >= (std::size_t{3} << 12), "Options::nvme.window_bytes is ", nvme.window_bytes,

@@ -35,6 +35,23 @@ struct PlacedBytes {
   }
 };
 
+// Where an offloaded step's time goes, on the host's clock, summed over the
+// steps since reset_offload_times() (offload from a device backend: with
+// backend::Host nothing waits or moves). device_wait: the one wait for the
+// device before the CPU can start (backward's last work and the copies of
+// the owned gradient to the host that backward did not hide). cpu_update:
+// the CPU's work, the norm pass over the host gradient and the fused step
+// unit by unit (each unit's upload enqueued as it finishes; with
+// Options::delayed_update on the background thread, so read the times after
+// synchronize() or wait_update()). The rest of a step's time is the control
+// all-reduce, the uploads the update did not hide and the parameters'
+// all-gather. bench/gpu_check.sh prints the split.
+struct OffloadTimes {
+  std::uint64_t steps = 0;  // optimizer steps timed (not skipped, not accumulating)
+  double device_wait_seconds = 0;
+  double cpu_update_seconds = 0;
+};
+
 struct MemoryReport {
   int rank = 0, ranks = 1, stage = 0;
   std::uint64_t padded_elements = 0;  // Φ

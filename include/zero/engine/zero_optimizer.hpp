@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -48,6 +49,7 @@
 #include <vector>
 
 #include "zero/backend/host.hpp"
+#include "zero/backend/pieced_buffer.hpp"
 #include "zero/comm/any_communicator.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/agreement.hpp"
@@ -301,6 +303,9 @@ class ZeroOptimizer {
   std::int64_t step_count() const { return steps_; }
 
   MemoryReport memory_report() const { return memory_; }
+  // Offload from a device: the split of the steps' time (OffloadTimes).
+  OffloadTimes offload_times() const { return offload_times_; }
+  void reset_offload_times() { offload_times_ = {}; }
   CommReport comm_report() const {
     CommReport r;
     r.rank = rank();
@@ -427,6 +432,18 @@ class ZeroOptimizer {
   // The same for any buffer type (the store's, page-locked host buffers).
   template <class Buf>
   Buf allocate_as(std::size_t n, const char* what, const std::string& lower_it);
+  // How a host buffer of n elements, laid out as whole copies of the owned
+  // range, is cut into page-locked pieces: never inside a unit's owned range,
+  // which the engine copies whole (backend/pieced_buffer.hpp).
+  backend::PiecePlan piece_plan(std::size_t n) const {
+    backend::PiecePlan plan;
+    plan.piece_bytes = options_.pinned_piece_bytes;
+    const std::size_t owned = owned_total();
+    if (owned == 0 || n % owned != 0) return plan;
+    for (std::size_t set = 0; set < n / owned; ++set)
+      for (const auto& u : layout_.units()) plan.range_ends.push_back(set * owned + state_offset(u) + update_size(u));
+    return plan;
+  }
   // Collective: every rank's values, rank-major, through a backend buffer
   // (collectives take backend memory), counted as control traffic.
   std::vector<std::uint64_t> all_gather_control(const std::vector<std::uint64_t>& mine);
@@ -517,6 +534,11 @@ class ZeroOptimizer {
   MemoryReport memory_{};
   std::unique_ptr<checkpoint::BackgroundSave> background_save_;  // an asynchronous save in flight
   int unwinding_at_start_ = std::uncaught_exceptions();          // exceptions in flight when constructed
+  OffloadTimes offload_times_{};
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 };
@@ -601,7 +623,10 @@ Buf ZeroOptimizer<P, O, S, F, B>::allocate_as(std::size_t n, const char* what, c
   };
   Buf buffer;
   try {
-    buffer = Buf(n);
+    if constexpr (std::is_constructible_v<Buf, std::size_t, const backend::PiecePlan&>)
+      buffer = Buf(n, piece_plan(n));  // page-locked in pieces (backend/pieced_buffer.hpp)
+    else
+      buffer = Buf(n);
   } catch (const std::bad_alloc&) {
     throw failed("out of memory");
   } catch (const BackendError& e) {
@@ -1204,8 +1229,11 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     // it: the step's one wait for the device.
     if constexpr (!rules.reduce_scatter_on_flush)
       for (const auto& u : units) Ops::download_async(update_grad(u), grad_ptr(u), update_size(u));
+    const auto waiting = Clock::now();
     Ops::synchronize();
+    offload_times_.device_wait_seconds += seconds_since(waiting);
   }
+  [[maybe_unused]] const auto norm_pass = Clock::now();
   // Global gradient statistics: squared norm and inf/NaN over the owned range,
   // where the update reads it. One pass where the owned gradient is
   // contiguous (stage 0: all of it; stages 2-3: the shard buffer; offload:
@@ -1220,6 +1248,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   } else {
     stats = UpdateOps::grad_stats(update_grad(units.front()), owned_total());
   }
+  if constexpr (host_staging) offload_times_.cpu_update_seconds += seconds_since(norm_pass);
   // The hyper-parameters may have changed since the last step (a schedule):
   // validated here, and their fingerprint compared across ranks below.
   std::string invalid_hyper;  // allocates only when there is a message
@@ -1297,6 +1326,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::update_units(StepArgs args, bool upload_each, std::size_t host_set) {
   const auto& units = layout_.units();
+  [[maybe_unused]] const auto started = Clock::now();
   const simd::ScopedHostThreads update_threads(offloaded ? options_.offload_threads : 0);
   for (const auto& u : units) {
     args.grad = update_grad(u, host_set);
@@ -1319,6 +1349,10 @@ void ZeroOptimizer<P, O, S, F, B>::update_units(StepArgs args, bool upload_each,
       // synchronize(), which this copy precedes.
       if (upload_each) upload_updated(u);
     }
+  }
+  if constexpr (host_staging) {
+    offload_times_.cpu_update_seconds += seconds_since(started);
+    ++offload_times_.steps;
   }
 }
 

@@ -30,6 +30,7 @@
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/state_store.hpp"
+#include "zero/engine/update_worker.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/offload/aligned_buffer.hpp"
@@ -73,6 +74,7 @@ class DiskStateStore {
     swap_ = std::make_unique<DiskSwap>(checked_mul(std::max<std::size_t>(chunks_, 1), record_bytes(), "the swap file"),
                                        disk, rank_);
     window_ = AlignedBuffer<float>(record_floats_ * window_slots);
+    if (!io_) io_ = std::make_unique<zero::detail::UpdateWorker>();
     for (Slot& s : slots_) s = Slot{};
   }
   // Set by the engine before allocate(): the run's options and this rank.
@@ -119,7 +121,7 @@ class DiskStateStore {
       if (args.param != nullptr) part.param = args.param + skip;
       part.n = hi - lo;
       part.global_offset = args.global_offset + skip;
-      backend::Ops<backend::Host>::fused_step(part);
+      compute_while_io([&] { backend::Ops<backend::Host>::fused_step(part); });
       if constexpr (std::is_same_v<Param, float>)
         if (args.param != nullptr) std::memcpy(part.param, part.master, part.n * sizeof(float));
       slots_[s].dirty = true;
@@ -143,6 +145,33 @@ class DiskStateStore {
     bool dirty = false;  // updated since read: must be written before reuse
     std::uint64_t used = 0;
   };
+
+  // Runs `compute` while a second thread drives the swap's ring: as the
+  // requests in flight complete it hands the disk the next ones queued (the
+  // read ahead, the write behind) and checks their checksums, so the disk
+  // never waits for the update to finish. Without it the ring only moves
+  // when this thread calls the swap, and an update longer than the
+  // queue_depth requests in flight at its start leaves the disk idle.
+  // The swap is called by one thread at a time: the worker's start() and
+  // wait() order its calls before and after this thread's.
+  template <class Compute>
+  void compute_while_io(Compute&& compute) {
+    if (swap_->poll()) {  // nothing queued or in flight
+      compute();
+      return;
+    }
+    io_->start([](void* self) { static_cast<DiskStateStore*>(self)->swap_->wait_all(); }, this);
+    try {
+      compute();
+    } catch (...) {
+      try {
+        io_->wait();
+      } catch (...) {  // the update's error is the one to report
+      }
+      throw;
+    }
+    io_->wait();  // rethrows an I/O error
+  }
 
   std::size_t record_bytes() const { return record_floats_ * sizeof(float); }
   float* array(int slot, int a) {
@@ -223,6 +252,7 @@ class DiskStateStore {
   AlignedBuffer<float> window_;
   std::array<Slot, window_slots> slots_{};
   std::uint64_t clock_ = 0;
+  std::unique_ptr<zero::detail::UpdateWorker> io_;  // drives the swap during the update
 };
 
 }  // namespace zero::offload
