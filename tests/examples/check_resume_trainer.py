@@ -9,32 +9,18 @@ is a clear error. Skips (77) when the data set is not installed.
     check_resume_trainer.py TRAINER
 """
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
+
+from trainer_output import kill_after_checkpoint, last_value_text, run_checked as run
 
 DATA = "/usr/share/datasets/fashion-mnist"
 BASE = ["--epochs", "2", "--ranks", "2", "--stage", "2", "--batch", "256", "--seed", "3"]
 
 
 def last_accuracy(out):
-    lines = out.strip().splitlines()
-    m = re.fullmatch(r"test_accuracy=([0-9.]+)", lines[-1]) if lines else None
-    if not m:
-        raise SystemExit("FAIL: the last line is not test_accuracy=<value>:\n" + out[-2000:])
-    return m.group(1)
-
-
-def run(cmd):
-    print("$", " ".join(cmd))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    print(r.stdout[-1200:])
-    if r.returncode != 0:
-        print(r.stderr[-2000:], file=sys.stderr)
-        raise SystemExit(f"FAIL: exit code {r.returncode}")
-    return r.stdout
+    return last_value_text(out, "test_accuracy")
 
 
 def main():
@@ -47,18 +33,7 @@ def main():
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         ckpt = os.path.join(tmp, "ckpt")
         # The run to kill: stopped by SIGKILL as soon as it reports step 300's checkpoint.
-        cmd = [trainer] + BASE + ["--save", ckpt, "--save-every", "100"]
-        print("$", " ".join(cmd), "(killed after step 300's checkpoint)")
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        killed = False
-        for line in p.stdout:
-            print(line, end="")
-            if line.startswith("saved checkpoint") and line.rstrip().endswith("step-000000300"):
-                p.send_signal(signal.SIGKILL)
-                killed = True
-                break
-        p.wait()
-        if not killed:
+        if not kill_after_checkpoint([trainer] + BASE + ["--save", ckpt, "--save-every", "100"], 300):
             failures.append("the run never reported step 300's checkpoint")
         saved = sorted(os.listdir(ckpt))
         print("checkpoints:", saved)

@@ -1,6 +1,7 @@
-"""What the trainer smoke tests share: run a trainer, echo its output, and
-read the value of its `name=<value>` last line."""
+"""What the trainer tests share: run a trainer, echo its output, read the
+value of its `name=<value>` last line, kill it after a checkpoint."""
 import re
+import signal
 import subprocess
 import sys
 
@@ -20,3 +21,42 @@ def run_for_last_line(command, name, timeout=600):
         print(f"FAIL: the last line is not {name}=<value>")
         return None, None
     return run.stdout, float(match.group(1))
+
+
+def run_checked(command, timeout=600):
+    """stdout of a run that must succeed (its tail echoed); exits the test
+    with FAIL and the exit code otherwise."""
+    print("$", " ".join(command))
+    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    print(run.stdout[-1200:])
+    if run.returncode != 0:
+        print(run.stderr[-2000:], file=sys.stderr)
+        raise SystemExit(f"FAIL: exit code {run.returncode}")
+    return run.stdout
+
+
+def last_value_text(stdout, name):
+    """The value of the last line `name=<value>`, as printed (to compare
+    digit for digit); exits the test with FAIL when there is none."""
+    lines = stdout.strip().splitlines()
+    match = re.fullmatch(name + r"=([0-9.]+)", lines[-1]) if lines else None
+    if not match:
+        raise SystemExit(f"FAIL: the last line is not {name}=<value>:\n" + stdout[-2000:])
+    return match.group(1)
+
+
+def kill_after_checkpoint(command, step):
+    """Runs a trainer with --save, echoing its output, and kills it with
+    SIGKILL as soon as it reports the checkpoint of `step`
+    (`saved checkpoint .../step-<step, 9 digits>`). Returns whether it did."""
+    print("$", " ".join(command), f"(killed after step {step}'s checkpoint)")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    killed = False
+    for line in process.stdout:
+        print(line, end="")
+        if line.startswith("saved checkpoint") and line.rstrip().endswith(f"step-{step:09d}"):
+            process.send_signal(signal.SIGKILL)
+            killed = True
+            break
+    process.wait()
+    return killed

@@ -11,10 +11,12 @@ Skips (77) when The Devil's Dictionary is not installed.
 """
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from trainer_output import kill_after_checkpoint, last_value_text, run_checked as run  # noqa: E402
 
 CORPUS = "/usr/share/dictd/devil.dict.dz"
 MODEL = ["--layers", "2", "--width", "64", "--heads", "2", "--context", "32", "--micro-batch", "16"]
@@ -31,21 +33,7 @@ def with_flags(args, **values):
 
 
 def last_val_loss(out):
-    lines = out.strip().splitlines()
-    m = re.fullmatch(r"val_loss=([0-9.]+)", lines[-1]) if lines else None
-    if not m:
-        raise SystemExit("FAIL: the last line is not val_loss=<value>:\n" + out[-2000:])
-    return m.group(1)
-
-
-def run(cmd):
-    print("$", " ".join(cmd))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    print(r.stdout[-800:])
-    if r.returncode != 0:
-        print(r.stderr[-2000:], file=sys.stderr)
-        raise SystemExit(f"FAIL: exit code {r.returncode}")
-    return r.stdout
+    return last_value_text(out, "val_loss")
 
 
 def refused(cmd, words):
@@ -67,18 +55,7 @@ def main():
     whole = last_val_loss(run([trainer] + BASE))
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         ckpt = os.path.join(tmp, "ckpt")
-        cmd = [trainer] + BASE + ["--save", ckpt, "--save-every", "20"]
-        print("$", " ".join(cmd), "(killed after step 40's checkpoint)")
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        killed = False
-        for line in p.stdout:
-            print(line, end="")
-            if line.startswith("saved checkpoint") and line.rstrip().endswith("step-000000040"):
-                p.send_signal(signal.SIGKILL)
-                killed = True
-                break
-        p.wait()
-        if not killed:
+        if not kill_after_checkpoint([trainer] + BASE + ["--save", ckpt, "--save-every", "20"], 40):
             failures.append("the run never reported step 40's checkpoint")
         saved = sorted(os.listdir(ckpt))
         print("checkpoints:", saved)
