@@ -153,6 +153,29 @@ int export_hf(const std::string& path, const std::string& out, const std::string
   return 0;
 }
 
+// The manifest's index of the fp32 master, which verify and import read.
+std::size_t master_slot(const ck::CheckpointReader& reader) {
+  const std::size_t master = reader.manifest().slot_index("master");
+  if (master == reader.manifest().slots.size())
+    ck::fail(reader.directory() / ck::manifest_file_name, "has no 'master' slot: not a checkpoint of a ZeroOptimizer");
+  return master;
+}
+
+// Why parameter p cannot be read from the file set, or "" when it can. With
+// `flat_takes_any_shape` a parameter registered flat takes any shape of its
+// element count (as opt.load_hf does); verify holds an export to the flat
+// shape export writes.
+std::string tensor_problem(const ck::HfReader& hf, const ck::ParamDesc& p, bool flat_takes_any_shape) {
+  if (!hf.contains(p.name)) return "has no tensor '" + p.name + "'";
+  const ck::TensorEntry& t = hf.tensor(p.name);
+  const zero::Shape want = p.shape.empty() ? zero::Shape{p.numel} : p.shape;
+  if (t.shape != want && !(flat_takes_any_shape && p.shape.empty() && t.numel() == p.numel))
+    return "'" + p.name + "' has shape " + zero::shape_text(t.shape) + ", the checkpoint's is " +
+           zero::shape_text(want);
+  if (t.dtype == ck::TensorType::I64) return "'" + p.name + "' is I64, not a floating-point tensor";
+  return "";
+}
+
 // Every parameter of the checkpoint in the file set, with its shape, and
 // its values equal to the master rounded to the file's dtype.
 int verify(const std::string& hf_path, const std::string& path) {
@@ -160,9 +183,7 @@ int verify(const std::string& hf_path, const std::string& path) {
   ck::CheckpointReader& reader = *opened;
   const ck::HfReader hf(hf_path);
   const ck::Manifest& m = reader.manifest();
-  const std::size_t master = m.slot_index("master");
-  if (master == m.slots.size())
-    ck::fail(reader.directory() / ck::manifest_file_name, "has no 'master' slot: not a checkpoint of a ZeroOptimizer");
+  const std::size_t master = master_slot(reader);
   std::vector<std::string> problems;
   std::uint64_t checked = 0;
   constexpr std::uint64_t piece = std::uint64_t{1} << 20;  // elements compared at once
@@ -172,21 +193,11 @@ int verify(const std::string& hf_path, const std::string& path) {
   for (std::size_t u = 0; u < m.units.size(); ++u)
     for (const ck::ParamDesc& p : m.units[u].params) {
       names.push_back(p.name);
-      if (!hf.contains(p.name)) {
-        problems.push_back("'" + p.name + "' is missing");
+      if (std::string problem = tensor_problem(hf, p, false); !problem.empty()) {
+        problems.push_back(std::move(problem));
         continue;
       }
       const ck::TensorEntry& t = hf.tensor(p.name);
-      const zero::Shape want = p.shape.empty() ? zero::Shape{p.numel} : p.shape;
-      if (t.shape != want) {
-        problems.push_back("'" + p.name + "' has shape " + zero::shape_text(t.shape) + ", the checkpoint " +
-                           zero::shape_text(want));
-        continue;
-      }
-      if (t.dtype == ck::TensorType::I64) {
-        problems.push_back("'" + p.name + "' is I64, not a floating-point tensor");
-        continue;
-      }
       std::uint64_t differ = 0;
       double largest = 0;
       for (std::uint64_t first = 0; first < p.numel; first += piece) {
@@ -233,23 +244,12 @@ class ImportSource final : public ck::StateSource {
     const ck::Manifest& m = checkpoint.manifest();
     for (const ck::SavedSlot& slot : m.slots)
       if (slot.name != "param") slots_.push_back({slot.name, ck::storage_type_of(slot.dtype), true});
-    if (m.slot_index("master") == m.slots.size())
-      ck::fail(checkpoint.directory() / ck::manifest_file_name, "has no 'master' slot: not a checkpoint of a ZeroOptimizer");
+    master_slot(checkpoint);
     // Every parameter there, with its shape, before anything is written.
     for (const ck::UnitDesc& u : m.units)
-      for (const ck::ParamDesc& p : u.params) {
-        if (!hf.contains(p.name))
-          ck::fail(hf.origin(), "has no tensor '" + p.name + "', a parameter of the checkpoint " +
-                                    checkpoint.directory().string());
-        const ck::TensorEntry& t = hf.tensor(p.name);
-        const zero::Shape want = p.shape.empty() ? zero::Shape{p.numel} : p.shape;
-        const bool flat_fits = p.shape.empty() && t.numel() == p.numel;
-        if (t.shape != want && !flat_fits)
-          ck::fail(hf.origin(), "'" + p.name + "' has shape " + zero::shape_text(t.shape) + ", the checkpoint's is " +
-                                    zero::shape_text(want));
-        if (t.dtype == ck::TensorType::I64)
-          ck::fail(hf.origin(), "'" + p.name + "' is I64, not a floating-point tensor");
-      }
+      for (const ck::ParamDesc& p : u.params)
+        if (const std::string problem = tensor_problem(hf, p, true); !problem.empty())
+          ck::fail(hf.origin(), problem, " (a parameter of the checkpoint ", checkpoint.directory().string(), ")");
   }
 
   std::vector<ck::UnitDesc> units() const override { return checkpoint_.manifest().units; }

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-from trainer_output import kill_after_checkpoint, last_value_text, run_checked as run
+from trainer_output import kill_then_resume, last_value_text, run_checked as run
 
 DATA = "/usr/share/datasets/fashion-mnist"
 BASE = ["--epochs", "2", "--ranks", "2", "--stage", "2", "--batch", "256", "--seed", "3"]
@@ -32,16 +32,9 @@ def main():
     whole = last_accuracy(run([trainer] + BASE))
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         ckpt = os.path.join(tmp, "ckpt")
-        # The run to kill: stopped by SIGKILL as soon as it reports step 300's checkpoint.
-        if not kill_after_checkpoint([trainer] + BASE + ["--save", ckpt, "--save-every", "100"], 300):
-            failures.append("the run never reported step 300's checkpoint")
-        saved = sorted(os.listdir(ckpt))
-        print("checkpoints:", saved)
-        if "step-000000400" in saved:
-            failures.append("the run went on past the kill")
-        same = run([trainer] + BASE + ["--resume", ckpt])
-        if "resumed from" not in same or "step 300" not in same:
-            failures.append("the resumed run does not say where it resumed")
+        # Stopped by SIGKILL as soon as it reports step 300's checkpoint, then resumed.
+        same, problems = kill_then_resume([trainer] + BASE, ckpt, 100, 300)
+        failures += problems
         if last_accuracy(same) != whole:
             failures.append(f"resumed on the same configuration: {last_accuracy(same)}, uninterrupted {whole}")
         other = [trainer, "--epochs", "2", "--ranks", "3", "--stage", "3", "--batch", "256", "--seed", "3",

@@ -1,5 +1,6 @@
 """What the trainer tests share: run a trainer, echo its output, read the
 value of its `name=<value>` last line, kill it after a checkpoint."""
+import os
 import re
 import signal
 import subprocess
@@ -60,3 +61,22 @@ def kill_after_checkpoint(command, step):
             break
     process.wait()
     return killed
+
+
+def kill_then_resume(command, ckpt, save_every, step):
+    """Runs a trainer `command` with --save ckpt --save-every save_every,
+    kills it with SIGKILL after step `step`'s checkpoint, and runs it again
+    with --resume ckpt. Returns (the resumed run's stdout, what went wrong:
+    no such checkpoint reported, a checkpoint past the kill, a resumed run
+    that does not say where it resumed)."""
+    failures = []
+    if not kill_after_checkpoint(command + ["--save", ckpt, "--save-every", str(save_every)], step):
+        failures.append(f"the run never reported step {step}'s checkpoint")
+    saved = sorted(os.listdir(ckpt))
+    print("checkpoints:", saved)
+    if any(name.startswith("step-") and int(name[5:]) > step for name in saved):
+        failures.append("the run went on past the kill")
+    resumed = run_checked(command + ["--resume", ckpt])
+    if "resumed from" not in resumed or f"at step {step}" not in resumed:
+        failures.append("the resumed run does not say where it resumed")
+    return resumed, failures

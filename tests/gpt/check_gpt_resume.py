@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from trainer_output import kill_after_checkpoint, last_value_text, run_checked as run  # noqa: E402
+from trainer_output import kill_then_resume, last_value_text, run_checked as run  # noqa: E402
 
 CORPUS = "/usr/share/dictd/devil.dict.dz"
 MODEL = ["--layers", "2", "--width", "64", "--heads", "2", "--context", "32", "--micro-batch", "16"]
@@ -55,15 +55,8 @@ def main():
     whole = last_val_loss(run([trainer] + BASE))
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         ckpt = os.path.join(tmp, "ckpt")
-        if not kill_after_checkpoint([trainer] + BASE + ["--save", ckpt, "--save-every", "20"], 40):
-            failures.append("the run never reported step 40's checkpoint")
-        saved = sorted(os.listdir(ckpt))
-        print("checkpoints:", saved)
-        if "step-000000060" in saved:
-            failures.append("the run went on past the kill")
-        same = run([trainer] + BASE + ["--resume", ckpt])
-        if "resumed from" not in same or "at step 40" not in same:
-            failures.append("the resumed run does not say where it resumed")
+        same, problems = kill_then_resume([trainer] + BASE, ckpt, 20, 40)
+        failures += problems
         if last_val_loss(same) != whole:
             failures.append(f"resumed on the same configuration: val_loss {last_val_loss(same)}, uninterrupted {whole}")
         moved = run([trainer] + with_flags(BASE, ranks="1", stage="1") + ["--resume", ckpt])
