@@ -76,7 +76,8 @@ Row measure(const Options& o, unsigned char* src, unsigned char* dst, std::size_
   row.block = block;
   row.depth = depth;
   for (int rep = 0; rep < o.reps; ++rep) {  // interleaved, so both see the same disk and load
-    const auto [pw, pr] = zero::bench::probe_disk(o.dir, src, dst, o.bytes, block, depth);
+    const zero::bench::ProbeRates probe = zero::bench::probe_disk(o.dir, src, dst, o.bytes, block, depth);
+    const double pw = probe.write, pr = probe.read;
     std::memset(dst, 0, o.bytes);
     const auto [sw, sr] = swap_run(o, src, dst, block, depth, row.direct);
     row.probe_write = std::max(row.probe_write, pw);

@@ -7,13 +7,18 @@
 //   busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n (reduce-scatter,
 //           all-gather), 1 (broadcast).
 // The limit: the memory traffic the collective must move (bytes read plus
-// written, summed over ranks) at the bandwidth of a copy probe run by the
-// same number of threads (or processes), measured beside each row: every rank
-// copies half the row's traffic (a copy reads and writes each byte), and
-// probe and collective alternate timing by timing. So both see the same
-// cache (at 64 MiB the buffers partly fit a large L3) and the same moment of
-// a shared machine, whose bandwidth drifts by 2x within one sweep. A collective over
-// shared memory cannot move less than (in units of S, n ranks):
+// written, summed over ranks) at the bandwidth of a probe that moves that
+// traffic in the same shape with trivial arithmetic, run by the same number
+// of threads (or processes) beside each row: every rank reads and writes its
+// share in the streams the collective's ideal algorithm uses (ProbeShape),
+// combining inputs with XOR. The shape matters: a reduce-scatter reads n
+// bytes per byte written, and on the 2-core VM this was measured on,
+// read-heavy traffic runs at about 0.78 of a copy's bandwidth, which a copy
+// probe would have charged to the collective. Probe and collective alternate
+// timing by timing, so both see the same cache (at 64 MiB the buffers
+// partly fit a large L3) and the same moment of a shared machine, whose
+// bandwidth drifts by 2x within one sweep. A collective over shared memory
+// cannot move less than (in units of S, n ranks):
 //   all-reduce      2n     every rank's buffer read once and written once
 //                          (comm::Local: rank r reduces chunk r of all
 //                          buffers and writes it into all of them)
@@ -40,6 +45,7 @@
 
 #include "bench_args.hpp"
 #include "zero/comm/communicator.hpp"
+#include "zero/comm/reduce.hpp"  // streaming_pays: when the probe streams, as the communicators do
 #include "zero/precision/types.hpp"
 
 namespace zero::bench::comm {
@@ -79,6 +85,23 @@ inline double traffic_factor(Op op, int n) {
     case Op::broadcast: return d;
   }
   return 0.0;
+}
+
+// The streams one rank's share of the probe reads and writes, each S / n
+// bytes: the traffic above divided over the ranks.
+struct ProbeShape {
+  int inputs = 1;
+  int outputs = 1;
+  bool in_place = false;  // the outputs are the inputs (all-reduce)
+};
+inline ProbeShape probe_shape(Op op, int n) {
+  switch (op) {
+    case Op::all_reduce: return {n, n, true};
+    case Op::reduce_scatter: return {n, 1, false};
+    case Op::all_gather: return {1, n, false};
+    case Op::broadcast: return {1, std::max(1, n - 1), false};
+  }
+  return {};
 }
 
 struct Options {
@@ -184,16 +207,20 @@ Timings fastest_times(Comm& c, Memory& mem, std::size_t bytes, std::size_t probe
 // Every collective x {fp32, bf16} x size on this rank; the rows are rank 0's
 // timings (every rank returns them; only rank 0 should print). Memory:
 // void* alloc(bytes) (zero-filled, touched by this rank, freed with the
-// Memory), copy(dst, src, bytes) and sync().
+// Memory), fold(outputs, n_out, inputs, n_in, bytes, stream) (every output
+// = the XOR of the inputs, `bytes` each; in place when the outputs are the
+// inputs; `stream`: write past the cache, as the communicators do for
+// collectives larger than it) and sync().
 template <class Comm, class Memory>
 std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o) {
   const int n = c.size();
   void* a = mem.alloc(o.max_bytes);
   void* b = mem.alloc(o.max_bytes);
-  // The probe's own buffers: copying through a or b would leave them cached
-  // for the collective.
-  void* probe_src = mem.alloc(o.max_bytes);
-  void* probe_dst = mem.alloc(o.max_bytes);
+  // The probe's own streams (2n of S / n at most): probing through a or b
+  // would leave them cached for the collective.
+  const std::size_t most_stream = o.max_bytes / static_cast<std::size_t>(n) + 64;
+  std::vector<void*> probe_streams;
+  for (int k = 0; k < 2 * n; ++k) probe_streams.push_back(mem.alloc(most_stream));
   std::vector<Row> rows;
   for (Op op : all_ops) {
     for (DType t : {DType::f32, DType::bf16}) {
@@ -202,10 +229,14 @@ std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o)
         const std::size_t part = bytes / eb / static_cast<std::size_t>(n), count = part * static_cast<std::size_t>(n);
         if (part == 0) continue;
         const std::size_t s = count * eb;
-        // Per rank, half the row's traffic (at most S: all-reduce's 2nS / 2n).
-        const std::size_t probe_bytes =
-            static_cast<std::size_t>(static_cast<double>(s) * traffic_factor(op, n) / (2.0 * n)) / 64 * 64;
-        auto probe = [&] { mem.copy(probe_dst, probe_src, probe_bytes); };
+        // Per rank: its share of the row's traffic, in the row's shape.
+        const ProbeShape shape = probe_shape(op, n);
+        const std::size_t stream_bytes = std::max<std::size_t>(s / static_cast<std::size_t>(n) / 64 * 64, 64);
+        const std::size_t probe_bytes = stream_bytes * static_cast<std::size_t>(shape.inputs + shape.outputs);
+        void* const* probe_in = probe_streams.data();
+        void* const* probe_out = shape.in_place ? probe_in : probe_streams.data() + shape.inputs;
+        const bool probe_streamed = !shape.in_place && zero::comm::detail::streaming_pays(s * static_cast<std::size_t>(n));
+        auto probe = [&] { mem.fold(probe_out, shape.outputs, probe_in, shape.inputs, stream_bytes, probe_streamed); };
         Timings time;
         switch (op) {
           case Op::all_reduce:
@@ -222,7 +253,7 @@ std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o)
             time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.broadcast(a, count, t, 0); }, probe);
             break;
         }
-        const double probe_GBps = 2.0 * static_cast<double>(probe_bytes) * n / time.probe_s / 1e9;
+        const double probe_GBps = static_cast<double>(probe_bytes) * n / time.probe_s / 1e9;
         rows.push_back(Row{name, n, op, t, s, time.op_s, probe_GBps});
       }
     }

@@ -1,7 +1,8 @@
 // Why: the disk tier is judged against the disk itself, measured in the same
 // run. This raw probe is that measure: a fresh preallocated file opened with
-// O_DIRECT, written then read through one io_uring in requests of the
-// tier's block size with up to its queue depth in flight, and none of
+// O_DIRECT, written, then read, then read and written at once (as the tier's
+// step moves its records) through one io_uring in requests of the tier's
+// block size with up to its queue depth in flight, and none of
 // DiskSwap's queueing or checksums. bench_disk (DiskSwap alone) and
 // bench_offload (the optimizer step on the disk tier) both compare to it.
 #pragma once
@@ -35,36 +36,56 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Rates of one probe run, GB/s (10^9 bytes per second).
 struct ProbeRates {
   double write = 0, read = 0;
-  // Seconds to write then read `bytes` at these rates, as the tier does.
+  double mixed = 0;  // reads and writes in flight together, both counted
+  // Seconds to write then read `bytes` at these rates.
   double seconds(std::size_t bytes) const { return static_cast<double>(bytes) * (1.0 / write + 1.0 / read) / 1e9; }
+  // Seconds to read and write `bytes` each with both in flight at once, as
+  // the disk tier's step does (it reads record k + 1 while it writes k - 1).
+  double mixed_seconds(std::size_t bytes) const { return 2.0 * static_cast<double>(bytes) / mixed / 1e9; }
 };
 
-// `bytes` through `fd` in `block` requests, `depth` in flight, each
-// completing whole (anything else ends the benchmark): GB/s.
-inline double probe_pass(int fd, bool write, unsigned char* buf, std::size_t bytes, std::size_t block,
-                         unsigned depth) {
+// What a pass moves: `write` or read, or `mixed`: both, alternating one
+// request of each, reading the half of the file the writes are not in.
+enum class Pass { write, read, mixed };
+
+// `bytes` through `fd` in `block` requests (a mixed pass: `bytes` read and
+// `bytes` written), `depth` in flight, each completing whole (anything else
+// ends the benchmark): GB/s of both directions.
+inline double probe_pass(int fd, Pass pass, unsigned char* src, unsigned char* dst, std::size_t bytes,
+                         std::size_t block, unsigned depth) {
   zero::offload::detail::Uring ring(depth);
   const auto t0 = std::chrono::steady_clock::now();
-  std::size_t next = 0;
+  const std::size_t total = pass == Pass::mixed ? 2 * bytes : bytes;
+  const std::size_t half = bytes / 2 / 4096 * 4096;
+  std::size_t next = 0, written = 0, read = 0;
   unsigned in_flight = 0;
-  while (next < bytes || in_flight > 0) {
+  while (next < total || in_flight > 0) {
     bool prepared = false;
-    for (; in_flight < depth && next < bytes; ++in_flight, prepared = true) {
-      const std::size_t n = std::min(block, bytes - next);
-      ring.prepare(ring.next(), write, fd, buf + next, n, next, n);
-      next += n;
+    for (; in_flight < depth && next < total; ++in_flight, prepared = true) {
+      // A mixed pass writes block j of src at j while it reads the block
+      // half the file away (the bytes are those of the write pass: the file
+      // keeps its content, and the read-back check still holds).
+      const bool write = pass == Pass::write || (pass == Pass::mixed && (read >= bytes || (written <= read && written < bytes)));
+      std::size_t& done = write ? written : read;
+      const std::size_t n = std::min(block, bytes - done);
+      const std::size_t offset = pass == Pass::mixed && !write ? (done + half) % bytes : done;
+      const std::size_t at = pass == Pass::mixed && !write ? std::min(n, bytes - offset) : n;
+      ring.prepare(ring.next(), write, fd, (write ? src : dst) + offset, at, offset, at);
+      done += at;
+      next += at;
     }
     if (prepared && ring.submit() < 0) probe_failed("io_uring_submit failed");
     std::uint64_t expected;
     int result;
     for (bool wait = true; in_flight > 0 && ring.completion(wait, expected, result); wait = false) {
       if (result < 0 || static_cast<std::uint64_t>(result) != expected)
-        probe_failed(std::string(write ? "write" : "read") + " returned " + std::to_string(result) +
+        probe_failed(std::string(pass == Pass::write ? "write" : pass == Pass::read ? "read" : "mixed") +
+                     " returned " + std::to_string(result) +
                      (result < 0 ? " (" + zero::offload::detail::errno_text(-result) + ")" : ""));
       --in_flight;
     }
   }
-  return static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+  return static_cast<double>(total) / seconds_since(t0) / 1e9;
 }
 
 // One probe run on a fresh preallocated file under `dir` (creation and
@@ -78,8 +99,9 @@ inline ProbeRates probe_disk(const std::string& dir, unsigned char* src, unsigne
   if (::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0)
     probe_failed("cannot preallocate " + path + ": " + zero::offload::detail::errno_text(errno));
   ProbeRates rates;
-  rates.write = probe_pass(fd, true, src, bytes, block, depth);
-  rates.read = probe_pass(fd, false, dst, bytes, block, depth);
+  rates.write = probe_pass(fd, Pass::write, src, dst, bytes, block, depth);
+  rates.read = probe_pass(fd, Pass::read, src, dst, bytes, block, depth);
+  rates.mixed = probe_pass(fd, Pass::mixed, src, dst, bytes, block, depth);
   ::close(fd);
   ::unlink(path.c_str());
   if (std::memcmp(src, dst, bytes) != 0) probe_failed("the probe read back other bytes than it wrote");

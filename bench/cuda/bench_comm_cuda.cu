@@ -1,13 +1,14 @@
 // Device communicators: the sweep of bench_comm (bench/comm_bench.hpp) over
 // device memory. comm::LocalDevice with 2 and 4 ranks sharing GPU 0, and
 // comm::Nccl with one rank per visible GPU (ncclCommInitAll, one thread per
-// rank) when there are at least two; the probe is a device-to-device
-// cudaMemcpyAsync by the same ranks, of each row's traffic, beside each row.
+// rank) when there are at least two; the probe is a kernel moving each
+// row's traffic in its shape (comm_bench.hpp) by the same ranks, beside each row.
 //
 //   bench_comm_cuda [--comm all|local_device|nccl] [--ranks N ...] [--min BYTES] [--max BYTES] [--json]
 // Without a CUDA device it exits 77 (SKIP).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -25,7 +26,30 @@ namespace {
 
 using namespace zero::bench::comm;
 
-// Device buffers of the calling thread's device, zeroed; copies and waits on
+// The probe's streams: outputs[o][i] = XOR over k of inputs[k][i].
+inline constexpr int kFoldStreams = 16;
+struct FoldArgs {
+  const uint4* inputs[kFoldStreams];
+  uint4* outputs[kFoldStreams];
+  int n_in, n_out;
+  std::size_t words;
+};
+__global__ void fold_kernel(FoldArgs a) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.words;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    uint4 x = a.inputs[0][i];
+    for (int k = 1; k < a.n_in; ++k) {
+      const uint4 y = a.inputs[k][i];
+      x.x ^= y.x;
+      x.y ^= y.y;
+      x.z ^= y.z;
+      x.w ^= y.w;
+    }
+    for (int o = 0; o < a.n_out; ++o) a.outputs[o][i] = x;
+  }
+}
+
+// Device buffers of the calling thread's device, zeroed; probes and waits on
 // the thread's current stream (the rank's, under LocalDevice::run).
 struct DeviceMemory {
   std::vector<void*> owned;
@@ -43,8 +67,21 @@ struct DeviceMemory {
     ZERO_CUDA_CHECK(cudaDeviceSynchronize());
     return p;
   }
-  static void copy(void* dst, const void* src, std::size_t bytes) {
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, zero::cuda::current_stream()));
+  // The probe (comm_bench.hpp): 16-byte words, a grid-stride loop. `stream`
+  // is the host's cache hint; device stores need none.
+  static void fold(void* const* outputs, int n_out, const void* const* inputs, int n_in, std::size_t bytes,
+                   bool /*stream*/) {
+    zero::require(n_in <= kFoldStreams && n_out <= kFoldStreams && bytes % sizeof(uint4) == 0,
+                  "bench_comm_cuda's probe takes at most ", kFoldStreams, " streams of whole 16-byte words");
+    FoldArgs a{};
+    for (int k = 0; k < n_in; ++k) a.inputs[k] = static_cast<const uint4*>(inputs[k]);
+    for (int o = 0; o < n_out; ++o) a.outputs[o] = static_cast<uint4*>(outputs[o]);
+    a.n_in = n_in;
+    a.n_out = n_out;
+    a.words = bytes / sizeof(uint4);
+    const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>((a.words + 255) / 256, 4096));
+    fold_kernel<<<blocks, 256, 0, zero::cuda::current_stream()>>>(a);
+    ZERO_CUDA_CHECK(cudaGetLastError());
   }
   static void sync() { ZERO_CUDA_CHECK(cudaStreamSynchronize(zero::cuda::current_stream())); }
 };

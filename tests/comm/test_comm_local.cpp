@@ -254,5 +254,12 @@ TEST_CASE("Streamed (non-temporal) outputs hold the same bits at any alignment",
         CHECK(std::memcmp(outputs[1], inputs[2].data(), count * b) == 0);
       }
     }
+    // In place (every output is an input), asked to stream: plain stores
+    // (the lines were just read), the same bits.
+    CAPTURE(zero::dtype_name(t));
+    std::vector<std::vector<unsigned char>> buffers = inputs;
+    void* const in_place[3] = {buffers[0].data(), buffers[1].data(), buffers[2].data()};
+    zero::comm::detail::reduce(t, zero::comm::detail::ReduceArgs{in_place, 3, in_place, 3, 0, count, true}, ReduceOp::sum);
+    for (const auto& buffer : buffers) CHECK(buffer == sum);
   }
 }
