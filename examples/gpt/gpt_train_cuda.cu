@@ -109,13 +109,14 @@ void add_memory_check(TrainHooks& hooks, Comm& comm, std::size_t free_before, in
                                                                   const ActivationBytes& act) {
     comm.barrier();  // every rank on this GPU holds all it will
     if (comm.rank() == 0) {
-      const double used = static_cast<double>(free_before - free_device_bytes()) / ranks_on_this_gpu;
+      const double used =
+          (static_cast<double>(free_before) - static_cast<double>(free_device_bytes())) / ranks_on_this_gpu;
       const zero::PlacedBytes placed = m.placed.total();
       const double accounted = static_cast<double>(placed.device + act.total());
       std::printf("device memory per rank: %.2f MiB used (cudaMemGetInfo, %d rank(s) on this GPU); memory_report() "
                   "%.2f MiB on the device (model states %.2f, communication buffers %.2f) + activations %.2f MiB = "
                   "%.2f MiB; the other %.2f MiB: CUDA/cuBLAS/NCCL workspaces, allocation rounding\n",
-                  mib(static_cast<std::uint64_t>(used)), ranks_on_this_gpu, mib(placed.device),
+                  used / 1048576.0, ranks_on_this_gpu, mib(placed.device),
                   mib(m.placed.model_states().device), mib(m.placed.communication_buffers.device), mib(act.total()),
                   mib(static_cast<std::uint64_t>(accounted)), (used - accounted) / 1048576.0);
       std::fflush(stdout);
