@@ -60,12 +60,19 @@ constexpr std::size_t kNcclIdBytes = 128;
 // The checks between --backend, --comm and what the GPU part is built with.
 void check_backend_choices(const Args& a) {
   const bool cuda = a.backend == "cuda";
+#if !defined(ZERO_EXAMPLE_HAVE_CUDA)
+  if (cuda)
+    throw CLI::ValidationError("--backend cuda", "this gpt_train was built without CUDA; reconfigure with "
+                                                 "-Dcuda=enabled on a machine with nvcc (the CUDA toolkit) and rebuild");
+#endif
   if (a.launch.comm == "nccl" && !cuda) throw CLI::ValidationError("--comm nccl", "needs --backend cuda");
   if (cuda && a.launch.comm == "mpi")
     throw CLI::ValidationError("--comm mpi", "--backend cuda communicates with --comm nccl (under mpirun, or with "
                                              "--nccl-id-file) or --comm local (ranks on one GPU)");
   if (!a.nccl_id_file.empty() && a.launch.comm != "nccl")
     throw CLI::ValidationError("--nccl-id-file", "needs --comm nccl --backend cuda");
+  if (a.nccl_id_file.empty() && (a.nccl_rank != 0 || a.nccl_world != 1))
+    throw CLI::ValidationError("--rank/--world", "go with --nccl-id-file (under mpirun, MPI gives them)");
   if (a.nccl_rank >= a.nccl_world)
     throw CLI::ValidationError("--rank", std::to_string(a.nccl_rank) + " is not below --world " +
                                              std::to_string(a.nccl_world));
@@ -145,6 +152,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--rank", a.nccl_rank, "--nccl-id-file: this process's rank")->check(CLI::Range(0, 1 << 20));
   app.add_option("--world", a.nccl_world, "--nccl-id-file: the number of ranks")->check(CLI::Range(1, 1 << 20));
   app.callback([&a] {
+    check_backend_choices(a);  // first: without CUDA in the build, that is the problem to name
 #if !defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
     if (!a.save_dir.empty() || !a.resume_dir.empty())
       throw CLI::ValidationError("--save/--resume", "this build has no checkpoints (install nlohmann-json3-dev and "
@@ -156,7 +164,6 @@ void add_options(CLI::App& app, Args& a) {
                                                 std::to_string(a.model.width));
     if (a.min_lr > a.lr)
       throw CLI::ValidationError("--min-lr", "is above --lr; the decay ends at --min-lr");
-    check_backend_choices(a);
   });
 }
 
@@ -217,9 +224,7 @@ int main(int argc, char** argv) {
       val = gpt::train_on_cuda(args, corpus, nccl_id);
       if (args.launch.comm == "nccl" && args.nccl_rank != 0) return 0;
 #else
-      zero::examples::fail_option(app, "--backend", "cuda: this gpt_train was built without CUDA; reconfigure with "
-                                                    "-Dcuda=enabled on a machine with nvcc (the CUDA toolkit) and "
-                                                    "rebuild");
+      throw zero::InvalidArgument("--backend cuda: not built (check_backend_choices refuses it first)");
 #endif
     } else if (args.launch.comm == "local") {
       set_blas_threads(args.launch.ranks);

@@ -189,6 +189,12 @@ double train_nccl(const TrainArgs& args, const TextCorpus& corpus, const std::ve
                   " bytes, not ", sizeof id);
     std::memcpy(&id, id_bytes.data(), sizeof id);
   } else if (!from_file) {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+      if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) > 1)
+        throw zero::InvalidArgument(zero::detail::concat(
+            "--comm nccl: started by mpirun (", name, "=", v, "), but this gpt_train was built without MPI, which "
+            "would carry the NCCL unique id: reconfigure with MPI, or start each rank with --nccl-id-file PATH --rank R "
+            "--world W"));
     id = zero::comm::Nccl::new_unique_id();  // one rank
   }
   zero::comm::Nccl comm = from_file ? zero::comm::Nccl::from_unique_id_file(args.nccl_id_file, rank, world)

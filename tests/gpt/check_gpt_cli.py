@@ -34,21 +34,30 @@ def main():
         if not ok:
             failures.append(f"{args}: exit {rc} (want {code}), output must match {pattern!r}:\n{out[-800:]}")
 
+    # Built without CUDA, every --backend cuda is refused first, with the fix.
+    no_cuda = r"--backend cuda: this gpt_train was built without CUDA; reconfigure with -Dcuda=enabled"
+
+    def refused(pattern):
+        return no_cuda if built == "nocuda" else pattern
+
     expect(["--comm", "nccl"], 2, r"--comm nccl: needs --backend cuda")
-    expect(["--backend", "cuda", "--comm", "mpi"], 2, r"--comm mpi: --backend cuda communicates with --comm nccl")
+    expect(["--backend", "cuda", "--comm", "mpi"], 2, refused(r"--comm mpi: --backend cuda communicates with --comm nccl"))
     expect(["--backend", "cuda", "--optimizer", "sgd"], 2,
-           r"built for --optimizer adamw with --precision fp32 or bf16 .*compile-time choice.*gpt_train_cuda\.cu")
-    expect(["--backend", "cuda", "--precision", "fp16"], 2, r"compile-time choice")
-    expect(["--backend", "cuda", "--save", "/tmp/zero_gpt_cli_no_such_dir"], 2, r"--save/--resume: are not built into")
-    expect(["--nccl-id-file", "/tmp/x", "--backend", "cuda"], 2, r"--nccl-id-file: needs --comm nccl")
+           refused(r"built for --optimizer adamw with --precision fp32 or bf16 .*compile-time choice.*gpt_train_cuda\.cu"))
+    expect(["--backend", "cuda", "--precision", "fp16"], 2, refused(r"compile-time choice"))
+    expect(["--backend", "cuda", "--save", "/tmp/zero_gpt_cli_no_such_dir"], 2,
+           refused(r"--save/--resume: (are not built into --backend cuda|this build has no checkpoints)"))
+    expect(["--nccl-id-file", "/tmp/x", "--backend", "cuda"], 2, refused(r"--nccl-id-file: needs --comm nccl"))
     expect(["--backend", "cuda", "--comm", "nccl", "--nccl-id-file", "/tmp/x", "--rank", "2", "--world", "2"], 2,
-           r"--rank: 2 is not below --world 2")
+           refused(r"--rank: 2 is not below --world 2"))
+    expect(["--backend", "cuda", "--comm", "nccl", "--rank", "1", "--world", "2"], 2,
+           refused(r"--rank/--world: go with --nccl-id-file"))
     expect(["--backend", "gpu"], 2, r"--backend")
 
     if not os.path.exists(CORPUS):
         print(f"SKIP: the --backend cuda run ({CORPUS} missing: apt-get install dict-devil)")
     elif built == "nocuda":
-        expect(["--backend", "cuda"] + TINY, 2, r"built without CUDA; reconfigure with -Dcuda=enabled")
+        expect(["--backend", "cuda"] + TINY, 2, no_cuda)
     else:
         rc, out = run(trainer, ["--backend", "cuda", "--ranks", "2", "--stage", "3"] + TINY)
         if rc == 1 and "error: --backend cuda: no CUDA device" in out:
