@@ -6,12 +6,23 @@
 # leaves at most 8 files in OUTDIR (all that some remote runners bring back).
 #
 #   bash bench/gpu_check.sh OUTDIR          (from the repository root)
+#   bash bench/gpu_check.sh --prepare-carry (here, before: see the GPT trainer below)
 #
 # Needs: an NVIDIA GPU and driver, the CUDA toolkit (nvcc; compute-sanitizer
 # optional), a C++20 host compiler, Meson (a command or the Python package),
 # ninja, Python 3 with PyTorch 2.x (optional: its peer numbers are skipped).
 # Environment: ZERO_GPU_BUILD (build directory, default /tmp/zero-gpu-build),
-# ZERO_GPU_ARCH (e.g. 90; default: detected), ZERO_GPU_DEADLINE (seconds, 450).
+# ZERO_GPU_ARCH (e.g. 90; default: detected), ZERO_GPU_DEADLINE (seconds, 450),
+# ZERO_GPU_CARRY (default .gpu_carry in the repository root).
+#
+# The GPT trainer (examples/gpt, --backend cuda) needs what the examples need:
+# BLAS and zlib (from the machine), CLI11 (header-only) and its corpus, The
+# Devil's Dictionary, which GPU machines lack. `--prepare-carry`, run where
+# they are installed (apt libcli11-dev dict-devil), copies both into
+# .gpu_carry/ (git-ignored), which travels with the working tree when the
+# runner carries it; the build then adds .gpu_carry/include to the include
+# path. Without BLAS or zlib the examples do not configure: the GPT runs are
+# then NOT RUN and the rest goes on as before.
 #
 # OUTDIR gets: summary.txt (results, step outcomes, environment; with the
 # offload step's split into GPU wait, CPU update and transfers, and device
@@ -21,8 +32,16 @@
 # bench_comm_cuda.json (LocalDevice and Nccl bandwidths, bench_comm's schema).
 set -u -o pipefail
 
+if [ "${1:-}" = --prepare-carry ]; then
+  carry=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.gpu_carry
+  mkdir -p "$carry/include" || exit 1
+  cp -r /usr/include/CLI "$carry/include/" || { echo "no /usr/include/CLI: apt-get install libcli11-dev" >&2; exit 1; }
+  cp /usr/share/dictd/devil.dict.dz "$carry/" || { echo "no corpus: apt-get install dict-devil" >&2; exit 1; }
+  echo "prepared $carry ($(du -sh "$carry" | cut -f1)); carry .gpu_carry with the working tree"
+  exit 0
+fi
 if [ $# -ne 1 ]; then
-  echo "usage: bash bench/gpu_check.sh OUTDIR" >&2
+  echo "usage: bash bench/gpu_check.sh OUTDIR | --prepare-carry" >&2
   exit 2
 fi
 OUT=$1
@@ -30,6 +49,7 @@ mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${ZERO_GPU_BUILD:-/tmp/zero-gpu-build}
+CARRY=${ZERO_GPU_CARRY:-$ROOT/.gpu_carry}
 DEADLINE_S=${ZERO_GPU_DEADLINE:-450}
 START=$(date +%s)
 SUMMARY=$OUT/summary.txt
@@ -129,10 +149,24 @@ rm -rf "$BUILD"
 TEST_BIN=$BUILD/tests/cuda/test_cuda_kernels
 BENCH_BIN=$BUILD/bench/cuda/bench_step_cuda
 COMM_BIN=$BUILD/bench/cuda/bench_comm_cuda
+GPT_BIN=$BUILD/examples/gpt_train
 build_ok=0
-if run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buildtype=release -Dtests=false \
-  -Dmpi=disabled -Dexamples=false -Dcuda=enabled "-Dgpu_arch=$ARCH"; then
+configured=0
+# With the examples (for the GPT trainer) where their dependencies are here;
+# otherwise without, as before.
+if run_step configure_examples 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buildtype=release -Dtests=false \
+  -Dmpi=disabled -Dexamples=true -Dcuda=enabled "-Dgpu_arch=$ARCH" "-Dcpp_args=-I$CARRY/include"; then
+  configured=1
+else
+  rm -rf "$BUILD"
+  run_step configure 90 "$BUILDLOG" "${MESON[@]}" setup "$BUILD" "$ROOT" --buildtype=release -Dtests=false \
+    -Dmpi=disabled -Dexamples=false -Dcuda=enabled "-Dgpu_arch=$ARCH" && configured=1
+fi
+if [ $configured = 1 ]; then
   targets=(tests/cuda/test_cuda_kernels)
+  if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^examples/gpt_train:"; then
+    targets+=(examples/gpt_train)
+  fi
   # `meson test --no-rebuild` below runs every test of suite cuda: build each one's program.
   for t in test_cuda_engine test_cuda_failures test_gpt_cuda; do
     if ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q "^tests/cuda/$t:"; then
@@ -163,12 +197,36 @@ else
   STATUS_LINES+=("$(printf '%-22s %s' tests "NOT RUN (build failed)")")
 fi
 
-# ---- benchmarks -----------------------------------------------------------------------------
+# ---- the GPT trainer on this GPU ------------------------------------------------------------
+# 30 steps of the default model (0.8M parameters) per ZeRO stage with 4 ranks
+# on this GPU (comm::LocalDevice), one bf16 run, and one rank through NCCL:
+# tokens/s, MFU and device memory per rank against memory_report() go to
+# bench.log and the summary. About 40 s of GPU time in all.
 BENCHLOG=$OUT/bench.log
+: >"$BENCHLOG"
+GPT_RUNS=()
+if [ -x "$GPT_BIN" ] && [ -f "$CARRY/devil.dict.dz" -o -f /usr/share/dictd/devil.dict.dz ]; then
+  corpus=/usr/share/dictd/devil.dict.dz
+  [ -f "$corpus" ] || corpus=$CARRY/devil.dict.dz
+  gpt=("$GPT_BIN" --backend cuda --data "$corpus" --steps 30 --eval-every 30 --sample 40)
+  for stage in 0 1 2 3; do
+    run_step "gpt_stage$stage" 40 "$BENCHLOG" "${gpt[@]}" --comm local --ranks 4 --stage "$stage"
+    GPT_RUNS+=("gpt_stage$stage")
+  done
+  run_step gpt_stage3_bf16 40 "$BENCHLOG" "${gpt[@]}" --comm local --ranks 4 --stage 3 --precision bf16
+  GPT_RUNS+=(gpt_stage3_bf16)
+  if grep -q "NCCL in" "$BUILD/meson-logs/meson-log.txt" 2>/dev/null; then
+    run_step gpt_nccl_1rank 40 "$BENCHLOG" "${gpt[@]}" --comm nccl --stage 1
+    GPT_RUNS+=(gpt_nccl_1rank)
+  fi
+else
+  STATUS_LINES+=("$(printf '%-22s %s' gpt_train "NOT RUN (not built: examples not configured, see build.log; or no corpus: --prepare-carry)")")
+fi
+
+# ---- benchmarks -----------------------------------------------------------------------------
 BENCHJSON=$OUT/bench_step_cuda.jsonl
 TORCHJSON=$OUT/torch_cuda_optim.jsonl
 COMMJSON=$OUT/bench_comm_cuda.json
-: >"$BENCHLOG"
 : >"$BENCHJSON"
 : >"$TORCHJSON"
 : >"$COMMJSON"
@@ -220,6 +278,20 @@ fi
   # test_cuda_engine's offload section (run with the tests above): device
   # memory against memory_report(), and an offloaded step's time split into
   # GPU wait, CPU update and the rest, beside the same transfers alone.
+  # The GPT trainer's runs (bench.log): speed, MFU, device memory, loss.
+  echo "GPT trainer, default model, 30 steps (bench.log):"
+  for run in "${GPT_RUNS[@]}"; do
+    awk -v run="$run" '
+      /^== / { inside = ($2 == run || $2 == run ":") }
+      inside && /^training: / { sub(/^training: /, ""); speed = $0 }
+      inside && /^device memory per rank: / { sub(/^device memory per rank: /, ""); memory = $0 }
+      inside && /^val_loss=/ { loss = $0 }
+      END {
+        printf "  %-16s %s  %s\n", run, (speed == "" ? "no result" : speed), loss
+        if (memory != "") printf "  %-16s memory/rank: %s\n", "", memory
+      }' "$BENCHLOG"
+  done
+  echo
   echo "offload::Cpu on this GPU (tests.log, test_cuda_engine --only offload):"
   grep -hE '^offload::Cpu (stage 2, 64 Mi|step split)' "$TESTLOG" 2>/dev/null | sed 's/^/  /'
   echo
@@ -283,11 +355,13 @@ EOF
 rm -f "$ENVLOG"
 
 cat "$SUMMARY"
-# Exit status: the build, the tests and memcheck (where it ran) must pass.
+# Exit status: the build, the tests, the GPT runs and memcheck (where they ran) must pass.
 failed=0
 for line in "${STATUS_LINES[@]}"; do
   case $line in
+    configure_examples*) ;;  # the configure without the examples after it decides
     configure*FAIL* | build*FAIL* | build*TIMEOUT* | tests*FAIL* | tests*TIMEOUT* | tests*NOT\ RUN*) failed=1 ;;
+    gpt_*FAIL* | gpt_*TIMEOUT*) failed=1 ;;
     memcheck*FAIL*) [ $sanitizer_unsupported = 1 ] || failed=1 ;;
   esac
 done

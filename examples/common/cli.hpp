@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/choices.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -14,24 +16,6 @@
 #include <vector>
 
 namespace zero::examples {
-
-// What picks the optimizer's type: ZeroOptimizer<precision, optimizer, stage<S>, ...>.
-struct ZeroChoices {
-  int stage = 3;
-  std::string precision = "bf16";
-  std::string optimizer = "adamw";
-  // Where master weights and optimizer state live: none (with the backend)
-  // or nvme (swap files under nvme_dir, through a host window).
-  std::string offload = "none";
-  std::string nvme_dir;
-  double nvme_window_mib = 64;
-};
-
-// How the data-parallel ranks run.
-struct LaunchChoices {
-  int ranks = 4;
-  std::string comm = "local";
-};
 
 // A finite number > 0 (CLI::PositiveNumber would print its range up to DBL_MAX in full).
 inline const CLI::Validator kPositive(

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/cli.hpp"
+#include "common/choices.hpp"
 #include "zero/zero.hpp"
 #if defined(ZERO_EXAMPLE_HAVE_DISK_TIER)
 #include "zero/offload/disk_state_store.hpp"

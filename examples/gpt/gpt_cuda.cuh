@@ -7,15 +7,20 @@
 // columns reduce sequentially, in the host's order, with no atomics).
 //
 // Include from a .cu file; link -lcublas. Everything runs on one stream
-// (by default the calling thread's zero stream, Ops<Cuda>::stream()); the
-// only host waits are the loss, which the caller reads, and download().
+// (by default the calling thread's zero stream, Ops<Cuda>::stream()). The
+// losses add up on the device: the host waits only to read them
+// (take_loss_sum), in download(), and before it rewrites a token staging
+// buffer whose last copy has not finished.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -135,6 +140,22 @@ __global__ void cross_entropy(float* logits, const std::uint8_t* targets, std::s
   losses[n] = ops::cross_entropy_row(z, backward ? z : nullptr, V, targets[n], grad_scale);
 }
 
+// *total += the sum of x[0, n) in double. One block of kThreads: each thread
+// sums a strided share, then a tree in shared memory (a fixed order, so the
+// same bits every run).
+__global__ void add_sum(const float* x, std::size_t n, double* total) {
+  __shared__ double part[kThreads];
+  double s = 0.0;
+  for (std::size_t i = threadIdx.x; i < n; i += kThreads) s += x[i];
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *total += part[0];
+}
+
 }  // namespace cuda_kernels
 
 // Device memory that frees itself (the library's, zero-filled on allocation).
@@ -152,28 +173,28 @@ class CudaCompute {
   static Buffer allocate(std::size_t floats) { return Buffer(floats); }
 
   CudaCompute(cudaStream_t stream = zero::cuda::current_stream()) : stream_(stream) {  // NOLINT: {} must build one
-    check_cublas(cublasCreate(&handle_), "cublasCreate");
-    check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
+    cublasHandle_t handle = nullptr;
+    check_cublas(cublasCreate(&handle), "cublasCreate");
+    handle_.reset(handle);
+    check_cublas(cublasSetStream(handle, stream_), "cublasSetStream");
     // fp32 products in fp32 (no TF32): the host and PyTorch fixtures are fp32.
-    check_cublas(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
-  }
-  CudaCompute(CudaCompute&& o) noexcept
-      : stream_(o.stream_), handle_(std::exchange(o.handle_, nullptr)), ids_{std::move(o.ids_[0]), std::move(o.ids_[1])},
-        losses_(std::move(o.losses_)) {}
-  CudaCompute(const CudaCompute&) = delete;
-  CudaCompute& operator=(const CudaCompute&) = delete;
-  CudaCompute& operator=(CudaCompute&&) = delete;
-  ~CudaCompute() {
-    if (handle_ != nullptr) cublasDestroy(handle_);
+    check_cublas(cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
   }
 
-  // Copies host token ids to the device (slot 0: tokens, 1: targets). The
-  // buffers grow to the first micro-batch and are reused after.
+  // Copies host token ids to the device (slot 0: tokens, 1: targets) through
+  // page-locked memory, so the copy is enqueued without a host wait. The
+  // buffers grow to the largest request and are reused after.
   const std::uint8_t* stage_tokens(const std::uint8_t* ids, std::size_t n, int slot) {
-    DeviceArray<std::uint8_t>& d = ids_[slot];
-    if (d.size() < n) d = DeviceArray<std::uint8_t>(n);
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(d.data(), ids, n, cudaMemcpyHostToDevice, stream_));
-    return d.data();
+    TokenSlot& s = slots_[static_cast<std::size_t>(slot)];
+    if (s.copied.created()) ZERO_CUDA_CHECK(cudaEventSynchronize(s.copied.get()));  // the last copy left s.host
+    if (s.device.size() < n) {
+      s.device = DeviceArray<std::uint8_t>(n);
+      s.host = zero::backend::CudaPinnedBuffer<std::uint8_t>(n);
+    }
+    std::copy(ids, ids + n, s.host.data());
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(s.device.data(), s.host.data(), n, cudaMemcpyHostToDevice, stream_));
+    ZERO_CUDA_CHECK(cudaEventRecord(s.copied.get(), stream_));
+    return s.device.data();
   }
   void download(float* host, const float* src, std::size_t n) {
     ZERO_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -189,11 +210,10 @@ class CudaCompute {
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
             float* C, int ldc) {
     const float one = 1.0f, zero = 0.0f;
-    check_cublas(cublasSgemm(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
-                             K, &one, B, ldb, A, lda, &zero, C, ldc),
+    check_cublas(cublasSgemm(handle_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                             N, M, K, &one, B, ldb, A, lda, &zero, C, ldc),
                  "cublasSgemm");
   }
-
   void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T, int C,
                      float* x) {
     launch(cuda_kernels::embed_forward, "gpt embed_forward", N * C, tokens, wte, wpe, N, T, C, x);
@@ -234,19 +254,26 @@ class CudaCompute {
     const std::size_t rows = matrices * static_cast<std::size_t>(T);
     launch(cuda_kernels::causal_softmax_backward, "gpt causal_softmax_backward", rows, att, datt, rows, T, scale);
   }
-  // The per-row losses come back to the host (the caller reads the loss): the step's one wait.
-  double cross_entropy(float* logits, const std::uint8_t* targets, std::size_t N, int V, bool backward,
-                       float grad_scale) {
+  // Adds the N rows' losses to a running total on the device; with
+  // `backward`, logits become grad_scale x d(loss)/d(logits).
+  void cross_entropy(float* logits, const std::uint8_t* targets, std::size_t N, int V, bool backward,
+                     float grad_scale) {
+    if (N == 0) return;
     if (losses_.size() < N) losses_ = DeviceArray<float>(N);
+    if (loss_total_.size() == 0) loss_total_ = DeviceArray<double>(1);
     launch(cuda_kernels::cross_entropy, "gpt cross_entropy", N, logits, targets, N, V, backward, grad_scale,
            losses_.data());
-    host_losses_.resize(N);
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(host_losses_.data(), losses_.data(), N * sizeof(float), cudaMemcpyDeviceToHost,
-                                    stream_));
+    cuda_kernels::add_sum<<<1, cuda_kernels::kThreads, 0, stream_>>>(losses_.data(), N, loss_total_.data());
+    zero::cuda::check_launch("gpt add_sum");
+  }
+  // The total since the last call: waits for the stream.
+  double take_loss_sum() {
+    if (loss_total_.size() == 0) return 0.0;
+    double total = 0.0;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(&total, loss_total_.data(), sizeof total, cudaMemcpyDeviceToHost, stream_));
     ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    double sum = 0.0;
-    for (float l : host_losses_) sum += l;
-    return sum;
+    ZERO_CUDA_CHECK(cudaMemsetAsync(loss_total_.data(), 0, sizeof total, stream_));
+    return total;
   }
 
  private:
@@ -257,11 +284,38 @@ class CudaCompute {
     zero::cuda::check_launch(name);
   }
 
+  struct DestroyCublas {
+    void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+  };
+  // A CUDA event made on first use, destroyed with its owner.
+  class Event {
+   public:
+    Event() = default;
+    Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+    Event& operator=(Event&&) = delete;
+    ~Event() {
+      if (e_ != nullptr) cudaEventDestroy(e_);
+    }
+    bool created() const { return e_ != nullptr; }
+    cudaEvent_t get() {
+      if (e_ == nullptr) ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+      return e_;
+    }
+
+   private:
+    cudaEvent_t e_ = nullptr;
+  };
+  struct TokenSlot {
+    DeviceArray<std::uint8_t> device;
+    zero::backend::CudaPinnedBuffer<std::uint8_t> host;  // what the copy reads
+    Event copied;                                         // recorded after the copy
+  };
+
   cudaStream_t stream_;
-  cublasHandle_t handle_ = nullptr;
-  DeviceArray<std::uint8_t> ids_[2];
-  DeviceArray<float> losses_;
-  std::vector<float> host_losses_;
+  std::unique_ptr<cublasContext, DestroyCublas> handle_;
+  std::array<TokenSlot, 2> slots_;
+  DeviceArray<float> losses_;      // per row, of the last cross_entropy
+  DeviceArray<double> loss_total_;  // since take_loss_sum()
 };
 
 using CudaGpt = GptModel<CudaCompute>;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gpt/gpt_model.hpp"
@@ -16,7 +17,8 @@
 
 namespace gpt {
 
-struct HostCompute {
+class HostCompute {
+ public:
   using Buffer = std::vector<float>;
   static Buffer allocate(std::size_t floats) { return Buffer(floats, 0.0f); }
 
@@ -115,17 +117,23 @@ struct HostCompute {
       ops::causal_softmax_backward_row(att + r * T, datt + r * T, static_cast<int>(r % T), T, scale);
   }
 
-  // Sum of the N rows' losses; with `backward`, logits become grad_scale x d(loss)/d(logits).
-  double cross_entropy(float* logits, const std::uint8_t* targets, std::size_t N, int V, bool backward,
-                       float grad_scale) {
+  // Adds the N rows' losses to the running total; with `backward`, logits
+  // become grad_scale x d(loss)/d(logits).
+  void cross_entropy(float* logits, const std::uint8_t* targets, std::size_t N, int V, bool backward,
+                     float grad_scale) {
     double sum = 0.0;
 #pragma omp parallel for reduction(+ : sum) schedule(static)
     for (std::size_t n = 0; n < N; ++n) {
       float* z = logits + n * static_cast<std::size_t>(V);
       sum += ops::cross_entropy_row(z, backward ? z : nullptr, V, targets[n], grad_scale);
     }
-    return sum;
+    loss_sum_ += sum;
   }
+  // The total since the last call.
+  double take_loss_sum() { return std::exchange(loss_sum_, 0.0); }
+
+ private:
+  double loss_sum_ = 0.0;
 };
 
 using Gpt = GptModel<HostCompute>;

@@ -240,9 +240,33 @@ class GptModel {
     return GptModel(config, max_batch, checkpoint_activations, PlanOnly{}).bytes_;
   }
 
-  // One forward and backward pass over `batch` sequences (tokens and targets:
-  // batch x context ids). Returns the mean loss over the batch's tokens and
-  // writes grad_scale x d(sum of token losses)/d(params) into the gradients
+  // Token ids (and targets, or null) where Compute reads them (device memory
+  // for CUDA), from stage(); at(s) is the batch that starts at sequence s.
+  struct Tokens {
+    const std::uint8_t* tokens = nullptr;
+    const std::uint8_t* targets = nullptr;
+    std::size_t context = 0;
+    Tokens at(std::size_t sequence) const {
+      return {tokens + sequence * context, targets != nullptr ? targets + sequence * context : nullptr, context};
+    }
+  };
+
+  // Checks `sequences` x context token ids (and targets unless null) against
+  // the vocabulary on the host and copies them where Compute reads them, in
+  // one copy: several micro-batches take their slices with Tokens::at. Valid
+  // until the next stage() (which the host-pointer passes below call).
+  Tokens stage(const std::uint8_t* tokens, const std::uint8_t* targets, std::size_t sequences) {
+    const std::size_t n = sequences * static_cast<std::size_t>(cfg_.context);
+    check_ids(tokens, n, "token");
+    if (targets != nullptr) check_ids(targets, n, "target");
+    return {compute_.stage_tokens(tokens, n, 0), targets != nullptr ? compute_.stage_tokens(targets, n, 1) : nullptr,
+            static_cast<std::size_t>(cfg_.context)};
+  }
+
+  // One forward and backward pass over the first `batch` sequences of staged
+  // tokens. Adds the sum of their token losses to the total that
+  // take_loss_sum() reads (no host wait here), and writes
+  // grad_scale x d(sum of token losses)/d(params) into the gradients
   // (grad_scale = 1 / tokens for the mean loss, times fp16's loss scale).
   //
   // Hook order, L blocks, units E (embedding), 1..L, F (final LayerNorm):
@@ -251,16 +275,18 @@ class GptModel {
   //   backward: acquire F, buffer F, ready F, release F; then for l = L..1:
   //             acquire l, buffer l, ready l, release l; finally buffer E, ready E
   // (with checkpointing, "acquire l" is followed by recomputing block l).
-  float forward_backward(const std::uint8_t* tokens, const std::uint8_t* targets, int batch, const ParamHooks& params,
-                         const GradHooks& grads, float grad_scale) {
+  void forward_backward(const Tokens& in, int batch, const ParamHooks& params, const GradHooks& grads,
+                        float grad_scale) {
     zero::require(static_cast<bool>(grads.buffer), "Gpt::forward_backward: GradHooks::buffer is empty");
+    zero::require(in.targets != nullptr, "Gpt::forward_backward: the staged tokens have no targets");
     zero::require(std::isfinite(grad_scale) && grad_scale > 0.0f, "Gpt::forward_backward: grad_scale is ", grad_scale,
                   "; it must be positive and finite");
     const std::size_t N = rows(batch);
-    const std::uint8_t* ids = forward_to_head(tokens, batch, params);
+    forward_to_head(in.tokens, batch, params);
+    const std::uint8_t* ids = in.tokens;
     const float* wte = acquire(params, 0) + units_[0].offsets[kTokenEmbedding];
     head_logits(wte, N);
-    const float loss = cross_entropy(targets, N, true, grad_scale);
+    add_cross_entropy(in.targets, N, true, grad_scale);
     // Head backward: d(wte) from the head (added to the lookup's later),
     // d(ln_f output) = d(logits) wte.
     const int C = cfg_.width, V = cfg_.vocab, n = static_cast<int>(N);
@@ -304,17 +330,46 @@ class GptModel {
       zero_gaps(0, g);
       if (grads.ready) grads.ready(0);
     }
-    return loss;
   }
 
-  // Forward only: the mean loss over `batch` sequences (targets may be null:
-  // no loss); logits() then holds the batch's logits (batch x context x vocab).
-  float loss(const std::uint8_t* tokens, const std::uint8_t* targets, int batch, const ParamHooks& params) {
+  // Forward only over the first `batch` staged sequences: logits() then holds
+  // their logits (batch x context x vocab); with targets, the sum of their
+  // token losses is added to take_loss_sum()'s total.
+  void forward(const Tokens& in, int batch, const ParamHooks& params) {
     const std::size_t N = rows(batch);
-    forward_to_head(tokens, batch, params);
+    forward_to_head(in.tokens, batch, params);
     head_logits(acquire(params, 0) + units_[0].offsets[kTokenEmbedding], N);
     release(params, 0);
-    return targets != nullptr ? cross_entropy(targets, N, false, 1.0f) : 0.0f;
+    if (in.targets != nullptr) add_cross_entropy(in.targets, N, false, 1.0f);
+  }
+
+  // The sum of the token losses of the passes since the last call, and the
+  // rows they had (the one host wait of a step on a GPU).
+  struct LossSum {
+    double sum = 0.0;
+    std::size_t tokens = 0;
+    double mean() const { return tokens == 0 ? 0.0 : sum / static_cast<double>(tokens); }
+  };
+  LossSum take_loss_sum() {
+    const LossSum taken{compute_.take_loss_sum(), loss_tokens_};
+    loss_tokens_ = 0;
+    return taken;
+  }
+
+  // The same passes on host token ids (batch x context each), staged here:
+  // they return the mean loss over the batch's tokens themselves, so
+  // take_loss_sum() must have read every pass before them.
+  float forward_backward(const std::uint8_t* tokens, const std::uint8_t* targets, int batch, const ParamHooks& params,
+                         const GradHooks& grads, float grad_scale) {
+    require_no_untaken_loss("forward_backward");
+    forward_backward(stage(tokens, targets, static_cast<std::size_t>(batch)), batch, params, grads, grad_scale);
+    return static_cast<float>(take_loss_sum().mean());
+  }
+  // Forward only; targets may be null (no loss, 0 returned).
+  float loss(const std::uint8_t* tokens, const std::uint8_t* targets, int batch, const ParamHooks& params) {
+    require_no_untaken_loss("loss");
+    forward(stage(tokens, targets, static_cast<std::size_t>(batch)), batch, params);
+    return static_cast<float>(take_loss_sum().mean());
   }
   // Where Compute computes (device memory for CUDA).
   const float* logits() const { return logits_; }
@@ -423,7 +478,7 @@ class GptModel {
   }
 
 
-  // Checks the ids on the host, where the caller has them.
+  // Checks the ids on the host, before they are staged.
   void check_ids(const std::uint8_t* ids, std::size_t N, const char* what) const {
     zero::require(ids != nullptr, "Gpt: ", what, " is null");
     for (std::size_t n = 0; n < N; ++n)
@@ -431,14 +486,12 @@ class GptModel {
                     " is not below the vocabulary size ", cfg_.vocab);
   }
 
-  // Embeddings, every block, the final LayerNorm: lnf_out_ holds its output.
-  // Returns the token ids where Compute reads them.
-  const std::uint8_t* forward_to_head(const std::uint8_t* tokens, int batch, const ParamHooks& params) {
+  // Embeddings, every block, the final LayerNorm on staged ids: lnf_out_
+  // holds its output.
+  void forward_to_head(const std::uint8_t* ids, int batch, const ParamHooks& params) {
     zero::require(static_cast<bool>(params.acquire), "Gpt: ParamHooks::acquire is empty");
     const std::size_t N = rows(batch);
     const int C = cfg_.width;
-    check_ids(tokens, N, "token");
-    const std::uint8_t* ids = compute_.stage_tokens(tokens, N, 0);
     {
       const float* p = acquire(params, 0);
       compute_.embed_forward(ids, p + units_[0].offsets[kTokenEmbedding], p + units_[0].offsets[kPositionEmbedding],
@@ -457,7 +510,6 @@ class GptModel {
     compute_.layernorm_forward(inputs_[static_cast<std::size_t>(cfg_.layers)], p + off[kLnfWeight], p + off[kLnfBias],
                                N, C, lnf_out_, lnf_mean_, lnf_rstd_);
     release(params, u);
-    return ids;
   }
 
   void head_logits(const float* wte, std::size_t N) {
@@ -465,12 +517,15 @@ class GptModel {
                   logits_, cfg_.vocab);
   }
 
-  // Mean loss over N rows; with `backward`, logits_ becomes grad_scale x d(sum)/d(logits).
-  float cross_entropy(const std::uint8_t* targets, std::size_t N, bool backward, float grad_scale) {
-    check_ids(targets, N, "target");
-    const double sum =
-        compute_.cross_entropy(logits_, compute_.stage_tokens(targets, N, 1), N, cfg_.vocab, backward, grad_scale);
-    return static_cast<float>(sum / static_cast<double>(N));
+  // Adds the N rows' losses (of staged targets) to take_loss_sum()'s total;
+  // with `backward`, logits_ becomes grad_scale x d(sum)/d(logits).
+  void add_cross_entropy(const std::uint8_t* targets, std::size_t N, bool backward, float grad_scale) {
+    compute_.cross_entropy(logits_, targets, N, cfg_.vocab, backward, grad_scale);
+    loss_tokens_ += N;
+  }
+  void require_no_untaken_loss(const char* pass) const {
+    zero::require(loss_tokens_ == 0, "Gpt::", pass, ": ", loss_tokens_,
+                  " token losses of staged passes were not read; call take_loss_sum() first");
   }
 
   // out (N x O) = in (N x I) W^T + b, W as nn.Linear: O x I.
@@ -569,6 +624,7 @@ class GptModel {
   Compute compute_;
   typename Compute::Buffer storage_;  // the arena
   ActivationBytes bytes_;
+  std::size_t loss_tokens_ = 0;     // rows added to Compute's loss total since take_loss_sum()
   std::vector<float*> inputs_;      // residual stream: inputs_[l] enters block l, inputs_[L] leaves the last
   std::vector<BlockActs> blocks_;   // one per block, or one shared when recomputing
   float* lnf_out_ = nullptr;

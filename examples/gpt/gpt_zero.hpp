@@ -4,8 +4,9 @@
 // hooks that hand the model each unit's parameters (acquire_unit, all-
 // gathered at stage 3) and take its gradients (grad_buffer, grad_ready).
 // The model computes in fp32; with bf16/fp16 storage the hooks convert one
-// unit at a time into a float copy (the model holds at most one unit at once);
-// that copy is host memory, so 16-bit storage needs a host model.
+// unit at a time into a float copy (the model holds at most one unit at
+// once), with the backend's own conversion (Ops<B>::convert: the CUDA kernel
+// on a GPU, so the copy never leaves the device).
 #pragma once
 
 #include <string>
@@ -21,6 +22,7 @@ template <class Opt, class Model>
 class ZeroBinding {
   using P = typename Opt::param_type;
   using G = typename Opt::grad_type;
+  using Ops = zero::backend::Ops<typename Opt::backend_policy>;
   static constexpr bool convert = !std::is_same_v<P, float>;
 
  public:
@@ -43,8 +45,8 @@ class ZeroBinding {
       model_.set_layout(static_cast<int>(u), std::move(offsets), layout.unit(units_[u]).padded);
     }
     if constexpr (convert) {
-      wide_params_.assign(layout.max_unit(), 0.0f);
-      wide_grads_.assign(layout.max_unit(), 0.0f);
+      wide_params_ = Wide(layout.max_unit());
+      wide_grads_ = Wide(layout.max_unit());
     }
   }
 
@@ -65,8 +67,7 @@ class ZeroBinding {
     return ParamHooks{[this](int u) -> const float* {
                         const P* p = opt_.acquire_unit(units_[static_cast<std::size_t>(u)]);
                         if constexpr (convert) {
-                          const std::size_t n = model_.units()[static_cast<std::size_t>(u)].numel;
-                          for (std::size_t i = 0; i < n; ++i) wide_params_[i] = zero::to_float(p[i]);
+                          Ops::convert(wide_params_.data(), p, model_.units()[static_cast<std::size_t>(u)].numel);
                           return wide_params_.data();
                         } else {
                           return p;
@@ -85,11 +86,9 @@ class ZeroBinding {
                      },
                      [this](int u) {
                        const zero::UnitId unit = units_[static_cast<std::size_t>(u)];
-                       if constexpr (convert) {
-                         G* g = opt_.grad_buffer(unit);
-                         const std::size_t n = model_.units()[static_cast<std::size_t>(u)].numel;
-                         for (std::size_t i = 0; i < n; ++i) g[i] = zero::from_float<G>(wide_grads_[i]);
-                       }
+                       if constexpr (convert)
+                         Ops::convert(opt_.grad_buffer(unit), wide_grads_.data(),
+                                      model_.units()[static_cast<std::size_t>(u)].numel);
                        opt_.grad_ready(unit);
                      }};
   }
@@ -101,7 +100,8 @@ class ZeroBinding {
   Model& model_;
   std::vector<zero::UnitId> units_;
   std::vector<std::vector<zero::ParamId>> params_;
-  std::vector<float> wide_params_, wide_grads_;  // one unit in fp32 (16-bit storage only)
+  using Wide = typename Ops::template Buffer<float>;
+  Wide wide_params_, wide_grads_;  // one unit in fp32, in backend memory (16-bit storage only)
 };
 
 }  // namespace gpt

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt/gpt_flops.hpp"
 #include "gpt/gpt_host.hpp"
 #include "gpt_fixture.hpp"
 #include "gpt/gpt_zero.hpp"
@@ -106,6 +107,64 @@ TEST_CASE("GPT backward matches PyTorch: every parameter's gradient", "[gpt][mod
       for (std::size_t u = 0; u < plain.size(); ++u)
         CHECK(std::memcmp(plain[u].data(), run.grads[u].data(), plain[u].size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("GPT staged tokens: one copy for several micro-batches, the loss summed until read", "[gpt][model]") {
+  const Fixture& fx = fixture();
+  REQUIRE(fx.batch == 2);
+  const std::size_t T = static_cast<std::size_t>(fx.config.context);
+  // Each sequence alone through the host-pointer pass (which reads its loss)...
+  HostRun one(fx, 1, false);
+  double want = 0.0;
+  std::vector<std::vector<float>> want_grads;
+  for (std::size_t s = 0; s < 2; ++s) {
+    want += static_cast<double>(one.model.forward_backward(fx.tokens.data() + s * T, fx.targets.data() + s * T, 1,
+                                                            one.param_hooks(), one.grad_hooks(), 1.0f)) *
+            static_cast<double>(T);
+    if (s == 1) want_grads = one.grads;
+  }
+  // ...and both staged at once, run as two micro-batches, the loss read once.
+  HostRun staged(fx, 1, false);
+  const auto tokens = staged.model.stage(fx.tokens.data(), fx.targets.data(), 2);
+  staged.model.forward_backward(tokens.at(0), 1, staged.param_hooks(), staged.grad_hooks(), 1.0f);
+  staged.model.forward_backward(tokens.at(1), 1, staged.param_hooks(), staged.grad_hooks(), 1.0f);
+  CHECK_THROWS_WITH(staged.model.loss(fx.tokens.data(), fx.targets.data(), 1, staged.param_hooks()),
+                    Catch::Contains("call take_loss_sum() first"));
+  const auto taken = staged.model.take_loss_sum();
+  CHECK(taken.tokens == 2 * T);
+  CHECK(std::fabs(taken.sum - want) <= 1e-6 * std::fabs(want));
+  CHECK(staged.model.take_loss_sum().tokens == 0);  // read: the total starts again
+  for (std::size_t u = 0; u < want_grads.size(); ++u)  // the second micro-batch's gradients, bit for bit
+    CHECK(std::memcmp(want_grads[u].data(), staged.grads[u].data(), want_grads[u].size() * sizeof(float)) == 0);
+  // Ids are checked on the host before they are staged.
+  std::vector<std::uint8_t> bad(fx.tokens.begin(), fx.tokens.begin() + static_cast<std::ptrdiff_t>(T));
+  bad[3] = static_cast<std::uint8_t>(fx.config.vocab);
+  CHECK_THROWS_WITH(staged.model.stage(bad.data(), nullptr, 1), Catch::Contains("not below the vocabulary size"));
+}
+
+TEST_CASE("GPT FLOPs per token and MFU (gpt_flops.hpp)", "[gpt][flops]") {
+  // 6 N + 12 L C T, N = V C (tied head) + L (12 C^2 + 13 C) + 2 C (ln_f): a
+  // block holds 4C^2 (qkv, proj) + 8C^2 (MLP) weights, 3C + C + 4C + C biases
+  // and 4C LayerNorm parameters; the position embeddings are not counted.
+  for (const gpt::Config c : {gpt::Config{85, 128, 128, 4, 4}, gpt::Config{65, 256, 384, 6, 6}}) {
+    const double V = c.vocab, C = c.width, L = c.layers, T = c.context;
+    const double n = V * C + L * (12 * C * C + 13 * C) + 2 * C;
+    CHECK(gpt::flops_per_token(c) == 6 * n + 12 * L * C * T);
+  }
+  CHECK(gpt::flops_per_token(gpt::Config{85, 128, 128, 4, 4}) == 5611776.0);  // by hand: 6 x 804224 + 786432
+  // The table: the most specific row first (an H100 PCIe is not an SXM).
+  CHECK(gpt::peak_throughput("NVIDIA H200", 132, 1.98, 9, 0).fp32_tflops == 66.9);
+  CHECK(gpt::peak_throughput("NVIDIA H200", 132, 1.98, 9, 0).bf16_tensor_tflops == 989.4);
+  CHECK(gpt::peak_throughput("NVIDIA H100 PCIe", 114, 1.755, 9, 0).fp32_tflops == 51.2);
+  CHECK(gpt::peak_throughput("NVIDIA H100 80GB HBM3", 132, 1.98, 9, 0).fp32_tflops == 66.9);
+  CHECK(gpt::peak_throughput("NVIDIA A100-SXM4-80GB", 108, 1.41, 8, 0).bf16_tensor_tflops == 312.0);
+  // Not in the table: SMs x clock x the architecture's lanes (Hopper: 128 fp32 FMAs per SM and clock).
+  const gpt::PeakThroughput guess = gpt::peak_throughput("Some Hopper", 100, 2.0, 9, 0);
+  CHECK(std::fabs(guess.fp32_tflops - 100 * 2.0e9 * 128 * 2 / 1e12) < 1e-9);
+  CHECK(guess.source.find("estimated") != std::string::npos);
+  CHECK(gpt::peak_throughput("Some Turing", 40, 1.5, 7, 5).fp32_tflops == 0.0);
+  CHECK(std::fabs(gpt::mfu(1e6, 5e6, 50.0) - 0.1) < 1e-12);  // 5e12 FLOP/s of 50 TFLOPS
+  CHECK(gpt::mfu(1e6, 5e6, 0.0) == 0.0);
 }
 
 TEST_CASE("GPT activation checkpointing keeps block inputs only", "[gpt][model]") {

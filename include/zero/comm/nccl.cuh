@@ -125,6 +125,14 @@ class Nccl {
   static Nccl from_mpi(MPI_Comm comm, Options options = {});
 #endif
 
+  // Bootstraps through a channel of the caller's (a launcher's key-value
+  // store, its own MPI): rank 0 calls new_unique_id(), the caller hands the
+  // id to every rank, and each joins with it. Initialisation waits up to
+  // options.timeout for every rank; collectives go on a stream of the
+  // communicator's own; the current device must be the rank's GPU.
+  static ncclUniqueId new_unique_id();
+  static Nccl from_unique_id(const ncclUniqueId& id, int rank, int nranks, Options options = {});
+
   Nccl(Nccl&&) noexcept = default;
   Nccl& operator=(Nccl&&) noexcept = default;
   Nccl(const Nccl&) = delete;
@@ -258,8 +266,6 @@ class Nccl {
 
   static ncclComm_t init_rank(const ncclUniqueId& id, int rank, int nranks, std::chrono::milliseconds timeout,
                               const char* how);
-  // Rank 0's part of every bootstrap: a fresh unique id.
-  static ncclUniqueId new_unique_id();
   // Wraps a communicator the bootstrap created (owned), destroying it if that fails.
   static Nccl own(ncclComm_t comm, const Options& options);
 
@@ -704,5 +710,11 @@ inline Nccl Nccl::from_mpi(MPI_Comm mpi, Options options) {
   return own(comm, options);
 }
 #endif
+
+inline Nccl Nccl::from_unique_id(const ncclUniqueId& id, int rank, int nranks, Options options) {
+  require(nranks >= 1 && rank >= 0 && rank < nranks, "comm::Nccl::from_unique_id: rank ", rank, " of ", nranks,
+          " ranks; rank must be in [0, nranks)");
+  return own(init_rank(id, rank, nranks, options.timeout, "caller's bootstrap"), options);
+}
 
 }  // namespace zero::comm

@@ -1,0 +1,28 @@
+// Why: the ZeRO and launch choices of the example programs, apart from the
+// command line that fills them (common/cli.hpp), so code compiled without
+// CLI11 (the GPT trainer's CUDA part, built by nvcc) can take them too.
+#pragma once
+
+#include <string>
+
+namespace zero::examples {
+
+// What picks the optimizer's type: ZeroOptimizer<precision, optimizer, stage<S>, ...>.
+struct ZeroChoices {
+  int stage = 3;
+  std::string precision = "bf16";
+  std::string optimizer = "adamw";
+  // Where master weights and optimizer state live: none (with the backend)
+  // or nvme (swap files under nvme_dir, through a host window).
+  std::string offload = "none";
+  std::string nvme_dir;
+  double nvme_window_mib = 64;
+};
+
+// How the data-parallel ranks run.
+struct LaunchChoices {
+  int ranks = 4;
+  std::string comm = "local";
+};
+
+}  // namespace zero::examples
