@@ -380,7 +380,7 @@ void set_blas_threads(int ranks_sharing_cores) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  zero::examples::use_openblas_kernels_for_this_cpu(argv);
+  zero::examples::tune_host_math_libraries(argv);
   try {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
