@@ -367,16 +367,6 @@ double dispatch(Comm& comm, const Args& a, const gpt::TextCorpus& corpus) {
       a.zero, [&]<class Opt>() { return train_rank<Opt>(comm, a, corpus); });
 }
 
-// OpenBLAS's thread count is process-wide: the cores over the ranks that share them.
-void set_blas_threads(int ranks_sharing_cores) {
-#if defined(OPENBLAS_VERSION)
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  openblas_set_num_threads(std::max(1, cores / ranks_sharing_cores));
-#else
-  (void)ranks_sharing_cores;
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -394,7 +384,6 @@ int main(int argc, char** argv) {
     const gpt::TextCorpus corpus = gpt::load_corpus(args.data, args.model.context);
     double val = 0;
     if (args.launch.comm == "local") {
-      set_blas_threads(args.launch.ranks);
       zero::comm::LocalGroup group(args.launch.ranks);
       group.run([&](zero::comm::Local& comm) {
         const double v = dispatch(comm, args, corpus);
@@ -405,7 +394,6 @@ int main(int argc, char** argv) {
       mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
       zero::comm::Mpi comm;
       args.launch.ranks = comm.size();
-      set_blas_threads(comm.size());
 #if ZERO_HAS_OPENMP
       omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
 #endif
