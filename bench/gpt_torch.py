@@ -13,7 +13,10 @@ alternating them for --rounds rounds (the machine's speed drifts), and prints
 each one's tokens/s (median over rounds) and the ratios. PyTorch and the
 trainer both use OpenBLAS; on CPUs OpenBLAS 0.3.21 does not recognise, both
 get OPENBLAS_CORETYPE as the trainer sets it for itself
-(examples/common/openblas_core.hpp).
+(examples/common/openblas_core.hpp). The trainer also sets
+OMP_WAIT_POLICY=passive for itself where the environment sets no policy;
+PyTorch keeps the environment's (run the script under OMP_WAIT_POLICY=passive
+to give both the same; the summary line prints the policy PyTorch ran with).
 """
 import argparse
 import gzip
@@ -109,7 +112,8 @@ def main():
             ms[key].append(step_ms)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f} tokens/s" for k, v in runs.items()), flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
-    print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')} torch {torch.__version__}, "
+    print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')} "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')} torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; {BATCH}x{CONTEXT} tokens/step, {args.steps} steps x {args.rounds} rounds")
     for k, v in med.items():
         print(f"{k:11s} {v:8.0f} tokens/s  ({v / med['torch']:.2f}x torch)")

@@ -2,6 +2,17 @@
 // to compute in which order; this says how on the host: OpenBLAS sgemm for
 // the matrix products, and OpenMP loops over rows or elements that call the
 // math of gpt_ops.hpp, which the CUDA kernels (gpt_cuda.cuh) call too.
+//
+// One threading system: OpenMP. OpenBLAS runs single-threaded, inside OpenMP
+// loops that split a large product into tiles or run the attention's small
+// per-head products side by side. With OpenBLAS's own threads beside
+// OpenMP's, each system's waiting threads spun on the cores the other needed,
+// and a 128 x 128 x 32 head product was too small for OpenBLAS to split.
+//
+// Every result is independent of the number of threads: a product is cut
+// into tiles by its shape alone, and each sum over rows (bias, LayerNorm and
+// embedding gradients) runs over the rows in order, one column block per
+// iteration.
 #pragma once
 
 #include <cblas.h>
@@ -14,11 +25,34 @@
 
 #include "gpt/gpt_model.hpp"
 #include "gpt/gpt_ops.hpp"
+#include "zero/simd/dispatch.hpp"
+
+// GELU's expf (gpt_ops.hpp) was a quarter of the host's time, one call per
+// element. Declared as a SIMD function, the loops below that call it become
+// calls to glibc's vector expf (libmvec, which libm links as needed): 16
+// values per call with AVX-512. Its results differ from the scalar expf's by
+// an ulp or so, as CUDA's expf does. GCC only: Clang 14 needs -fveclib to
+// call libmvec and warns that it could not vectorise the loops.
+#if ZERO_HAS_OPENMP && ZERO_HOST_SIMD_X86 && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__)
+extern "C" {
+#pragma omp declare simd notinbranch
+float expf(float) noexcept;
+}
+#define ZERO_GPT_SIMD_LOOP _Pragma("omp simd")
+#else
+#define ZERO_GPT_SIMD_LOOP
+#endif
 
 namespace gpt {
 
 class HostCompute {
  public:
+  HostCompute() {
+#if defined(OPENBLAS_VERSION)
+    openblas_set_num_threads(1);  // the threads are OpenMP's (see the top of this file)
+#endif
+  }
+
   using Buffer = std::vector<float>;
   static Buffer allocate(std::size_t floats) { return Buffer(floats, 0.0f); }
 
@@ -30,11 +64,36 @@ class HostCompute {
   void fill(float* p, std::size_t n, float value) { std::fill(p, p + n, value); }
   void copy(float* dst, const float* src, std::size_t n) { std::copy(src, src + n, dst); }
 
-  // C (M x N) = op(A) op(B), row-major; op(A) is M x K.
+  // C (M x N) = op(A) op(B), row-major; op(A) is M x K. A large product is
+  // cut along the longer of M and N into tiles of at least kMinTile rows or
+  // columns (at most kMaxTiles), one sgemm each; the cut depends on the
+  // shape only, so the bits do not depend on the threads.
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
             float* C, int ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+    const bool split_rows = M >= N;
+    const int extent = split_rows ? M : N;
+    const bool large = static_cast<double>(M) * N * K >= kMinSplitWork;
+    const int tiles = large ? std::clamp(extent / kMinTile, 1, kMaxTiles) : 1;
+#pragma omp parallel for schedule(static) if (tiles > 1)
+    for (int t = 0; t < tiles; ++t) {
+      const int begin = static_cast<int>(static_cast<long>(extent) * t / tiles);
+      const int end = static_cast<int>(static_cast<long>(extent) * (t + 1) / tiles);
+      if (split_rows) {  // rows [begin, end) of C: rows of op(A)
+        const float* a = A + (trans_a ? begin : static_cast<std::size_t>(begin) * lda);
+        sgemm(trans_a, trans_b, end - begin, N, K, a, lda, B, ldb, C + static_cast<std::size_t>(begin) * ldc, ldc);
+      } else {  // columns [begin, end) of C: columns of op(B)
+        const float* b = B + (trans_b ? static_cast<std::size_t>(begin) * ldb : begin);
+        sgemm(trans_a, trans_b, M, end - begin, K, A, lda, b, ldb, C + begin, ldc);
+      }
+    }
+  }
+
+  // body(i) for i in [0, n), side by side: the attention's per-head products
+  // (gpt_model.hpp), each too small to split.
+  template <class Body>
+  void parallel_for(int n, const Body& body) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; ++i) body(i);
   }
 
   // x[n] = wte[token n] + wpe[n mod T].
@@ -48,11 +107,13 @@ class HostCompute {
   // dwte[token n] += d[n], dwpe[n mod T] += d[n] (rows in order: deterministic).
   void embed_backward(const std::uint8_t* tokens, const float* d, std::size_t N, int T, int C, float* dwte,
                       float* dwpe) {
-    for (std::size_t n = 0; n < N; ++n)
-      for (int c = 0; c < C; ++c) {
-        dwte[static_cast<std::size_t>(tokens[n]) * C + c] += d[n * C + c];
-        dwpe[(n % T) * C + c] += d[n * C + c];
-      }
+    by_column_block(C, [&](int c0, int c1) {
+      for (std::size_t n = 0; n < N; ++n)
+        for (int c = c0; c < c1; ++c) {
+          dwte[static_cast<std::size_t>(tokens[n]) * C + c] += d[n * C + c];
+          dwpe[(n % T) * C + c] += d[n * C + c];
+        }
+    });
   }
 
   void layernorm_forward(const float* x, const float* w, const float* b, std::size_t N, int C, float* out,
@@ -70,13 +131,15 @@ class HostCompute {
 #pragma omp parallel for schedule(static)
     for (std::size_t n = 0; n < N; ++n)
       ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{mean[n], rstd[n]}, dx + n * C, C);
-    std::fill(dw, dw + C, 0.0f);
-    std::fill(db, db + C, 0.0f);
-    for (std::size_t n = 0; n < N; ++n)
-      for (int c = 0; c < C; ++c) {
-        dw[c] += dout[n * C + c] * ops::layernorm_normalized(x[n * C + c], ops::RowStats{mean[n], rstd[n]});
-        db[c] += dout[n * C + c];
-      }
+    by_column_block(C, [&](int c0, int c1) {
+      std::fill(dw + c0, dw + c1, 0.0f);
+      std::fill(db + c0, db + c1, 0.0f);
+      for (std::size_t n = 0; n < N; ++n)
+        for (int c = c0; c < c1; ++c) {
+          dw[c] += dout[n * C + c] * ops::layernorm_normalized(x[n * C + c], ops::RowStats{mean[n], rstd[n]});
+          db[c] += dout[n * C + c];
+        }
+    });
   }
 
   void add_bias(float* out, const float* b, std::size_t N, int O) {
@@ -85,24 +148,20 @@ class HostCompute {
       for (int o = 0; o < O; ++o) out[n * O + o] = ops::add(out[n * O + o], b[o]);
   }
   void column_sums(const float* d, std::size_t N, int O, float* out) {
-    std::fill(out, out + O, 0.0f);
-    for (std::size_t n = 0; n < N; ++n)
-      for (int o = 0; o < O; ++o) out[o] += d[n * O + o];
+    by_column_block(O, [&](int o0, int o1) {
+      std::fill(out + o0, out + o1, 0.0f);
+      for (std::size_t n = 0; n < N; ++n)
+        for (int o = o0; o < o1; ++o) out[o] += d[n * O + o];
+    });
   }
   void add_into(float* x, const float* y, std::size_t n) {
 #pragma omp parallel for schedule(static)
     for (std::size_t i = 0; i < n; ++i) x[i] = ops::add(x[i], y[i]);
   }
 
-  void gelu_forward(const float* x, float* y, std::size_t n) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) y[i] = ops::gelu_forward(x[i]);
-  }
+  void gelu_forward(const float* x, float* y, std::size_t n) { zero::simd::parallel_dispatch<GeluForward>(n, x, y); }
   // d = d(loss)/d(x) from d = d(loss)/d(gelu(x)), in place.
-  void gelu_backward(const float* x, float* d, std::size_t n) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) d[i] = ops::gelu_backward(x[i], d[i]);
-  }
+  void gelu_backward(const float* x, float* d, std::size_t n) { zero::simd::parallel_dispatch<GeluBackward>(n, x, d); }
 
   // `matrices` T x T score matrices back to back; row r is row r mod T of its matrix.
   void causal_softmax(float* att, std::size_t matrices, int T, float scale) {
@@ -134,6 +193,45 @@ class HostCompute {
 
  private:
   double loss_sum_ = 0.0;
+  // Bodies for zero::simd::parallel_dispatch: each thread's range, compiled
+  // for the CPU's instruction set, so expf's vector version is the widest.
+  struct GeluForward {
+    template <class Isa>
+    static void run(const float* x, float* y, int, std::size_t begin, std::size_t end) {
+      ZERO_GPT_SIMD_LOOP
+      for (std::size_t i = begin; i < end; ++i) y[i] = ops::gelu_forward(x[i]);
+    }
+  };
+  struct GeluBackward {
+    template <class Isa>
+    static void run(const float* x, float* d, int, std::size_t begin, std::size_t end) {
+      ZERO_GPT_SIMD_LOOP
+      for (std::size_t i = begin; i < end; ++i) d[i] = ops::gelu_backward(x[i], d[i]);
+    }
+  };
+
+  // Products below this many multiply-adds run as one sgemm (the tiles' setup
+  // would cost more than the second thread gains).
+  static constexpr double kMinSplitWork = 4.0 * (1 << 20);
+  static constexpr int kMinTile = 64;
+  static constexpr int kMaxTiles = 16;
+  // Columns per block of a sum over rows: one 64-byte cache line of floats.
+  static constexpr int kColumnBlock = 16;
+
+  static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                    float* C, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+                1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+  }
+
+  // body(c0, c1) for each block of kColumnBlock columns of `cols`, side by
+  // side; a body sums its columns over the rows in order, as one thread would.
+  template <class Body>
+  static void by_column_block(int cols, const Body& body) {
+    const int blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < blocks; ++k) body(k * kColumnBlock, std::min(cols, (k + 1) * kColumnBlock));
+  }
 };
 
 using Gpt = GptModel<HostCompute>;

@@ -554,6 +554,21 @@ class GptModel {
     return (static_cast<std::size_t>(b) * cfg_.heads + h) * cfg_.context * cfg_.context;
   }
 
+  // body(b, h) for every head h of every sequence b of the batch: the heads'
+  // small products, independent of each other. A Compute with parallel_for
+  // (the host's OpenMP threads) runs them side by side; otherwise (CUDA, one
+  // stream) they are queued in order.
+  template <class Body>
+  void for_each_head(int batch, const Body& body) {
+    const int H = cfg_.heads;
+    auto pair = [&](int i) { body(i / H, i % H); };
+    if constexpr (requires { compute_.parallel_for(batch * H, pair); }) {
+      compute_.parallel_for(batch * H, pair);
+    } else {
+      for (int i = 0; i < batch * H; ++i) pair(i);
+    }
+  }
+
   // a.x_out = block(a.x_in).
   void block_forward(const float* p, const std::vector<std::size_t>& off, BlockActs& a, int batch) {
     const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
@@ -561,17 +576,16 @@ class GptModel {
     compute_.layernorm_forward(a.x_in, p + off[kLn1Weight], p + off[kLn1Bias], N, C, a.ln1, a.ln1_mean, a.ln1_rstd);
     linear_forward(a.ln1, p + off[kQkvWeight], p + off[kQkvBias], N, C, 3 * C, a.qkv);
     // Scores q k^T, causal softmax of scores / sqrt(head size), then P v.
-    for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < H; ++h) {
-        const float* q = a.qkv + qkv_at(b, h);
-        compute_.gemm(false, true, T, T, hs, q, 3 * C, q + C, 3 * C, a.att + att_at(b, h), T);
-      }
+    for_each_head(batch, [&](int b, int h) {
+      const float* q = a.qkv + qkv_at(b, h);
+      compute_.gemm(false, true, T, T, hs, q, 3 * C, q + C, 3 * C, a.att + att_at(b, h), T);
+    });
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     compute_.causal_softmax(a.att, static_cast<std::size_t>(batch) * H, T, scale);
-    for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < H; ++h)
-        compute_.gemm(false, false, T, hs, T, a.att + att_at(b, h), T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
-                      a.y + head_at(b, h), C);
+    for_each_head(batch, [&](int b, int h) {
+      compute_.gemm(false, false, T, hs, T, a.att + att_at(b, h), T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
+                    a.y + head_at(b, h), C);
+    });
     linear_forward(a.y, p + off[kAttnProjWeight], p + off[kAttnProjBias], N, C, C, a.x_mid);
     compute_.add_into(a.x_mid, a.x_in, N * C);
     compute_.layernorm_forward(a.x_mid, p + off[kLn2Weight], p + off[kLn2Bias], N, C, a.ln2, a.ln2_mean, a.ln2_rstd);
@@ -596,22 +610,20 @@ class GptModel {
     // Attention: x_mid = x_in + proj(attention(ln1(x_in))); dtmp_ = d(attention output).
     linear_backward(dres_, a.y, p + off[kAttnProjWeight], N, C, C, g + off[kAttnProjWeight], g + off[kAttnProjBias],
                     dtmp_);
-    for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < H; ++h) {
-        const float* v = a.qkv + qkv_at(b, h) + 2 * C;
-        const float* dy = dtmp_ + head_at(b, h);
-        compute_.gemm(false, true, T, T, hs, dy, C, v, 3 * C, datt_ + att_at(b, h), T);                  // dP = dy v^T
-        compute_.gemm(true, false, T, hs, T, a.att + att_at(b, h), T, dy, C, dqkv_ + qkv_at(b, h) + 2 * C, 3 * C);  // dv = P^T dy
-      }
+    for_each_head(batch, [&](int b, int h) {
+      const float* v = a.qkv + qkv_at(b, h) + 2 * C;
+      const float* dy = dtmp_ + head_at(b, h);
+      compute_.gemm(false, true, T, T, hs, dy, C, v, 3 * C, datt_ + att_at(b, h), T);                  // dP = dy v^T
+      compute_.gemm(true, false, T, hs, T, a.att + att_at(b, h), T, dy, C, dqkv_ + qkv_at(b, h) + 2 * C, 3 * C);  // dv = P^T dy
+    });
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     compute_.causal_softmax_backward(a.att, datt_, static_cast<std::size_t>(batch) * H, T, scale);
-    for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < H; ++h) {
-        const float* q = a.qkv + qkv_at(b, h);
-        const float* ds = datt_ + att_at(b, h);
-        compute_.gemm(false, false, T, hs, T, ds, T, q + C, 3 * C, dqkv_ + qkv_at(b, h), 3 * C);      // dq = dS k
-        compute_.gemm(true, false, T, hs, T, ds, T, q, 3 * C, dqkv_ + qkv_at(b, h) + C, 3 * C);       // dk = dS^T q
-      }
+    for_each_head(batch, [&](int b, int h) {
+      const float* q = a.qkv + qkv_at(b, h);
+      const float* ds = datt_ + att_at(b, h);
+      compute_.gemm(false, false, T, hs, T, ds, T, q + C, 3 * C, dqkv_ + qkv_at(b, h), 3 * C);      // dq = dS k
+      compute_.gemm(true, false, T, hs, T, ds, T, q, 3 * C, dqkv_ + qkv_at(b, h) + C, 3 * C);       // dk = dS^T q
+    });
     linear_backward(dqkv_, a.ln1, p + off[kQkvWeight], N, C, 3 * C, g + off[kQkvWeight], g + off[kQkvBias], dtmp_);
     compute_.layernorm_backward(dtmp_, a.x_in, p + off[kLn1Weight], a.ln1_mean, a.ln1_rstd, N, C, dres_,
                                 g + off[kLn1Weight], g + off[kLn1Bias]);

@@ -173,20 +173,10 @@ double dispatch(Comm& comm, const Args& a, const gpt::TextCorpus& corpus) {
       a.zero, [&]<class Opt>() { return gpt::train_rank<Opt, gpt::Gpt>(comm, a, corpus); });
 }
 
-// OpenBLAS's thread count is process-wide: the cores over the ranks that share them.
-void set_blas_threads(int ranks_sharing_cores) {
-#if defined(OPENBLAS_VERSION)
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  openblas_set_num_threads(std::max(1, cores / ranks_sharing_cores));
-#else
-  (void)ranks_sharing_cores;
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  zero::examples::use_openblas_kernels_for_this_cpu(argv);
+  zero::examples::tune_host_math_libraries(argv);
   try {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
@@ -227,7 +217,6 @@ int main(int argc, char** argv) {
       throw zero::InvalidArgument("--backend cuda: not built (check_backend_choices refuses it first)");
 #endif
     } else if (args.launch.comm == "local") {
-      set_blas_threads(args.launch.ranks);
       zero::comm::LocalGroup group(args.launch.ranks);
       group.run([&](zero::comm::Local& comm) {
         const double v = dispatch(comm, args, corpus);
@@ -238,7 +227,6 @@ int main(int argc, char** argv) {
       mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
       zero::comm::Mpi comm;
       args.launch.ranks = comm.size();
-      set_blas_threads(comm.size());
 #if ZERO_HAS_OPENMP
       omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
 #endif

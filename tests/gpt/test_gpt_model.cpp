@@ -40,8 +40,9 @@ struct HostRun {
   gpt::Gpt model;
   std::vector<std::vector<float>> params, grads;
 
-  HostRun(const Fixture& fx, int batch, bool checkpoint) : model(fx.config, batch, checkpoint) {
-    const FormulaWeights weights{fx.config};
+  HostRun(const Fixture& fx, int batch, bool checkpoint) : HostRun(fx.config, batch, checkpoint) {}
+  HostRun(const gpt::Config& config, int batch, bool checkpoint) : model(config, batch, checkpoint) {
+    const FormulaWeights weights{config};
     for (int u = 0; u < model.num_units(); ++u) {
       const gpt::UnitSpec& spec = model.units()[static_cast<std::size_t>(u)];
       params.emplace_back(spec.numel);
@@ -165,6 +166,38 @@ TEST_CASE("GPT FLOPs per token and MFU (gpt_flops.hpp)", "[gpt][flops]") {
   CHECK(gpt::peak_throughput("Some Turing", 40, 1.5, 7, 5).fp32_tflops == 0.0);
   CHECK(std::fabs(gpt::mfu(1e6, 5e6, 50.0) - 0.1) < 1e-12);  // 5e12 FLOP/s of 50 TFLOPS
   CHECK(gpt::mfu(1e6, 5e6, 0.0) == 0.0);
+}
+
+// The host cuts large products into tiles by shape and sums gradients over
+// rows in order (gpt_host.hpp): the threads change the speed, not the bits.
+// The model is large enough for its products to be cut (the fixture's is not).
+TEST_CASE("GPT on the host: the same bits on 1, 2 and 3 threads", "[gpt][model]") {
+  const gpt::Config config{85, 64, 64, 2, 2};
+  const int batch = 8;
+  std::vector<std::uint8_t> tokens(static_cast<std::size_t>(batch) * config.context), targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::uint8_t>((i * 37 + i / 7) % 85);
+    targets[i] = static_cast<std::uint8_t>((i * 11 + 3) % 85);
+  }
+  std::vector<std::vector<float>> one_thread;
+  float one_thread_loss = 0.0f;
+  for (int threads : {1, 2, 3}) {
+    INFO(threads << " threads");
+    const zero::simd::ScopedHostThreads scope(threads);
+    HostRun run(config, batch, false);
+    const float loss = run.model.forward_backward(tokens.data(), targets.data(), batch, run.param_hooks(),
+                                                  run.grad_hooks(), 1.0f / static_cast<float>(tokens.size()));
+    if (threads == 1) {
+      one_thread = run.grads;
+      one_thread_loss = loss;
+      continue;
+    }
+    CHECK(std::fabs(loss - one_thread_loss) <= 1e-6f * one_thread_loss);  // a double sum over the threads' rows
+    for (std::size_t u = 0; u < one_thread.size(); ++u) {
+      INFO("unit " << run.model.units()[u].name);
+      CHECK(std::memcmp(one_thread[u].data(), run.grads[u].data(), one_thread[u].size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE("GPT activation checkpointing keeps block inputs only", "[gpt][model]") {
