@@ -27,12 +27,21 @@
 // A step's time is what the optimizer spends: grad_ready() of every unit,
 // step() and synchronize(); filling the gradient buffers is not counted.
 //
+// OpenMP's waiting threads sleep (OMP_WAIT_POLICY=passive, set here and the
+// program executed again, unless the environment sets a policy): libgomp's
+// idle threads otherwise spin after each of the update's parallel loops on
+// the cores the disk tier's I/O thread needs (2 cores, same minutes: 0.69
+// and 0.78 of the probe spinning, 0.97 and 1.07 passive). Programs using the
+// disk tier on few cores should do the same (docs/offload.md).
+//
 //   bench_offload [--part disk|cpu|all] [--dir DIR] [--n PARAMS] [--units U] [--window B] [--block B]
 //                 [--depth D] [--reps R] [--json]
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -191,13 +200,14 @@ void bench_disk_tier(const Options& o) {
                   "\"step_seconds\":%.6f,\"step_GBps\":%.4f,\"probe_seconds\":%.6f,\"probe_write_GBps\":%.4f,"
                   "\"probe_read_GBps\":%.4f,\"memory_step_seconds\":%.6f,\"ratio_to_probe\":%.4f,\"overlap\":%.4f,"
                   "\"overlap_if_serial\":%.4f,\"checksum_seconds\":%.6f,\"step_cpu_seconds\":%.6f,"
-                  "\"probe_mixed_seconds\":%.6f,\"ratio_to_mixed_probe\":%.4f}\n",
+                  "\"probe_mixed_seconds\":%.6f,\"ratio_to_mixed_probe\":%.4f,\"omp_wait_policy\":\"%s\"}\n",
                   o.n, o.units, o.window, chunk, static_cast<unsigned long long>(state), 2 * moved, o.block, o.depth,
                   t_disk, gbs, t_probe, best.write, best.read, t_memory, ratio, overlap, no_overlap, t_hash, cpu_disk,
-                  t_mixed, ratio_mixed);
+                  t_mixed, ratio_mixed, std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "");
     } else {
-      std::printf("offload::Nvme step (AdamW, bf16 mixed, stage 1, 1 rank, %zu params in %d units, %s), fastest of %d\n",
-                  o.n, o.units, o.dir.c_str(), o.reps);
+      std::printf("offload::Nvme step (AdamW, bf16 mixed, stage 1, 1 rank, %zu params in %d units, %s), fastest of %d, "
+                  "OMP_WAIT_POLICY=%s\n",
+                  o.n, o.units, o.dir.c_str(), o.reps, std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
       print_mib_line("master + state on disk", static_cast<double>(state));
       print_mib_line("host window", static_cast<double>(o.window));
       print_mib_line("moved per step (read + write)", 2.0 * static_cast<double>(moved));
@@ -256,6 +266,9 @@ void bench_cpu_side(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr &&
+      setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+    execv("/proc/self/exe", argv);  // returns only if it failed: go on as loaded
   Options o;
   zero::bench::Args args(argc, argv,
                          "[--part disk|cpu|all (all)] [--dir DIR (/tmp)] [--n PARAMS (32M)] [--units U (16)] "

@@ -243,6 +243,13 @@ class DiskSwap {
     check_not_failed();
     while (!requests_.empty()) progress(true);
   }
+  // Waits for at least one completion and moves requests along; true when
+  // nothing is queued or in flight any more (then it does not wait).
+  bool wait_some() {
+    check_not_failed();
+    if (!requests_.empty()) progress(true);
+    return requests_.empty();
+  }
   // Moves requests along without blocking; true when nothing is queued or in
   // flight any more.
   bool poll() {
