@@ -8,7 +8,7 @@
 //             [--context 128] [--micro-batch 8] [--grad-accum 1] [--lr 6e-3] [--warmup 30]
 //             [--min-lr 6e-4] [--clip 1] [--seed 1] [--steps 400] [--eval-every 100]
 //             [--checkpoint-activations] [--sample 200] [--data FILE] [--report]
-//             [--save DIR [--save-every K]] [--resume DIR]
+//             [--save DIR [--save-every K] [--save-async] [--keep-last K]] [--resume DIR]
 //
 // (--help lists them with their defaults.) Every --eval-every steps it prints
 // the training loss, the validation loss (nats per character), tokens/s and
@@ -35,6 +35,7 @@
 #include "zero/zero.hpp"
 
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+#include "common/checkpoints.hpp"
 #include "zero/checkpoint/optimizer_io.hpp"
 #endif
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
@@ -43,7 +44,7 @@
 
 namespace {
 
-struct Args {
+struct Args : zero::examples::CheckpointChoices {  // --save, --resume, ... (common/cli.hpp)
   zero::examples::ZeroChoices zero = [] {
     zero::examples::ZeroChoices z;
     z.stage = 3;
@@ -66,8 +67,6 @@ struct Args {
   int sample = 200;
   std::string data = gpt::kDefaultCorpus;
   bool report = false;
-  std::string save_dir, resume_dir;  // checkpoints (empty: none)
-  int save_every = 0;                // also every this many steps (0: after the last step only)
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -113,21 +112,10 @@ void add_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--data", a.data, "the text (gzip, dictzip or plain)")->type_name("FILE")->capture_default_str();
   app.add_flag("--report", a.report, "print the memory and communication reports as JSON at the end");
-  app.add_option("--save", a.save_dir, "write a checkpoint to DIR/step-<step> after the last step (and every --save-every)")
-      ->type_name("DIR");
-  app.add_option("--save-every", a.save_every, "also checkpoint every K optimizer steps (needs --save)")
-      ->check(CLI::Range(0, 1 << 30));
-  app.add_option("--resume", a.resume_dir,
-                 "continue from the newest complete checkpoint in DIR (any --ranks, --stage; the same model, "
-                 "--seed, --steps and schedule)")
-      ->type_name("DIR");
+  zero::examples::add_checkpoint_options(app, a, "after the last step",
+                                         "any --ranks, --stage; the same model, --seed, --steps and schedule");
   app.callback([&a] {
-#if !defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
-    if (!a.save_dir.empty() || !a.resume_dir.empty())
-      throw CLI::ValidationError("--save/--resume", "this build has no checkpoints (install nlohmann-json3-dev and "
-                                                    "reconfigure)");
-#endif
-    if (a.save_every > 0 && a.save_dir.empty()) throw CLI::ValidationError("--save-every", "needs --save DIR");
+    zero::examples::check_checkpoint_choices(a);
     if (a.model.width % a.model.heads != 0)
       throw CLI::ValidationError("--heads", std::to_string(a.model.heads) + " does not divide --width " +
                                                 std::to_string(a.model.width));
@@ -279,15 +267,17 @@ double train_rank(Comm& comm, const Args& args, const gpt::TextCorpus& corpus) {
                   first_step, ", past --steps ", args.steps);
     if (lead) std::printf("resumed from %s at step %d\n", loaded.directory.string().c_str(), first_step);
   }
+  zero::examples::CheckpointSaves saves(args, lead);
   auto save = [&] {
-    const auto dir = zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, run_identity());
-    if (lead) {
-      std::printf("saved checkpoint %s\n", dir.string().c_str());
-      std::fflush(stdout);
-    }
+    saves.saved(zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, saves.options(run_identity())));
+  };
+  auto finish_saves = [&] {  // --save-async: completes the last save
+    opt.wait_save();
+    saves.finished();
   };
 #else
   auto save = [] {};
+  auto finish_saves = [] {};
 #endif
 
   // Each rank draws its own windows from the training split; a resumed run
@@ -344,6 +334,7 @@ double train_rank(Comm& comm, const Args& args, const gpt::TextCorpus& corpus) {
       interval_start += std::chrono::steady_clock::now() - before;  // nor is saving
     }
   }
+  finish_saves();
   // With --resume at the last step, no evaluation ran: the loss of the model as loaded.
   if (first_step == args.steps) val = validation_loss(comm, model, params, corpus);
   const int steps_run = std::max(1, args.steps - first_step);
