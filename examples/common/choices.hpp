@@ -25,4 +25,12 @@ struct LaunchChoices {
   std::string comm = "local";
 };
 
+// Checkpoints (zero/checkpoint/optimizer_io.hpp; common/checkpoints.hpp saves them).
+struct CheckpointChoices {
+  std::string save_dir, resume_dir;  // empty: none
+  int save_every = 0;                // also every this many optimizer steps (0: only where the program saves anyway)
+  bool save_async = false;           // write checkpoints in the background
+  int keep_last = 0;                 // keep only this many newest checkpoints (0: all)
+};
+
 }  // namespace zero::examples

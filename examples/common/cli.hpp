@@ -80,6 +80,41 @@ inline void add_launch_options(CLI::App& app, LaunchChoices& choices, std::vecto
       ->capture_default_str();
 }
 
+// --save DIR, --save-every K, --save-async, --keep-last K and --resume DIR.
+// For their help: `saved_at` says where the program saves besides every
+// --save-every steps ("after the last step"), `resume_rule` what a resumed
+// run may change and what it must keep.
+inline void add_checkpoint_options(CLI::App& app, CheckpointChoices& choices, const std::string& saved_at,
+                                   const std::string& resume_rule) {
+  app.add_option("--save", choices.save_dir,
+                 "write a checkpoint to DIR/step-<step> " + saved_at + " (and every --save-every steps)")
+      ->type_name("DIR");
+  app.add_option("--save-every", choices.save_every, "also checkpoint every K optimizer steps (needs --save)")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_flag("--save-async", choices.save_async,
+               "write checkpoints in the background: training goes on once the state is copied to memory; each "
+               "completes at the next save or at the end of the run");
+  app.add_option("--keep-last", choices.keep_last, "keep only the K newest complete checkpoints in --save DIR")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--resume", choices.resume_dir,
+                 "continue from the newest complete checkpoint in DIR (" + resume_rule + ")")
+      ->type_name("DIR");
+}
+// The checks between them (from app.callback()). A program built without
+// checkpoints (no ZERO_EXAMPLE_HAVE_CHECKPOINTS: Meson found no nlohmann-json
+// or xxHash) refuses --save and --resume.
+inline void check_checkpoint_choices(const CheckpointChoices& choices) {
+#if !defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+  if (!choices.save_dir.empty() || !choices.resume_dir.empty())
+    throw CLI::ValidationError("--save/--resume", "this build has no checkpoints (install nlohmann-json3-dev and "
+                                                  "libxxhash-dev, then reconfigure)");
+#endif
+  for (const auto& [set, option] : {std::pair{choices.save_every > 0, "--save-every"},
+                                    std::pair{choices.save_async, "--save-async"},
+                                    std::pair{choices.keep_last > 0, "--keep-last"}})
+    if (set && choices.save_dir.empty()) throw CLI::ValidationError(option, "needs --save DIR");
+}
+
 // Parses the command line, or ends the program: --help prints the options
 // and exits 0, a bad command line prints CLI11's message and exits 2. Checks
 // that span options belong in app.callback(), throwing CLI::ValidationError.

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -36,12 +37,13 @@
 #include "zero/comm/mpi.hpp"
 #endif
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+#include "common/checkpoints.hpp"
 #include "zero/checkpoint/optimizer_io.hpp"
 #endif
 
 namespace {
 
-struct Args {
+struct Args : zero::examples::CheckpointChoices {  // --save, --resume, ... (common/cli.hpp)
   zero::examples::ZeroChoices zero;
   zero::examples::LaunchChoices launch;
   int epochs = 8;
@@ -51,10 +53,6 @@ struct Args {
   std::string data = fashion_mnist::kDefaultDataDir;
   bool report = false;
   std::string history_json;  // empty: none
-  std::string save_dir, resume_dir;  // checkpoints (empty: none)
-  int save_every = 0;                // also every this many steps (0: at the end of each epoch only)
-  bool save_async = false;           // write checkpoints in the background
-  int keep_last = 0;                 // keep only this many newest checkpoints (0: all)
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -76,30 +74,12 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--history-json", a.history_json,
                  "write the configuration and per-epoch loss, test_accuracy, samples_per_s and seconds as JSON")
       ->type_name("FILE");
-  app.add_option("--save", a.save_dir,
-                 "write a checkpoint to DIR/step-<step> at the end of every epoch (and every --save-every steps)")
-      ->type_name("DIR");
-  app.add_option("--save-every", a.save_every, "also checkpoint every K optimizer steps (needs --save)")
-      ->check(CLI::Range(1, 1 << 30));
-  app.add_flag("--save-async", a.save_async,
-               "write checkpoints in the background: training goes on once the state is copied to memory; each "
-               "completes at the next save or at the end of the run");
-  app.add_option("--keep-last", a.keep_last, "keep only the K newest complete checkpoints in --save DIR")
-      ->check(CLI::Range(1, 1 << 30));
-  app.add_option("--resume", a.resume_dir,
-                 "continue from the newest complete checkpoint in DIR (any --ranks, --stage, --offload; the same "
-                 "--batch, --epochs, --seed, --lr and --optimizer)")
-      ->type_name("DIR");
+  zero::examples::add_checkpoint_options(
+      app, a, "at the end of every epoch",
+      "any --ranks, --stage, --offload; the same --batch, --epochs, --seed, --lr and --optimizer");
   app.callback([&a] {
     zero::examples::check_offload_choices(a.zero);
-#if !defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
-    if (!a.save_dir.empty() || !a.resume_dir.empty())
-      throw CLI::ValidationError("--save/--resume", "this build has no checkpoints (install nlohmann-json3-dev and "
-                                                    "libxxhash-dev, then reconfigure)");
-#endif
-    if (a.save_every > 0 && a.save_dir.empty()) throw CLI::ValidationError("--save-every", "needs --save DIR");
-    if (a.save_async && a.save_dir.empty()) throw CLI::ValidationError("--save-async", "needs --save DIR");
-    if (a.keep_last > 0 && a.save_dir.empty()) throw CLI::ValidationError("--keep-last", "needs --save DIR");
+    zero::examples::check_checkpoint_choices(a);
     if (a.launch.comm == "local" && a.batch % a.launch.ranks != 0)
       throw CLI::ValidationError("--batch", std::to_string(a.batch) + " is not a multiple of --ranks " +
                                                 std::to_string(a.launch.ranks));
@@ -131,80 +111,152 @@ void write_history(const std::string& path, const Args& a, int ranks, std::size_
   zero::require(std::fclose(f) == 0, "--history-json: writing '", path, "' failed: ", std::strerror(errno));
 }
 
-// One rank's training run. Every rank runs this in lockstep.
-template <class Opt, class Comm>
-double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnist& data) {
+// The optimizer as the training loop uses it. The loop is one function for
+// every --precision/--optimizer/--stage/--offload choice; only this adapter
+// is compiled once per optimizer type (the program has 63 of them).
+class TrainingOptimizer {
+ public:
+  virtual ~TrainingOptimizer() = default;
+  // Layer l's parameters as fp32 (stage 3: gathers them) / done with them.
+  virtual const float* acquire(int l) = 0;
+  virtual void release(int l) = 0;
+  // Where backward writes layer l's fp32 gradient / it is written.
+  virtual float* grad_buffer(int l) = 0;
+  virtual void grad_ready(int l) = 0;
+  virtual void set_lr(double lr) = 0;
+  virtual double lr() = 0;
+  virtual double loss_scale() const = 0;
+  virtual void step() = 0;
+  virtual std::int64_t step_count() const = 0;
+  virtual void reset_comm_counters() = 0;
+  virtual zero::CommReport comm_report() const = 0;
+  virtual zero::MemoryReport memory_report() const = 0;
+#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+  virtual zero::checkpoint::LoadResult load(const std::string& path) = 0;
+  virtual std::filesystem::path save_step(const std::string& root, zero::checkpoint::OptimizerSaveOptions options) = 0;
+  virtual void wait_save() = 0;
+#endif
+};
+
+// A ZeroOptimizer of type Opt holding the model's layers (one unit each,
+// [W][b] adjacent), initialised from the seed: the same on every rank.
+template <class Opt>
+class ZeroTrainingOptimizer final : public TrainingOptimizer {
   using P = typename Opt::param_type;
   using G = typename Opt::grad_type;
+  // fp32 reads the optimizer's buffers directly; 16-bit precisions compute in
+  // fp32 on converted copies of one layer at a time.
+  static constexpr bool convert = !std::is_same_v<P, float>;
+
+ public:
+  ZeroTrainingOptimizer(zero::comm::AnyCommunicator& comm, const Args& args, const fashion_mnist::Mlp& model)
+      : opt_(comm, hyper(args), options(args)), model_(model) {
+    const int layers = model.num_layers();
+    for (int l = 0; l < layers; ++l) {
+      const auto& shape = model.layers()[static_cast<std::size_t>(l)];
+      units_.push_back(opt_.add_unit("fc" + std::to_string(l)));
+      const auto out = static_cast<std::uint64_t>(shape.out), in = static_cast<std::uint64_t>(shape.in);
+      weights_.push_back(opt_.add_param(units_.back(), "fc" + std::to_string(l) + ".weight", shape.weight_numel(), {out, in}));
+      const auto bias = opt_.add_param(units_.back(), "fc" + std::to_string(l) + ".bias", static_cast<std::size_t>(shape.out), {out});
+      // The model reads [W][b] as one span: the layout must keep them adjacent.
+      zero::require(opt_.layout().param(bias).offset == shape.bias_offset(),
+                    "layer ", l, ": bias does not follow the weight in the unit layout");
+    }
+    opt_.finalize();
+    for (int l = 0; l < layers; ++l) {  // same seed on every rank: same initial model
+      const auto& shape = model.layers()[static_cast<std::size_t>(l)];
+      std::vector<float> init(shape.numel());
+      fashion_mnist::Mlp::init_layer(shape, init.data(), args.seed * 1000 + static_cast<std::uint64_t>(l));
+      opt_.set_param(weights_[static_cast<std::size_t>(l)], init.data());
+    }
+    if constexpr (convert) {
+      wide_.resize(static_cast<std::size_t>(layers));
+      for (int l = 0; l < layers; ++l) wide_[static_cast<std::size_t>(l)].resize(model.layers()[static_cast<std::size_t>(l)].numel());
+      grad_wide_.resize(model.num_params());
+    }
+  }
+
+  const float* acquire(int l) override {
+    const P* p = opt_.acquire_unit(unit(l));
+    if constexpr (convert) {
+      auto& w = wide_[static_cast<std::size_t>(l)];
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = zero::to_float(p[i]);
+      return w.data();
+    } else {
+      return p;
+    }
+  }
+  void release(int l) override { opt_.release_unit(unit(l)); }
+  float* grad_buffer(int l) override {
+    G* g = opt_.grad_buffer(unit(l));
+    if constexpr (convert)
+      return grad_wide_.data();
+    else
+      return g;
+  }
+  void grad_ready(int l) override {
+    if constexpr (convert) {
+      G* g = opt_.grad_buffer(unit(l));
+      const std::size_t n = model_.layers()[static_cast<std::size_t>(l)].numel();
+      for (std::size_t i = 0; i < n; ++i) g[i] = zero::from_float<G>(grad_wide_[i]);
+    }
+    opt_.grad_ready(unit(l));
+  }
+  void set_lr(double lr) override { opt_.hyper().lr = lr; }
+  double lr() override { return opt_.hyper().lr; }
+  double loss_scale() const override { return opt_.loss_scale(); }
+  void step() override { opt_.step(); }
+  std::int64_t step_count() const override { return opt_.step_count(); }
+  void reset_comm_counters() override { opt_.reset_comm_counters(); }
+  zero::CommReport comm_report() const override { return opt_.comm_report(); }
+  zero::MemoryReport memory_report() const override { return opt_.memory_report(); }
+#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+  zero::checkpoint::LoadResult load(const std::string& path) override {
+    return zero::checkpoint::OptimizerIo<Opt>::load(opt_, path);
+  }
+  std::filesystem::path save_step(const std::string& root, zero::checkpoint::OptimizerSaveOptions options) override {
+    return zero::checkpoint::OptimizerIo<Opt>::save_step(opt_, root, std::move(options));
+  }
+  void wait_save() override { opt_.wait_save(); }
+#endif
+
+ private:
+  static typename Opt::Hyper hyper(const Args& args) {
+    typename Opt::Hyper h;
+    h.lr = args.lr;
+    if constexpr (std::is_same_v<typename Opt::optimizer_policy, zero::optim::Sgd>) h.momentum = 0.9;
+    return h;
+  }
+  static zero::Options options(const Args& args) {
+    zero::Options o;
+    o.seed = args.seed;
+    o.nvme.directory = args.zero.nvme_dir;
+    o.nvme.window_bytes = static_cast<std::size_t>(args.zero.nvme_window_mib * 1048576.0);
+    return o;
+  }
+  zero::UnitId unit(int l) const { return units_[static_cast<std::size_t>(l)]; }
+
+  Opt opt_;
+  const fashion_mnist::Mlp& model_;
+  std::vector<zero::UnitId> units_;
+  std::vector<zero::ParamId> weights_;
+  std::vector<std::vector<float>> wide_;  // 16-bit precisions: each layer's parameters as fp32
+  std::vector<float> grad_wide_;          // 16-bit precisions: a layer's fp32 gradient
+};
+
+// One rank's training run. Every rank runs this in lockstep.
+double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fashion_mnist::FashionMnist& data) {
   const bool lead = comm.rank() == 0;
   const int ranks = comm.size();
   fashion_mnist::Mlp model;
-  const int layers = model.num_layers();
-
-  typename Opt::Hyper hyper;
-  hyper.lr = args.lr;
-  if constexpr (std::is_same_v<typename Opt::optimizer_policy, zero::optim::Sgd>) hyper.momentum = 0.9;
-  zero::Options options;
-  options.seed = args.seed;
-  options.nvme.directory = args.zero.nvme_dir;
-  options.nvme.window_bytes = static_cast<std::size_t>(args.zero.nvme_window_mib * 1048576.0);
-  Opt opt(comm, hyper, options);
-
-  std::vector<zero::UnitId> units;
-  std::vector<zero::ParamId> weights;
-  for (int l = 0; l < layers; ++l) {
-    const auto& shape = model.layers()[static_cast<std::size_t>(l)];
-    units.push_back(opt.add_unit("fc" + std::to_string(l)));
-    const auto out = static_cast<std::uint64_t>(shape.out), in = static_cast<std::uint64_t>(shape.in);
-    weights.push_back(opt.add_param(units.back(), "fc" + std::to_string(l) + ".weight", shape.weight_numel(), {out, in}));
-    const auto bias = opt.add_param(units.back(), "fc" + std::to_string(l) + ".bias", static_cast<std::size_t>(shape.out), {out});
-    // The model reads [W][b] as one span: the layout must keep them adjacent.
-    zero::require(opt.layout().param(bias).offset == shape.bias_offset(),
-                  "layer ", l, ": bias does not follow the weight in the unit layout");
-  }
-  opt.finalize();
-  for (int l = 0; l < layers; ++l) {  // same seed on every rank: same initial model
-    const auto& shape = model.layers()[static_cast<std::size_t>(l)];
-    std::vector<float> init(shape.numel());
-    fashion_mnist::Mlp::init_layer(shape, init.data(), args.seed * 1000 + static_cast<std::uint64_t>(l));
-    opt.set_param(weights[static_cast<std::size_t>(l)], init.data());
-  }
-
-  // fp32 reads the optimizer's buffers directly; 16-bit precisions compute in
-  // fp32 on converted copies of one layer at a time.
-  constexpr bool convert = !std::is_same_v<P, float>;
-  std::vector<std::vector<float>> wide(static_cast<std::size_t>(layers));
-  for (int l = 0; l < layers; ++l) wide[static_cast<std::size_t>(l)].resize(model.layers()[static_cast<std::size_t>(l)].numel());
-  fashion_mnist::ParamHooks params{
-      [&](int l) -> const float* {
-        const P* p = opt.acquire_unit(units[static_cast<std::size_t>(l)]);
-        if constexpr (convert) {
-          auto& w = wide[static_cast<std::size_t>(l)];
-          for (std::size_t i = 0; i < w.size(); ++i) w[i] = zero::to_float(p[i]);
-          return w.data();
-        } else {
-          return p;
-        }
-      },
-      [&](int l) { opt.release_unit(units[static_cast<std::size_t>(l)]); }};
-  std::vector<float> grad_wide(model.num_params());
-  fashion_mnist::GradHooks grads{
-      [&](int l) -> float* {
-        G* g = opt.grad_buffer(units[static_cast<std::size_t>(l)]);
-        if constexpr (convert)
-          return grad_wide.data();
-        else
-          return g;
-      },
-      [&](int l) {
-        const auto u = units[static_cast<std::size_t>(l)];
-        if constexpr (convert) {
-          G* g = opt.grad_buffer(u);
-          const std::size_t n = model.layers()[static_cast<std::size_t>(l)].numel();
-          for (std::size_t i = 0; i < n; ++i) g[i] = zero::from_float<G>(grad_wide[i]);
-        }
-        opt.grad_ready(u);
-      }};
+  // The optimizer type the choices name (each is its own instantiation).
+  const std::unique_ptr<TrainingOptimizer> optimizer = zero::examples::with_offload_and_optimizer_type<zero::backend::Host>(
+      args.zero, [&]<class Opt>() -> std::unique_ptr<TrainingOptimizer> {
+        return std::make_unique<ZeroTrainingOptimizer<Opt>>(comm, args, model);
+      });
+  TrainingOptimizer& opt = *optimizer;
+  fashion_mnist::ParamHooks params{[&](int l) { return opt.acquire(l); }, [&](int l) { opt.release(l); }};
+  fashion_mnist::GradHooks grads{[&](int l) { return opt.grad_buffer(l); }, [&](int l) { opt.grad_ready(l); }};
 
   const int local_batch = args.batch / ranks;
   const std::size_t features = data.train.features();
@@ -222,7 +274,7 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
   if (lead)
     std::printf("zero: Fashion-MNIST MLP 784-256-128-10, %d ranks (%s), stage %d, %s, %s, batch %d, %d epochs, "
                 "%zu parameters\n",
-                ranks, args.launch.comm.c_str(), Opt::stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(), args.batch,
+                ranks, args.launch.comm.c_str(), args.zero.stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(), args.batch,
                 args.epochs, model.num_params());
 
   // Checkpoints: where the run is (its step count is the optimizer's), what
@@ -234,7 +286,7 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
     return nlohmann::json{{"batch", args.batch}, {"epochs", args.epochs}, {"seed", args.seed}, {"lr", args.lr}};
   };
   if (!args.resume_dir.empty()) {
-    const auto loaded = zero::checkpoint::OptimizerIo<Opt>::load(opt, args.resume_dir);
+    const auto loaded = opt.load(args.resume_dir);
     const nlohmann::json& extra = loaded.manifest.run.extra;
     const nlohmann::json identity = run_identity();
     for (const auto& [key, value] : identity.items())
@@ -249,28 +301,17 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
                   start_step / steps_per_epoch + 1);
   }
   double loss_sum = 0;  // this rank's, over the epoch's steps
-  std::string writing;  // --save-async: the checkpoint being written in the background
-  auto say = [&](const char* what, const std::string& dir) {
-    if (!lead) return;
-    std::printf("%s %s\n", what, dir.c_str());
-    std::fflush(stdout);
-  };
+  zero::examples::CheckpointSaves saves(args, lead);
   auto save = [&] {
     double total = loss_sum;  // the epoch's loss so far, summed over ranks
     comm.all_reduce(&total, 1, zero::DType::f64, zero::comm::ReduceOp::sum, true);
-    typename zero::checkpoint::OptimizerIo<Opt>::SaveOptions save_options;
-    save_options.extra = run_identity();
-    save_options.extra["epoch_loss_mean_sum"] = resumed_loss_mean_sum + total / static_cast<double>(ranks);
-    save_options.async = args.save_async;
-    save_options.io.keep_last = static_cast<std::uint64_t>(args.keep_last);
-    const auto dir = zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, save_options).string();
-    if (!writing.empty()) say("saved checkpoint", writing);  // the save above completed it first
-    writing = args.save_async ? dir : std::string();
-    say(args.save_async ? "saving checkpoint in the background:" : "saved checkpoint", dir);
+    nlohmann::json extra = run_identity();
+    extra["epoch_loss_mean_sum"] = resumed_loss_mean_sum + total / static_cast<double>(ranks);
+    saves.saved(opt.save_step(args.save_dir, saves.options(std::move(extra))));
   };
   auto finish_saves = [&] {
     opt.wait_save();
-    if (!writing.empty()) say("saved checkpoint", writing);
+    saves.finished();
   };
 #else
   double loss_sum = 0;
@@ -297,7 +338,7 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
       }
       // Cosine decay to zero over the run.
       const double t = static_cast<double>((epoch - 1) * steps_per_epoch + s) / static_cast<double>(total_steps);
-      opt.hyper().lr = args.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * t));
+      opt.set_lr(args.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * t)));
       // Each rank's gradient is the mean over its slice (the optimizer averages
       // over ranks); fp16 gradients are of the scaled loss.
       const float divisor = static_cast<float>(local_batch / opt.loss_scale());
@@ -340,7 +381,7 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
                   "traffic %.2f MiB/rank/step  lr %.2e\n",
                   epoch, args.epochs, record.loss, accuracy, record.samples_per_s, seconds,
                   static_cast<double>(mem.model_states()) / 1048576.0, last_train_comm.sent_per_step() / 1048576.0,
-                  opt.hyper().lr);
+                  opt.lr());
       std::fflush(stdout);
     }
     if (!args.save_dir.empty()) {
@@ -355,13 +396,6 @@ double train_rank(Comm& comm, const Args& args, const fashion_mnist::FashionMnis
     std::printf("%s\n%s\n", opt.memory_report().to_json().c_str(), last_train_comm.to_json().c_str());
   }
   return accuracy;
-}
-
-// Maps the runtime choices onto the optimizer types (each is its own instantiation).
-template <class Comm>
-double dispatch(Comm& comm, const Args& a, const fashion_mnist::FashionMnist& data) {
-  return zero::examples::with_offload_and_optimizer_type<zero::backend::Host>(
-      a.zero, [&]<class Opt>() { return train_rank<Opt>(comm, a, data); });
 }
 
 }  // namespace
@@ -388,7 +422,7 @@ int main(int argc, char** argv) {
     if (args.launch.comm == "local") {
       zero::comm::LocalGroup group(args.launch.ranks);
       group.run([&](zero::comm::Local& comm) {
-        const double acc = dispatch(comm, args, data);
+        const double acc = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, data);
         if (comm.rank() == 0) accuracy = acc;
       });
     } else {
@@ -404,7 +438,7 @@ int main(int argc, char** argv) {
         zero::examples::fail_option(app, "--batch", std::to_string(args.batch) +
                                                         " is not a multiple of the MPI world size " +
                                                         std::to_string(comm.size()));
-      accuracy = dispatch(comm, args, data);
+      accuracy = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, data);
       if (comm.rank() != 0) return 0;
 #else
       zero::examples::fail_option(app, "--comm", "mpi: this build has no MPI support (install libopenmpi-dev and reconfigure)");

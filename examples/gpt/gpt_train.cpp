@@ -8,7 +8,7 @@
 //             [--heads 4] [--context 128] [--micro-batch 8] [--grad-accum 1] [--lr 6e-3] [--warmup 30]
 //             [--min-lr 6e-4] [--clip 1] [--seed 1] [--steps 400] [--eval-every 100]
 //             [--checkpoint-activations] [--sample 200] [--data FILE] [--report]
-//             [--save DIR [--save-every K]] [--resume DIR]
+//             [--save DIR [--save-every K] [--save-async] [--keep-last K]] [--resume DIR]
 //             [--peak-tflops X] [--nccl-id-file PATH --rank R --world W]
 //
 // (--help lists them with their defaults.) Every --eval-every steps it prints
@@ -133,14 +133,8 @@ void add_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--data", a.data, "the text (gzip, dictzip or plain)")->type_name("FILE")->capture_default_str();
   app.add_flag("--report", a.report, "print the memory and communication reports as JSON at the end");
-  app.add_option("--save", a.save_dir, "write a checkpoint to DIR/step-<step> after the last step (and every --save-every)")
-      ->type_name("DIR");
-  app.add_option("--save-every", a.save_every, "also checkpoint every K optimizer steps (needs --save)")
-      ->check(CLI::Range(0, 1 << 30));
-  app.add_option("--resume", a.resume_dir,
-                 "continue from the newest complete checkpoint in DIR (any --ranks, --stage; the same model, "
-                 "--seed, --steps and schedule)")
-      ->type_name("DIR");
+  zero::examples::add_checkpoint_options(app, a, "after the last step",
+                                         "any --ranks, --stage; the same model, --seed, --steps and schedule");
   app.add_option("--peak-tflops", a.peak_tflops,
                  "--backend cuda: the GPU's peak TFLOPS for the MFU figure (default: the fp32 peak of the device's "
                  "table row, printed at the start)")
@@ -153,12 +147,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--world", a.nccl_world, "--nccl-id-file: the number of ranks")->check(CLI::Range(1, 1 << 20));
   app.callback([&a] {
     check_backend_choices(a);  // first: without CUDA in the build, that is the problem to name
-#if !defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
-    if (!a.save_dir.empty() || !a.resume_dir.empty())
-      throw CLI::ValidationError("--save/--resume", "this build has no checkpoints (install nlohmann-json3-dev and "
-                                                    "reconfigure)");
-#endif
-    if (a.save_every > 0 && a.save_dir.empty()) throw CLI::ValidationError("--save-every", "needs --save DIR");
+    zero::examples::check_checkpoint_choices(a);
     if (a.model.width % a.model.heads != 0)
       throw CLI::ValidationError("--heads", std::to_string(a.model.heads) + " does not divide --width " +
                                                 std::to_string(a.model.width));

@@ -30,13 +30,14 @@
 #include "zero/zero.hpp"
 
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
+#include "common/checkpoints.hpp"
 #include "zero/checkpoint/optimizer_io.hpp"
 #endif
 
 namespace gpt {
 
 // The command line of gpt_train (gpt_train.cpp parses it).
-struct TrainArgs {
+struct TrainArgs : zero::examples::CheckpointChoices {  // --save, --resume, ... (common/choices.hpp)
   zero::examples::ZeroChoices zero = [] {
     zero::examples::ZeroChoices z;
     z.stage = 3;
@@ -59,8 +60,6 @@ struct TrainArgs {
   int sample = 200;
   std::string data = kDefaultCorpus;
   bool report = false;
-  std::string save_dir, resume_dir;  // checkpoints (empty: none)
-  int save_every = 0;                // also every this many steps (0: after the last step only)
   // GPU runs (--backend cuda).
   double peak_tflops = 0.0;  // MFU's peak (0: from the device's name)
   std::string nccl_id_file;  // --comm nccl bootstrapped through this file (empty: MPI, or one rank)
@@ -245,17 +244,19 @@ double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, c
                   first_step, ", past --steps ", args.steps);
     if (lead) std::printf("resumed from %s at step %d\n", loaded.directory.string().c_str(), first_step);
   }
+  zero::examples::CheckpointSaves saves(args, lead);
   auto save = [&] {
-    const auto dir = zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, run_identity());
-    if (lead) {
-      std::printf("saved checkpoint %s\n", dir.string().c_str());
-      std::fflush(stdout);
-    }
+    saves.saved(zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, saves.options(run_identity())));
+  };
+  auto finish_saves = [&] {  // --save-async: completes the last save
+    opt.wait_save();
+    saves.finished();
   };
 #else
   zero::require(args.save_dir.empty() && args.resume_dir.empty(),
                 "--save/--resume: this part of gpt_train was built without checkpoints");
   auto save = [] {};
+  auto finish_saves = [] {};
 #endif
 
   // Each rank draws its own windows from the training split; a resumed run
@@ -311,6 +312,7 @@ double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, c
       interval_start += std::chrono::steady_clock::now() - before;  // nor is saving
     }
   }
+  finish_saves();
   // With --resume at the last step, no evaluation ran: the loss of the model as loaded.
   if (first_step == args.steps) val = validation_loss(sum, comm.rank(), ranks, model, params, corpus);
   if (hooks.after_training) hooks.after_training(opt.memory_report(), model.activation_bytes());

@@ -5,6 +5,7 @@ configuration it must print the uninterrupted run's val_loss to the last
 digit. Resumed on another --ranks and --stage it must finish below the
 unigram entropy (its windows differ: each rank draws its own). Another --seed,
 another model width, and a directory without a checkpoint are clear errors.
+--save-async reports each save begun and completed; --keep-last keeps the newest.
 Skips (77) when The Devil's Dictionary is not installed.
 
     check_gpt_resume.py TRAINER
@@ -63,6 +64,20 @@ def main():
         entropy = re.search(r"unigram entropy ([0-9.]+) nats/char", moved)
         if not entropy or not float(last_val_loss(moved)) < float(entropy.group(1)):
             failures.append("resumed on 1 rank at stage 1: no val_loss below the unigram entropy")
+        # --save-async and --keep-last 2: each save reported as begun, then as
+        # complete (the last at the end of the run); the two newest kept; the
+        # training unchanged by saving.
+        kept = os.path.join(tmp, "kept")
+        out = run([trainer] + BASE + ["--save", kept, "--save-every", "20", "--save-async", "--keep-last", "2"])
+        for step in (20, 40, 60):
+            for said in (f"saving checkpoint in the background: {kept}/step-{step:09d}",
+                         f"saved checkpoint {kept}/step-{step:09d}"):
+                if said not in out:
+                    failures.append(f"--save-async: no '{said}' in the output")
+        if sorted(os.listdir(kept)) != ["latest", "step-000000040", "step-000000060"]:
+            failures.append(f"--keep-last 2 left {sorted(os.listdir(kept))}")
+        if last_val_loss(out) != whole:
+            failures.append(f"with --save-async: val_loss {last_val_loss(out)}, without saves {whole}")
         for problem in (refused([trainer] + with_flags(BASE, seed="6") + ["--resume", ckpt], ["seed", "5", "6"]),
                         refused([trainer] + with_flags(BASE, width="96") + ["--resume", ckpt], [ckpt]),
                         refused([trainer] + BASE + ["--resume", os.path.join(tmp, "nothing")], ["nothing"])):

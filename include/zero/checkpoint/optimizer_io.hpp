@@ -22,6 +22,7 @@
 
 #include "zero/config.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -54,6 +55,32 @@ nlohmann::json hyper_json(const Hyper& h) {
   if constexpr (requires { h.nesterov; }) j["nesterov"] = h.nesterov;
   return j;
 }
+// The layout's units and parameters as the checkpoint layer describes them
+// (plain functions: one copy for every optimizer type, not one each).
+inline std::vector<UnitDesc> unit_descs(const Layout& layout) {
+  std::vector<UnitDesc> out;
+  for (const UnitInfo& u : layout.units()) {
+    UnitDesc d{u.name, u.numel, {}};
+    for (const std::size_t p : u.params) {
+      const ParamInfo& info = layout.params()[p];
+      d.params.push_back({info.name, info.offset, info.numel, info.shape});
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+// Each unit's part (within its unpadded data) that rank `rank` holds: its
+// shard when `sharded`, else all of it.
+inline std::vector<OwnedRange> owned_ranges(const Layout& layout, std::size_t rank, bool sharded) {
+  std::vector<OwnedRange> out;
+  for (std::size_t i = 0; i < layout.units().size(); ++i) {
+    const UnitInfo& u = layout.units()[i];
+    const std::size_t begin = sharded ? rank * u.shard : 0;
+    const std::size_t end = sharded ? std::min(u.numel, (rank + 1) * u.shard) : u.numel;
+    if (begin < end) out.push_back({i, begin, end - begin});
+  }
+  return out;
+}
 }  // namespace detail
 
 // How ZeroOptimizer::save writes: opt.save(dir, {.async = true}).
@@ -81,18 +108,7 @@ struct OptimizerIo {
     explicit Source(Opt& opt, nlohmann::json extra = nlohmann::json::object())
         : opt_(opt), extra_(std::move(extra)) {}
 
-    std::vector<UnitDesc> units() const override {
-      std::vector<UnitDesc> out;
-      for (const UnitInfo& u : opt_.layout_.units()) {
-        UnitDesc d{u.name, u.numel, {}};
-        for (const std::size_t p : u.params) {
-          const ParamInfo& info = opt_.layout_.params()[p];
-          d.params.push_back({info.name, info.offset, info.numel, info.shape});
-        }
-        out.push_back(std::move(d));
-      }
-      return out;
-    }
+    std::vector<UnitDesc> units() const override { return detail::unit_descs(opt_.layout_); }
     std::vector<SlotDesc> slots() const override {
       std::vector<SlotDesc> s{{"master", DType::f32, true}};
       for (int k = 0; k < state_slots; ++k) s.push_back({"state" + std::to_string(k), DType::f32, true});
@@ -154,15 +170,7 @@ struct OptimizerIo {
       return slot == 0 ? StateSlot{} : StateSlot{static_cast<int>(slot) - 1};
     }
     std::vector<OwnedRange> ranges(bool sharded) const {
-      std::vector<OwnedRange> out;
-      const std::size_t r = static_cast<std::size_t>(opt_.rank());
-      for (std::size_t i = 0; i < opt_.layout_.units().size(); ++i) {
-        const UnitInfo& u = opt_.layout_.units()[i];
-        const std::size_t begin = sharded ? r * u.shard : 0;
-        const std::size_t end = sharded ? std::min(u.numel, (r + 1) * u.shard) : u.numel;
-        if (begin < end) out.push_back({i, begin, end - begin});
-      }
-      return out;
+      return detail::owned_ranges(opt_.layout_, static_cast<std::size_t>(opt_.rank()), sharded);
     }
 
     Opt& opt_;

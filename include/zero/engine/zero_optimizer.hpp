@@ -57,6 +57,7 @@
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/rank_checks.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/engine/state_store.hpp"
@@ -447,8 +448,7 @@ class ZeroOptimizer {
   // Collective: every rank's values, rank-major, through a backend buffer
   // (collectives take backend memory), counted as control traffic.
   std::vector<std::uint64_t> all_gather_control(const std::vector<std::uint64_t>& mine);
-  // What every rank must agree on (see agreement.hpp), checked at finalize().
-  std::vector<AgreedSetting> agreed_settings() const;
+  // Checks at finalize() that every rank agrees on the settings (agreement.hpp, rank_checks.hpp).
   void check_agreement();
   void account_memory();
   void zero_gaps(const UnitInfo& u, grad_type* staging);
@@ -457,18 +457,10 @@ class ZeroOptimizer {
   bool takes_gradients_in_place() const { return gradients_in_place(rules, options_); }
   // Launches the reductions of every pending gradient (see grad_ready).
   void flush_gradients();
-  // This rank's entry in the step's control all-reduce, an integer below
-  // 2^53 (exact in a double, and the other ranks add 0 to it): a fingerprint
-  // of the update rule with this step's hyper-parameters, and two flags.
-  static constexpr std::uint64_t report_non_finite = 1, report_invalid_hyper = 2;
-  std::uint64_t step_report(const typename Optimizer::Scalars* scalars, bool non_finite) const;
-  // Rank r's report after the control all-reduce.
-  std::uint64_t rank_report(int r) const {
-    return static_cast<std::uint64_t>(control_host_.data()[1 + static_cast<std::size_t>(r)]);
+  // The ranks' reports after the step's control all-reduce (rank_checks.hpp).
+  detail::StepReports step_reports() const {
+    return {rank(), ranks(), steps_ + 1, control_host_.data() + 1, Precision::loss_scaling, rules.states_sharded};
   }
-  // Throws on every rank when a rank's hyper-parameters are invalid or differ
-  // from rank 0's, or a gradient holds inf/NaN without loss scaling to skip it.
-  void check_step_reports(const std::string& invalid_hyper, bool overflow);
   // Stage 3: gathers `unit` into a free slot of the arena and returns the
   // slot, or -1 when no slot or no room is free. may_evict: make room by
   // dropping prefetched units no one acquired (acquire_unit; a prefetch
@@ -518,7 +510,7 @@ class ZeroOptimizer {
   grad_type* handed_ = nullptr;             // the buffer grad_buffer() handed out
   Buffer<param_type> gather_slots_;         // stage 3: the arena the gathered units share
   // The step's control all-reduce, in backend memory and its host copy: the
-  // squared norm, then one report per rank (see step_report()).
+  // squared norm, then one report per rank (see detail::step_report).
   Buffer<double> control_;
   typename detail::ControlHostBuffer<Ops>::type control_host_;
   std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
@@ -615,12 +607,8 @@ Buf ZeroOptimizer<P, O, S, F, B>::allocate_as(std::size_t n, const char* what, c
   using T = std::remove_pointer_t<decltype(std::declval<Buf&>().data())>;
   constexpr bool in_backend = std::is_same_v<Buf, Buffer<T>>;
   const char* where = in_backend && B::device ? "device" : "host";
-  const std::size_t bytes = checked_mul(n, sizeof(T), "finalize(): the ", what, " (", n, " elements)");
-  auto failed = [&](const char* why) {
-    return OutOfMemory(detail::concat("ZeroOptimizer::finalize() on rank ", rank(), ": could not allocate the ", what,
-                                      " (", bytes, " bytes: ", n, " elements of ", sizeof(T), " bytes) in ", where,
-                                      " memory: ", why, ". To make it smaller: ", lower_it));
-  };
+  checked_mul(n, sizeof(T), "finalize(): the ", what, " (", n, " elements)");
+  auto failed = [&](const char* why) { return detail::allocation_error(rank(), what, n, sizeof(T), where, why, lower_it); };
   Buf buffer;
   try {
     if constexpr (std::is_constructible_v<Buf, std::size_t, const backend::PiecePlan&>)
@@ -656,53 +644,9 @@ std::vector<std::uint64_t> ZeroOptimizer<P, O, S, F, B>::all_gather_control(cons
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-std::vector<AgreedSetting> ZeroOptimizer<P, O, S, F, B>::agreed_settings() const {
-  auto number = [](std::uint64_t v) { return std::to_string(v); };
-  auto real = [](std::uint64_t v) { return detail::concat(std::bit_cast<double>(v)); };
-  auto bits = [](double d) { return std::bit_cast<std::uint64_t>(d); };
-  // Values that are hashes print this rank's text when they match it.
-  auto mine_or = [](std::uint64_t mine, std::string text, std::string other) {
-    return [=](std::uint64_t v) { return v == mine ? text : other; };
-  };
-  const std::uint64_t layout = layout_.hash();
-  const std::uint64_t optimizer = short_text_code(O::name);
-  const std::uint64_t precision =
-      (P::mixed ? 0x100u : 0u) | static_cast<std::uint64_t>(dtype_traits<param_type>::dtype);
-  const auto& ls = options_.loss_scale;
-  return {
-      {"the parameter layout (ranks registered different parameter layouts)", layout,
-       mine_or(layout, detail::concat(layout_.units().size(), " units: ", layout_.describe()), "another layout")},
-      {"the precision", precision,
-       [](std::uint64_t v) {
-         return detail::concat(v & 0x100u ? "Mixed<" : "Full<", dtype_name(static_cast<DType>(v & 0xffu)), ">");
-       }},
-      {"the optimizer", optimizer, [](std::uint64_t v) { return short_text(v, "another optimizer"); }},
-      {"the ZeRO stage", static_cast<std::uint64_t>(stage), number},
-      {"the offload tier", short_text_code(F::name), [](std::uint64_t v) { return short_text(v, "another tier"); }},
-      {"Options::grad_accumulation_steps", static_cast<std::uint64_t>(options_.grad_accumulation_steps), number},
-      {"Options::reduce_dtype", static_cast<std::uint64_t>(options_.reduce_dtype),
-       [](std::uint64_t v) { return v == 0 ? "same_as_grad" : "fp32"; }},
-      {"Options::bucket_bytes", options_.bucket_bytes, number},
-      {"Options::prefetch_units", static_cast<std::uint64_t>(options_.prefetch_units), number},
-      {"Options::clip_norm", bits(options_.clip_norm), real},
-      {"Options::gradient_divisor", bits(options_.gradient_divisor), real},
-      {"Options::loss_scale.initial_scale", bits(ls.initial_scale), real},
-      {"Options::loss_scale.growth_interval", static_cast<std::uint64_t>(ls.growth_interval), number},
-      {"Options::loss_scale.growth_factor", bits(ls.growth_factor), real},
-      {"Options::loss_scale.backoff_factor", bits(ls.backoff_factor), real},
-      {"Options::loss_scale.hysteresis", static_cast<std::uint64_t>(ls.hysteresis), number},
-      {"Options::loss_scale.min_scale", bits(ls.min_scale), real},
-      {"Options::stochastic_rounding", options_.stochastic_rounding ? 1u : 0u,
-       [](std::uint64_t v) { return v ? "true" : "false"; }},
-      {"Options::seed", options_.seed, number},
-      {"Options::delayed_update", options_.delayed_update ? 1u : 0u, [](std::uint64_t v) { return v ? "true" : "false"; }},
-      {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options_.delayed_update_warmup), number},
-  };
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::check_agreement() {
-  const std::vector<AgreedSetting> settings = agreed_settings();
+  const std::vector<AgreedSetting> settings = detail::agreed_engine_settings(
+      layout_, options_, {stage, O::name, P::mixed, dtype_traits<param_type>::dtype, F::name});
   std::vector<std::uint64_t> mine;
   for (const auto& setting : settings) mine.push_back(setting.value);
   const std::string differ = describe_disagreement(settings, all_gather_control(mine), ranks());
@@ -1114,67 +1058,6 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
 // ---- Step ------------------------------------------------------------------------
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-std::uint64_t ZeroOptimizer<P, O, S, F, B>::step_report(const typename O::Scalars* scalars, bool non_finite) const {
-  std::uint64_t fingerprint = 0;
-  if (scalars != nullptr) {
-    // The update rule run on fixed probes: what the kernels will compute, for
-    // any policy (hashing the Scalars' bytes would also hash their padding).
-    // The probes make each built-in hyper-parameter move a result: a weight
-    // for decay, a state for momenta, a tiny second moment for eps.
-    struct Probe {
-      float w, g, state;
-    };
-    constexpr Probe probes[] = {{0.75f, 0.5f, 0.25f}, {0.0f, 0.0f, 1e-30f}, {-1.5f, -0.125f, 2.0f}};
-    Fnv1a h;
-    for (const Probe& p : probes) {
-      float w = p.w, state[4] = {p.state, p.state, p.state, p.state};
-      O::update(*scalars, w, p.g, state);
-      h.add_value(w).add(state, sizeof state);
-    }
-    fingerprint = h.value() >> 13;  // 51 bits, so the report stays below 2^53
-  }
-  return fingerprint << 2 | (scalars == nullptr ? report_invalid_hyper : 0) | (non_finite ? report_non_finite : 0);
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-void ZeroOptimizer<P, O, S, F, B>::check_step_reports(const std::string& invalid_hyper, bool overflow) {
-  auto ranks_where = [&](auto&& pred) {
-    std::string list;
-    for (int r = 0; r < ranks(); ++r)
-      if (pred(rank_report(r))) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    return list;
-  };
-  const std::int64_t step = steps_ + 1;
-  if (!invalid_hyper.empty())
-    throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step, ": ", invalid_hyper,
-                                         " (checked at every step: set valid values in hyper() before step())"));
-  const std::string invalid = ranks_where([](std::uint64_t v) { return (v & report_invalid_hyper) != 0; });
-  if (!invalid.empty())
-    throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step,
-                                         ": the hyper-parameters of rank(s) ", invalid,
-                                         " are invalid (their error names the field); nothing was updated"));
-  const std::uint64_t rank0 = rank_report(0) >> 2;
-  const std::string differ = ranks_where([&](std::uint64_t v) { return (v >> 2) != rank0; });
-  if (!differ.empty())
-    throw CommError(detail::concat(
-        "step() on rank ", rank(), ", step ", step, ": the hyper-parameters of rank(s) ", differ,
-        " differ from rank 0's (a learning-rate schedule computed from a rank-local counter?); every rank must set "
-        "the same hyper() values before each step(); nothing was updated"));
-  if (overflow && !P::loss_scaling) {
-    // Each rank checks the summed gradient of what it updates, so this names
-    // the owner of the bad element; the backward that made it may be any rank's.
-    const std::string where =
-        !rules.states_sharded ? std::string("found by every rank: stage 0 checks the whole all-reduced gradient")
-                   : "found by rank(s) " + ranks_where([](std::uint64_t v) { return (v & report_non_finite) != 0; }) +
-                         " in the summed gradient of the parameters they own";
-    throw InvalidArgument(detail::concat("step() on rank ", rank(), ", step ", step,
-                                         ": the gradients contain inf or NaN (", where,
-                                         "); with bf16/fp32 there is no loss scaling to absorb it: check the loss "
-                                         "and the learning rate"));
-  }
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   require_finalized("step");
   const auto& units = layout_.units();
@@ -1267,7 +1150,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   std::fill(control, control + control_size, 0.0);
   if constexpr (rules.norm_needs_all_reduce()) control[0] = stats.sum_squares;
   control[1 + static_cast<std::size_t>(rank())] =
-      static_cast<double>(step_report(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite));
+      static_cast<double>(detail::step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite));
   // Up from page-locked memory without a host wait where the backend can (the
   // statistics above were the step's one wait before the all-reduce); the
   // all-reduce's lane starts after the copy, and the download waits for both.
@@ -1280,10 +1163,11 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     Ops::download(control, control_.data(), control_size);
   });
   if constexpr (rules.norm_needs_all_reduce()) stats.sum_squares = control[0];
+  const detail::StepReports reports = step_reports();
   bool overflow = false;
   for (int r = 0; r < ranks(); ++r)
-    overflow = overflow || (rank_report(r) & report_non_finite) != 0;
-  check_step_reports(invalid_hyper, overflow);
+    overflow = overflow || (reports.report(r) & detail::report_non_finite) != 0;
+  detail::check_step_reports(reports, invalid_hyper, overflow);
   const double scale = scaler_.scale();
   if (scaler_.update(overflow)) {
     result.skipped_overflow = true;

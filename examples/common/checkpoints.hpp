@@ -1,0 +1,56 @@
+// Why: the trainers save checkpoints the same way (--save-async, --keep-last)
+// and report them in the same words, which their tests read: "saved
+// checkpoint DIR" once a checkpoint is complete, "saving checkpoint in the
+// background: DIR" while --save-async still writes it.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "common/choices.hpp"
+#include "zero/checkpoint/optimizer_io.hpp"
+
+namespace zero::examples {
+
+class CheckpointSaves {
+ public:
+  // `lead`: this rank prints (rank 0).
+  CheckpointSaves(const CheckpointChoices& choices, bool lead) : choices_(choices), lead_(lead) {}
+
+  // The options of the next save: the run's own state `extra`, --save-async, --keep-last.
+  checkpoint::OptimizerSaveOptions options(nlohmann::json extra) const {
+    checkpoint::OptimizerSaveOptions o;
+    o.extra = std::move(extra);
+    o.async = choices_.save_async;
+    o.io.keep_last = static_cast<std::uint64_t>(choices_.keep_last);
+    return o;
+  }
+  // After a save_step() (collective) returned `dir`: a background save
+  // before it is complete now (the save completed it first).
+  void saved(const std::filesystem::path& dir) {
+    if (!writing_.empty()) say("saved checkpoint", writing_);
+    writing_ = choices_.save_async ? dir.string() : std::string();
+    say(choices_.save_async ? "saving checkpoint in the background:" : "saved checkpoint", dir.string());
+  }
+  // After the optimizer's wait_save(): the background save it completed.
+  void finished() {
+    if (!writing_.empty()) say("saved checkpoint", writing_);
+    writing_.clear();
+  }
+
+ private:
+  void say(const char* what, const std::string& dir) const {
+    if (!lead_) return;
+    std::printf("%s %s\n", what, dir.c_str());
+    std::fflush(stdout);
+  }
+
+  const CheckpointChoices& choices_;
+  bool lead_;
+  std::string writing_;  // the checkpoint --save-async is writing in the background
+};
+
+}  // namespace zero::examples
