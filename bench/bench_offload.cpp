@@ -28,7 +28,8 @@
 // step() and synchronize(); filling the gradient buffers is not counted.
 //
 // OpenMP's waiting threads sleep (OMP_WAIT_POLICY=passive, set here and the
-// program executed again, unless the environment sets a policy): libgomp's
+// program executed again unless the environment sets a policy, by
+// examples/common/openmp_waits.hpp): libgomp's
 // idle threads otherwise spin after each of the update's parallel loops on
 // the cores the disk tier's I/O thread needs (2 cores, same minutes: 0.69
 // and 0.78 of the probe spinning, 0.97 and 1.07 passive). Programs using the
@@ -37,7 +38,6 @@
 //   bench_offload [--part disk|cpu|all] [--dir DIR] [--n PARAMS] [--units U] [--window B] [--block B]
 //                 [--depth D] [--reps R] [--json]
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "bench_args.hpp"
+#include "common/openmp_waits.hpp"
 #include "disk_probe.hpp"
 #include "late_copies.hpp"
 #include "zero/offload/disk_state_store.hpp"
@@ -266,9 +267,7 @@ void bench_cpu_side(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr &&
-      setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
-    execv("/proc/self/exe", argv);  // returns only if it failed: go on as loaded
+  zero::examples::use_passive_openmp_waits(argv);
   Options o;
   zero::bench::Args args(argc, argv,
                          "[--part disk|cpu|all (all)] [--dir DIR (/tmp)] [--n PARAMS (32M)] [--units U (16)] "

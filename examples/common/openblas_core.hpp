@@ -7,20 +7,16 @@
 //   back to its Prescott (SSE3) kernels: sgemm runs about 3x slower than with
 //   the AVX-512 (SkylakeX) or AVX2 (Haswell) kernels the CPU can run.
 //   OpenBLAS reads OPENBLAS_CORETYPE once, when it loads.
-// - OpenMP's threads spin for a while at every barrier and at the end of
-//   every parallel loop (libgomp: about 300,000 spins). On cores shared with
-//   other work, a spinning thread burns the time slices the thread it waits
-//   for needs: the GPT trainer on 2 busy cores ran 2.5x slower than with
-//   OMP_WAIT_POLICY=passive, which makes waiting threads sleep. Its cost, a
-//   wake-up of a few microseconds per parallel loop, is small beside loops of
-//   tens of microseconds and more.
+// - OpenMP's threads spin at every barrier: OMP_WAIT_POLICY=passive (see
+//   common/openmp_waits.hpp).
 #pragma once
 
 #include <cblas.h>
-#include <unistd.h>
+#include <strings.h>
 
 #include <cstdlib>
-#include <strings.h>
+
+#include "common/openmp_waits.hpp"
 
 namespace zero::examples {
 
@@ -37,8 +33,8 @@ inline const char* better_openblas_core() {
 }
 
 // Call first thing in main(). Sets OPENBLAS_CORETYPE (see better_openblas_core)
-// and OMP_WAIT_POLICY=passive where the user has set neither (nor libgomp's
-// GOMP_SPINCOUNT), and executes the program again if it set one; does nothing
+// and OMP_WAIT_POLICY=passive (ask_passive_openmp_waits) where the user has
+// set neither, and executes the program again if it set one; does nothing
 // off Linux.
 inline void tune_host_math_libraries(char** argv) {
 #if defined(__linux__)
@@ -46,9 +42,8 @@ inline void tune_host_math_libraries(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
     if (const char* core = better_openblas_core()) changed |= setenv("OPENBLAS_CORETYPE", core, 1) == 0;
   }
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
-    changed |= setenv("OMP_WAIT_POLICY", "passive", 1) == 0;
-  if (changed) execv("/proc/self/exe", argv);  // returns only if it failed: go on as loaded
+  changed |= ask_passive_openmp_waits();
+  if (changed) execute_again(argv);
 #else
   (void)argv;
 #endif
