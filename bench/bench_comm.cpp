@@ -54,6 +54,7 @@ struct HostMemory {
       for (int o = 0; o < n_out; ++o) static_cast<std::uint64_t*>(outputs[o])[i] = x;
     }
   }
+  static constexpr int store_kinds = 2;  // plain and non-temporal (fold's `stream`)
   static void sync() {}
 
 #if defined(__x86_64__)

@@ -14,7 +14,9 @@
 // combining inputs with XOR. The shape matters: a reduce-scatter reads n
 // bytes per byte written, and on the 2-core VM this was measured on,
 // read-heavy traffic runs at about 0.78 of a copy's bandwidth, which a copy
-// probe would have charged to the collective. Probe and collective alternate
+// probe would have charged to the collective. Out of place, the probe is
+// timed with plain and with non-temporal stores and the faster counts, so
+// the limit is the memory's, not that of the communicator's choice of stores. Probe and collective alternate
 // timing by timing, so both see the same cache (at 64 MiB the buffers
 // partly fit a large L3) and the same moment of a shared machine, whose
 // bandwidth drifts by 2x within one sweep. A collective over shared memory
@@ -45,7 +47,6 @@
 
 #include "bench_args.hpp"
 #include "zero/comm/communicator.hpp"
-#include "zero/comm/reduce.hpp"  // streaming_pays: when the probe streams, as the communicators do
 #include "zero/precision/types.hpp"
 
 namespace zero::bench::comm {
@@ -163,6 +164,7 @@ struct Row {
   std::size_t bytes = 0;  // S
   double time_s = 0;
   double probe_GBps = 0;  // the probe measured beside this row
+  bool probe_streamed = false;  // its faster variant wrote with non-temporal stores
   double algbw() const { return static_cast<double>(bytes) / time_s / 1e9; }
   double busbw() const { return algbw() * bus_factor(op, ranks); }
   double limit_ratio() const {
@@ -170,36 +172,51 @@ struct Row {
   }
 };
 
-// The fastest of `reps` timings of op and of probe, alternating (noise on a
-// shared machine only adds time, and drifts: a probe timed minutes away
-// would measure another machine), each timing over enough calls to dwarf the
-// barriers around it. Memory provides sync(): wait for this rank's
-// asynchronous work (device streams).
+// The fastest of `reps` timings of op and of each probe variant,
+// alternating (noise on a shared machine only adds time, and drifts: a probe
+// timed minutes away would measure another machine), each timing over
+// enough calls to dwarf the barriers around it. probe(v) runs variant v of
+// [0, variants). Memory provides sync(): wait for this rank's asynchronous
+// work (device streams).
 struct Timings {
   double op_s = std::numeric_limits<double>::infinity();
-  double probe_s = std::numeric_limits<double>::infinity();
+  double probe_s = std::numeric_limits<double>::infinity();  // the fastest variant's
+  int probe_variant = 0;
 };
 template <class Comm, class Memory, class Op, class Probe>
 Timings fastest_times(Comm& c, Memory& mem, std::size_t bytes, std::size_t probe_bytes, int reps, Op&& op,
-                      Probe&& probe) {
+                      int variants, Probe&& probe) {
   auto calls = [](std::size_t b) {
     return static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / std::max<std::size_t>(b, 1), 1, 100));
   };
+  // The clock starts before the barrier that releases the work. Started
+  // after it, it starts whenever the scheduler next runs rank 0, and with
+  // more ranks than cores the others may have done their shares by then:
+  // the probe, whose ranks do not wait for each other, timed 4 ranks on 2
+  // cores at up to twice the memory's bandwidth (the collectives, which
+  // rendezvous first, were timed whole).
   auto time = [&](int iters, auto& f) {
-    c.barrier();
     const auto t0 = std::chrono::steady_clock::now();
+    c.barrier();
     for (int i = 0; i < iters; ++i) f();
     mem.sync();
     c.barrier();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
   };
   op();  // warm-up: first touch, lazy set-up
-  probe();
+  for (int v = 0; v < variants; ++v) probe(v);
   mem.sync();
   Timings best;
   for (int r = 0; r < reps; ++r) {
     best.op_s = std::min(best.op_s, time(calls(bytes), op));
-    best.probe_s = std::min(best.probe_s, time(calls(probe_bytes), probe));
+    for (int v = 0; v < variants; ++v) {
+      auto variant = [&] { probe(v); };
+      const double t = time(calls(probe_bytes), variant);
+      if (t < best.probe_s) {
+        best.probe_s = t;
+        best.probe_variant = v;
+      }
+    }
   }
   return best;
 }
@@ -210,7 +227,8 @@ Timings fastest_times(Comm& c, Memory& mem, std::size_t bytes, std::size_t probe
 // Memory), fold(outputs, n_out, inputs, n_in, bytes, stream) (every output
 // = the XOR of the inputs, `bytes` each; in place when the outputs are the
 // inputs; `stream`: write past the cache, as the communicators do for
-// collectives larger than it) and sync().
+// collectives larger than it), store_kinds (2 where `stream` changes the
+// stores, else 1) and sync().
 template <class Comm, class Memory>
 std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o) {
   const int n = c.size();
@@ -235,26 +253,28 @@ std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o)
         const std::size_t probe_bytes = stream_bytes * static_cast<std::size_t>(shape.inputs + shape.outputs);
         void* const* probe_in = probe_streams.data();
         void* const* probe_out = shape.in_place ? probe_in : probe_streams.data() + shape.inputs;
-        const bool probe_streamed = !shape.in_place && zero::comm::detail::streaming_pays(s * static_cast<std::size_t>(n));
-        auto probe = [&] { mem.fold(probe_out, shape.outputs, probe_in, shape.inputs, stream_bytes, probe_streamed); };
+        // Variant 0 stores plainly, 1 streams (out of place only: in place,
+        // the lines were just read, as writes_an_input() in reduce.hpp says).
+        const int variants = shape.in_place ? 1 : Memory::store_kinds;
+        auto probe = [&](int v) { mem.fold(probe_out, shape.outputs, probe_in, shape.inputs, stream_bytes, v == 1); };
         Timings time;
         switch (op) {
           case Op::all_reduce:
             time = fastest_times(c, mem, s, probe_bytes, o.reps,
-                                 [&] { c.all_reduce(a, count, t, zero::comm::ReduceOp::sum, false); }, probe);
+                                 [&] { c.all_reduce(a, count, t, zero::comm::ReduceOp::sum, false); }, variants, probe);
             break;
           case Op::reduce_scatter:
-            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.reduce_scatter(a, b, part, t); }, probe);
+            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.reduce_scatter(a, b, part, t); }, variants, probe);
             break;
           case Op::all_gather:
-            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.all_gather(b, a, part, t, false); }, probe);
+            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.all_gather(b, a, part, t, false); }, variants, probe);
             break;
           case Op::broadcast:
-            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.broadcast(a, count, t, 0); }, probe);
+            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.broadcast(a, count, t, 0); }, variants, probe);
             break;
         }
         const double probe_GBps = static_cast<double>(probe_bytes) * n / time.probe_s / 1e9;
-        rows.push_back(Row{name, n, op, t, s, time.op_s, probe_GBps});
+        rows.push_back(Row{name, n, op, t, s, time.op_s, probe_GBps, time.probe_variant == 1});
       }
     }
   }
@@ -262,18 +282,18 @@ std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o)
 }
 
 inline void print_table(const std::vector<Row>& rows) {
-  std::printf("%-12s %5s %-15s %-5s %12s %12s %11s %11s %9s %11s\n", "comm", "ranks", "op", "dtype", "bytes", "time_us",
-              "algbw_GB/s", "busbw_GB/s", "probe", "limit_ratio");
+  std::printf("%-12s %5s %-15s %-5s %12s %12s %11s %11s %9s %-8s %11s\n", "comm", "ranks", "op", "dtype", "bytes",
+              "time_us", "algbw_GB/s", "busbw_GB/s", "probe", "stores", "limit_ratio");
   for (const Row& r : rows)
-    std::printf("%-12s %5d %-15s %-5s %12zu %12.1f %11.2f %11.2f %9.1f %11.3f\n", r.comm.c_str(), r.ranks,
+    std::printf("%-12s %5d %-15s %-5s %12zu %12.1f %11.2f %11.2f %9.1f %-8s %11.3f\n", r.comm.c_str(), r.ranks,
                 op_name(r.op), dtype_name(r.dtype), r.bytes, r.time_s * 1e6, r.algbw(), r.busbw(), r.probe_GBps,
-                r.limit_ratio());
+                r.probe_streamed ? "streamed" : "plain", r.limit_ratio());
 }
 
 // {"probe_GBps":X,"rows":[...]}: X is the fastest probe beside the largest
 // messages (out of cache: the machine's memory bandwidth); each row's
 // limit_ratio uses the probe measured beside it (the table's "probe" column,
-// in each row as probe_GBps).
+// in each row as probe_GBps, with its faster stores as probe_stores).
 inline void print_json(const std::vector<Row>& rows) {
   std::size_t largest = 0;
   for (const Row& r : rows) largest = std::max(largest, r.bytes);
@@ -284,9 +304,9 @@ inline void print_json(const std::vector<Row>& rows) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf("%s\n{\"comm\":\"%s\",\"ranks\":%d,\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%zu,\"time_s\":%.9g,"
-                "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"probe_GBps\":%.3f,\"limit_ratio\":%.4f}",
+                "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f,\"probe_GBps\":%.3f,\"probe_stores\":\"%s\",\"limit_ratio\":%.4f}",
                 i == 0 ? "" : ",", r.comm.c_str(), r.ranks, op_name(r.op), dtype_name(r.dtype), r.bytes, r.time_s,
-                r.algbw(), r.busbw(), r.probe_GBps, r.limit_ratio());
+                r.algbw(), r.busbw(), r.probe_GBps, r.probe_streamed ? "streamed" : "plain", r.limit_ratio());
   }
   std::printf("]}\n");
 }

@@ -83,6 +83,7 @@ struct DeviceMemory {
     fold_kernel<<<blocks, 256, 0, zero::cuda::current_stream()>>>(a);
     ZERO_CUDA_CHECK(cudaGetLastError());
   }
+  static constexpr int store_kinds = 1;  // fold ignores `stream`
   static void sync() { ZERO_CUDA_CHECK(cudaStreamSynchronize(zero::cuda::current_stream())); }
 };
 
