@@ -158,7 +158,7 @@ void add_options(CLI::App& app, Args& a) {
 
 // One rank's run on the host, with the optimizer type --stage, --precision
 // and --optimizer name (each is its own instantiation; the loop is one).
-double train_on_host(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::TextCorpus& corpus) {
+double train_rank_on_host(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::TextCorpus& corpus) {
   const gpt::MakeOptimizer<gpt::Gpt> make_optimizer = [&a](zero::comm::AnyCommunicator& c, gpt::Gpt& model) {
     return zero::examples::with_optimizer_type<zero::offload::None, zero::backend::Host>(
         a.zero, [&]<class Opt>() -> std::unique_ptr<zero::examples::TrainingOptimizer> {
@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
     } else if (args.launch.comm == "local") {
       zero::comm::LocalGroup group(args.launch.ranks);
       group.run([&](zero::comm::Local& comm) {
-        const double v = train_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
+        const double v = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
         if (comm.rank() == 0) val = v;
       });
     } else {
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
 #if ZERO_HAS_OPENMP
       omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
 #endif
-      val = train_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
+      val = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
       if (comm.rank() != 0) return 0;
 #else
       zero::examples::fail_option(app, "--comm", "mpi: this build has no MPI support (install libopenmpi-dev and reconfigure)");
