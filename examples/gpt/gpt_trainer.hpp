@@ -1,14 +1,14 @@
 // Why: the GPT trainer runs on CPU ranks (gpt_train.cpp) and on GPUs
 // (gpt_train_cuda.cu, built by nvcc), and both must train the same way: the
 // same learning-rate schedule, data draws, evaluation, printing and
-// checkpoint identity. This is that loop, written once per backend over the
-// model (GptModel<HostCompute> or GptModel<CudaCompute>); the optimizer is
-// reached through zero::examples::TrainingOptimizer and the communicator
-// through comm::AnyCommunicator, so the loop is compiled once per backend,
-// not once per optimizer type and communicator (compile time: see
-// common/training_optimizer.hpp). Each side only names its optimizer types
-// and communicator and adds what is its own (a GPU run's MFU and device
-// memory, through TrainHooks).
+// checkpoint identity. This is that loop, written once over the model
+// (GptModel<HostCompute> or GptModel<CudaCompute>) and compiled once per
+// backend: it reaches the optimizer through zero::examples::TrainingOptimizer
+// and the communicator through comm::AnyCommunicator, not as template
+// parameters (a copy of the loop per optimizer type and communicator was a
+// third of gpt_train.cpp's compile time; see common/training_optimizer.hpp).
+// Each side only names its optimizer types and communicator and adds what is
+// its own (a GPU run's MFU and device memory, through TrainHooks).
 //
 // Token ids go where the model computes once per optimizer step (all the
 // step's micro-batches in one copy); the training loss stays there until an
