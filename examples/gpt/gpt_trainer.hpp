@@ -5,8 +5,8 @@
 // (GptModel<HostCompute> or GptModel<CudaCompute>) and compiled once per
 // backend: it reaches the optimizer through zero::examples::TrainingOptimizer
 // and the communicator through comm::AnyCommunicator, not as template
-// parameters (a copy of the loop per optimizer type and communicator was a
-// third of gpt_train.cpp's compile time; see common/training_optimizer.hpp).
+// parameters (a copy of the loop per optimizer type and communicator was
+// about 30% of gpt_train.cpp's compile time; see common/training_optimizer.hpp).
 // Each side only names its optimizer types and communicator and adds what is
 // its own (a GPU run's MFU and device memory, through TrainHooks).
 //
