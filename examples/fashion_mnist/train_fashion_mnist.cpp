@@ -32,6 +32,7 @@
 #include "common/cli.hpp"
 #include "common/openblas_core.hpp"
 #include "common/optimizer_type.hpp"
+#include "common/training_optimizer.hpp"
 #include "zero/zero.hpp"
 
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
@@ -39,10 +40,11 @@
 #endif
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
 #include "common/checkpoints.hpp"
-#include "zero/checkpoint/optimizer_io.hpp"
 #endif
 
 namespace {
+
+using zero::examples::TrainingOptimizer;
 
 struct Args : zero::examples::CheckpointChoices {  // --save, --resume, ... (common/cli.hpp)
   zero::examples::ZeroChoices zero;
@@ -112,37 +114,14 @@ void write_history(const std::string& path, const Args& a, int ranks, std::size_
   zero::require(std::fclose(f) == 0, "--history-json: writing '", path, "' failed: ", std::strerror(errno));
 }
 
-// The optimizer as the training loop uses it. The loop is one function for
-// every --precision/--optimizer/--stage/--offload choice; only this adapter
-// is compiled once per optimizer type (the program has 63 of them).
-class TrainingOptimizer {
- public:
-  virtual ~TrainingOptimizer() = default;
-  // Layer l's parameters as fp32 (stage 3: gathers them) / done with them.
-  virtual const float* acquire(int l) = 0;
-  virtual void release(int l) = 0;
-  // Where backward writes layer l's fp32 gradient / it is written.
-  virtual float* grad_buffer(int l) = 0;
-  virtual void grad_ready(int l) = 0;
-  virtual void set_lr(double lr) = 0;
-  virtual double lr() = 0;
-  virtual double loss_scale() const = 0;
-  virtual void step() = 0;
-  virtual std::int64_t step_count() const = 0;
-  virtual void reset_comm_counters() = 0;
-  virtual zero::CommReport comm_report() const = 0;
-  virtual zero::MemoryReport memory_report() const = 0;
-#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
-  virtual zero::checkpoint::LoadResult load(const std::string& path) = 0;
-  virtual std::filesystem::path save_step(const std::string& root, zero::checkpoint::OptimizerSaveOptions options) = 0;
-  virtual void wait_save() = 0;
-#endif
-};
-
 // A ZeroOptimizer of type Opt holding the model's layers (one unit each,
-// [W][b] adjacent), initialised from the seed: the same on every rank.
+// [W][b] adjacent), initialised from the seed: the same on every rank. The
+// training loop is one function for every --precision/--optimizer/--stage/
+// --offload choice (common/training_optimizer.hpp); only this adapter is
+// compiled once per optimizer type (the program has 63 of them).
 template <class Opt>
-class ZeroTrainingOptimizer final : public TrainingOptimizer {
+class ZeroTrainingOptimizer final : public zero::examples::OptimizerAdapter<Opt> {
+  using zero::examples::OptimizerAdapter<Opt>::opt_;
   using P = typename Opt::param_type;
   using G = typename Opt::grad_type;
   // fp32 reads the optimizer's buffers directly; 16-bit precisions compute in
@@ -151,7 +130,8 @@ class ZeroTrainingOptimizer final : public TrainingOptimizer {
 
  public:
   ZeroTrainingOptimizer(zero::comm::AnyCommunicator& comm, const Args& args, const fashion_mnist::Mlp& model)
-      : opt_(comm, hyper(args), options(args)), model_(model) {
+      : zero::examples::OptimizerAdapter<Opt>(comm, zero::examples::example_hyper<Opt>(args.lr), options(args)),
+        model_(model) {
     const int layers = model.num_layers();
     for (int l = 0; l < layers; ++l) {
       const auto& shape = model.layers()[static_cast<std::size_t>(l)];
@@ -203,31 +183,7 @@ class ZeroTrainingOptimizer final : public TrainingOptimizer {
     }
     opt_.grad_ready(unit(l));
   }
-  void set_lr(double lr) override { opt_.hyper().lr = lr; }
-  double lr() override { return opt_.hyper().lr; }
-  double loss_scale() const override { return opt_.loss_scale(); }
-  void step() override { opt_.step(); }
-  std::int64_t step_count() const override { return opt_.step_count(); }
-  void reset_comm_counters() override { opt_.reset_comm_counters(); }
-  zero::CommReport comm_report() const override { return opt_.comm_report(); }
-  zero::MemoryReport memory_report() const override { return opt_.memory_report(); }
-#if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
-  zero::checkpoint::LoadResult load(const std::string& path) override {
-    return zero::checkpoint::OptimizerIo<Opt>::load(opt_, path);
-  }
-  std::filesystem::path save_step(const std::string& root, zero::checkpoint::OptimizerSaveOptions options) override {
-    return zero::checkpoint::OptimizerIo<Opt>::save_step(opt_, root, std::move(options));
-  }
-  void wait_save() override { opt_.wait_save(); }
-#endif
-
  private:
-  static typename Opt::Hyper hyper(const Args& args) {
-    typename Opt::Hyper h;
-    h.lr = args.lr;
-    if constexpr (std::is_same_v<typename Opt::optimizer_policy, zero::optim::Sgd>) h.momentum = 0.9;
-    return h;
-  }
   static zero::Options options(const Args& args) {
     zero::Options o;
     o.seed = args.seed;
@@ -237,7 +193,6 @@ class ZeroTrainingOptimizer final : public TrainingOptimizer {
   }
   zero::UnitId unit(int l) const { return units_[static_cast<std::size_t>(l)]; }
 
-  Opt opt_;
   const fashion_mnist::Mlp& model_;
   std::vector<zero::UnitId> units_;
   std::vector<zero::ParamId> weights_;

@@ -78,12 +78,12 @@ void check_backend_choices(const Args& a) {
                                              std::to_string(a.nccl_world));
   if (!cuda) return;
   // gpt_train_cuda.cu instantiates these optimizer types only: nvcc's compile
-  // time is the limit (add a type to its dispatch() and lift this check).
+  // time is the limit (add a type to its train_rank_on_cuda() and lift this check).
   if (a.zero.optimizer != "adamw" || a.zero.precision == "fp16")
     throw CLI::ValidationError("--backend cuda", "is built for --optimizer adamw with --precision fp32 or bf16 (not --optimizer " +
                                                      a.zero.optimizer + " --precision " + a.zero.precision +
                                                      "): a compile-time choice that keeps the CUDA build small; add "
-                                                     "the type to dispatch() in examples/gpt/gpt_train_cuda.cu");
+                                                     "the type to train_rank_on_cuda() in examples/gpt/gpt_train_cuda.cu");
   if (!a.save_dir.empty() || !a.resume_dir.empty())
     throw CLI::ValidationError("--save/--resume", "are not built into --backend cuda yet (the host backend has them)");
 }
@@ -156,10 +156,16 @@ void add_options(CLI::App& app, Args& a) {
   });
 }
 
-template <class Comm>
-double dispatch(Comm& comm, const Args& a, const gpt::TextCorpus& corpus) {
-  return zero::examples::with_optimizer_type<zero::offload::None, zero::backend::Host>(
-      a.zero, [&]<class Opt>() { return gpt::train_rank<Opt, gpt::Gpt>(comm, a, corpus); });
+// One rank's run on the host, with the optimizer type --stage, --precision
+// and --optimizer name (each is its own instantiation; the loop is one).
+double train_rank_on_host(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::TextCorpus& corpus) {
+  const gpt::MakeOptimizer<gpt::Gpt> make_optimizer = [&a](zero::comm::AnyCommunicator& c, gpt::Gpt& model) {
+    return zero::examples::with_optimizer_type<zero::offload::None, zero::backend::Host>(
+        a.zero, [&]<class Opt>() -> std::unique_ptr<zero::examples::TrainingOptimizer> {
+          return std::make_unique<gpt::GptTrainingOptimizer<Opt, gpt::Gpt>>(c, a, model);
+        });
+  };
+  return gpt::train_rank<zero::backend::Host>(comm, a, corpus, make_optimizer);
 }
 
 }  // namespace
@@ -208,7 +214,7 @@ int main(int argc, char** argv) {
     } else if (args.launch.comm == "local") {
       zero::comm::LocalGroup group(args.launch.ranks);
       group.run([&](zero::comm::Local& comm) {
-        const double v = dispatch(comm, args, corpus);
+        const double v = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
         if (comm.rank() == 0) val = v;
       });
     } else {
@@ -219,7 +225,7 @@ int main(int argc, char** argv) {
 #if ZERO_HAS_OPENMP
       omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
 #endif
-      val = dispatch(comm, args, corpus);
+      val = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
       if (comm.rank() != 0) return 0;
 #else
       zero::examples::fail_option(app, "--comm", "mpi: this build has no MPI support (install libopenmpi-dev and reconfigure)");

@@ -7,7 +7,7 @@
 // Compile time is the budget here (nvcc is slow and CI has two cores), so
 // this part instantiates only AdamW with fp32 or bf16 storage at stages 0-3
 // (8 optimizer types); the command line refuses the rest. To add one, add a
-// branch to dispatch() below and lift the check in gpt_train.cpp.
+// branch to train_rank_on_cuda() below and lift the check in gpt_train.cpp.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -125,27 +125,31 @@ void add_memory_check(TrainHooks& hooks, Comm& comm, std::size_t free_before, in
   };
 }
 
-// The optimizer types this part is built with (see the top of the file).
-template <class Comm>
-double dispatch(Comm& comm, const TrainArgs& a, const TextCorpus& corpus, const TrainHooks& hooks) {
+// This rank's run with the optimizer types this part is built with (see the
+// top of the file); the loop itself is compiled once.
+double train_rank_on_cuda(zero::comm::AnyCommunicator& comm, const TrainArgs& a, const TextCorpus& corpus,
+                          const TrainHooks& hooks) {
   zero::require(a.zero.optimizer == "adamw" && (a.zero.precision == "fp32" || a.zero.precision == "bf16"),
                 "--backend cuda is built for --optimizer adamw with --precision fp32 or bf16 only, not --optimizer ",
                 a.zero.optimizer, " --precision ", a.zero.precision, " (a compile-time choice; see gpt_train_cuda.cu)");
-  auto with_stage = [&]<class Precision>() {
-    auto run = [&]<int S>() {
-      using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<S>, zero::offload::None,
-                                      zero::backend::Cuda>;
-      return train_rank<Opt, CudaGpt>(comm, a, corpus, hooks);
+  const MakeOptimizer<CudaGpt> make_optimizer = [&a](zero::comm::AnyCommunicator& c, CudaGpt& model) {
+    auto with_stage = [&]<class Precision>() -> std::unique_ptr<zero::examples::TrainingOptimizer> {
+      auto make = [&]<int S>() -> std::unique_ptr<zero::examples::TrainingOptimizer> {
+        using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<S>, zero::offload::None,
+                                        zero::backend::Cuda>;
+        return std::make_unique<GptTrainingOptimizer<Opt, CudaGpt>>(c, a, model);
+      };
+      switch (a.zero.stage) {
+        case 0: return make.template operator()<0>();
+        case 1: return make.template operator()<1>();
+        case 2: return make.template operator()<2>();
+        default: return make.template operator()<3>();
+      }
     };
-    switch (a.zero.stage) {
-      case 0: return run.template operator()<0>();
-      case 1: return run.template operator()<1>();
-      case 2: return run.template operator()<2>();
-      default: return run.template operator()<3>();
-    }
+    if (a.zero.precision == "bf16") return with_stage.template operator()<zero::precision::Mixed<zero::bf16>>();
+    return with_stage.template operator()<zero::precision::Full<float>>();
   };
-  if (a.zero.precision == "bf16") return with_stage.template operator()<zero::precision::Mixed<zero::bf16>>();
-  return with_stage.template operator()<zero::precision::Full<float>>();
+  return train_rank<zero::backend::Cuda>(comm, a, corpus, make_optimizer, hooks);
 }
 
 double train_local(const TrainArgs& args, const TextCorpus& corpus) {
@@ -164,7 +168,7 @@ double train_local(const TrainArgs& args, const TextCorpus& corpus) {
       [&](zero::comm::LocalDevice& comm) {
         TrainHooks mine = hooks;
         add_memory_check(mine, comm, free_before, comm.size());
-        const double v = dispatch(comm, args, corpus, mine);
+        const double v = train_rank_on_cuda(*zero::comm::AnyCommunicator::wrap(comm), args, corpus, mine);
         if (comm.rank() == 0) val = v;
       },
       0);
@@ -203,7 +207,7 @@ double train_nccl(const TrainArgs& args, const TextCorpus& corpus, const std::ve
   shape.vocab = corpus.vocab_size();
   TrainHooks hooks = gpu_hooks(args, device, world, shape, rank == 0);
   add_memory_check(hooks, comm, free_before, 1);
-  return dispatch(comm, args, corpus, hooks);
+  return train_rank_on_cuda(*zero::comm::AnyCommunicator::wrap(comm), args, corpus, hooks);
 }
 #endif
 

@@ -2,9 +2,13 @@
 // (gpt_train_cuda.cu, built by nvcc), and both must train the same way: the
 // same learning-rate schedule, data draws, evaluation, printing and
 // checkpoint identity. This is that loop, written once over the model
-// (GptModel<HostCompute> or GptModel<CudaCompute>), the optimizer type and
-// the communicator; each side only builds them and adds what is its own
-// (a GPU run's MFU and device memory, through TrainHooks).
+// (GptModel<HostCompute> or GptModel<CudaCompute>) and compiled once per
+// backend: it reaches the optimizer through zero::examples::TrainingOptimizer
+// and the communicator through comm::AnyCommunicator, not as template
+// parameters (a copy of the loop per optimizer type and communicator was
+// about 30% of gpt_train.cpp's compile time; see common/training_optimizer.hpp).
+// Each side only names its optimizer types and communicator and adds what is
+// its own (a GPU run's MFU and device memory, through TrainHooks).
 //
 // Token ids go where the model computes once per optimizer step (all the
 // step's micro-batches in one copy); the training loss stays there until an
@@ -18,12 +22,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "common/choices.hpp"
+#include "common/training_optimizer.hpp"
 #include "gpt/gpt_model.hpp"
 #include "gpt/gpt_zero.hpp"
 #include "gpt/text_corpus.hpp"
@@ -31,7 +36,6 @@
 
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
 #include "common/checkpoints.hpp"
-#include "zero/checkpoint/optimizer_io.hpp"
 #endif
 
 namespace gpt {
@@ -89,10 +93,10 @@ struct TrainHooks {
 
 // Sums a few doubles over the ranks. Collectives take backend memory (device
 // memory on a GPU), so the values travel through a small buffer there.
-template <class Ops, class Comm>
+template <class Ops>
 class RankSum {
  public:
-  explicit RankSum(Comm& comm) : comm_(comm), buffer_(kMax) {}
+  explicit RankSum(zero::comm::AnyCommunicator& comm) : comm_(comm), buffer_(kMax) {}
   void operator()(double* values, std::size_t n) {
     zero::require(n <= kMax, "RankSum: ", n, " values; at most ", kMax);
     Ops::upload(buffer_.data(), values, n);
@@ -102,7 +106,7 @@ class RankSum {
 
  private:
   static constexpr std::size_t kMax = 4;
-  Comm& comm_;
+  zero::comm::AnyCommunicator& comm_;
   typename Ops::template Buffer<double> buffer_;
 };
 
@@ -166,32 +170,63 @@ std::string generate(Sum& sum, int rank, Model& model, const ParamHooks& params,
   return corpus.decode(text.data() + prompt, text.size() - prompt);
 }
 
+// The ZeroOptimizer of type Opt over the model's units (ZeroBinding), set
+// to the model's initial weights from --seed, with the run's options. Only
+// this adapter is compiled once per optimizer type.
+template <class Opt, class Model>
+class GptTrainingOptimizer final : public zero::examples::OptimizerAdapter<Opt> {
+  using zero::examples::OptimizerAdapter<Opt>::opt_;
+
+ public:
+  GptTrainingOptimizer(zero::comm::AnyCommunicator& comm, const TrainArgs& args, Model& model)
+      : zero::examples::OptimizerAdapter<Opt>(comm, zero::examples::example_hyper<Opt>(learning_rate(args, 0)),
+                                               options(args)),
+        binding_(opt_, model) {
+    opt_.finalize();
+    binding_.adopt_layout();
+    binding_.set_params([&](int u, int k, float* out) { model.init_param(u, k, out, args.seed); });
+  }
+
+  const float* acquire(int u) override { return binding_.acquire(u); }
+  void release(int u) override { binding_.release(u); }
+  float* grad_buffer(int u) override { return binding_.grad_buffer(u); }
+  void grad_ready(int u) override { binding_.grad_ready(u); }
+
+ private:
+  static zero::Options options(const TrainArgs& args) {
+    zero::Options o;
+    o.seed = args.seed;
+    o.clip_norm = args.clip;
+    o.grad_accumulation_steps = args.grad_accum;
+    return o;
+  }
+
+  ZeroBinding<Opt, Model> binding_;
+};
+
+// Builds this rank's optimizer over the model, of the type the run's choices
+// name: make_unique<GptTrainingOptimizer<Opt, Model>>(comm, args, model) for
+// the optimizer types a side is built with.
+template <class Model>
+using MakeOptimizer =
+    std::function<std::unique_ptr<zero::examples::TrainingOptimizer>(zero::comm::AnyCommunicator&, Model&)>;
+
 // One rank's run; every rank runs this in lockstep. Returns the final
-// validation loss. Model: GptModel<Compute> built on this rank's thread.
-template <class Opt, class Model, class Comm>
-double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, const TrainHooks& hooks = {}) {
-  using Ops = zero::backend::Ops<typename Opt::backend_policy>;
+// validation loss. Model: GptModel<Compute> built on this rank's thread;
+// Backend: where it computes (zero::backend::Host or Cuda).
+template <class Backend, class Model>
+double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, const TextCorpus& corpus,
+                  const MakeOptimizer<Model>& make_optimizer, const TrainHooks& hooks = {}) {
   const bool lead = comm.rank() == 0;
   const int ranks = comm.size();
   Config config = args.model;
   config.vocab = corpus.vocab_size();
   Model model(config, args.micro_batch, args.checkpoint_activations);
-  RankSum<Ops, Comm> sum(comm);
-
-  typename Opt::Hyper hyper;
-  hyper.lr = learning_rate(args, 0);
-  if constexpr (std::is_same_v<typename Opt::optimizer_policy, zero::optim::Sgd>) hyper.momentum = 0.9;
-  zero::Options options;
-  options.seed = args.seed;
-  options.clip_norm = args.clip;
-  options.grad_accumulation_steps = args.grad_accum;
-  Opt opt(comm, hyper, options);
-  ZeroBinding<Opt, Model> binding(opt, model);
-  opt.finalize();
-  binding.adopt_layout();
-  binding.set_params([&](int u, int k, float* out) { model.init_param(u, k, out, args.seed); });
-  const ParamHooks params = binding.param_hooks();
-  const GradHooks grads = binding.grad_hooks();
+  RankSum<zero::backend::Ops<Backend>> sum(comm);
+  const std::unique_ptr<zero::examples::TrainingOptimizer> optimizer = make_optimizer(comm, model);
+  zero::examples::TrainingOptimizer& opt = *optimizer;
+  const ParamHooks params{[&](int u) { return opt.acquire(u); }, [&](int u) { opt.release(u); }};
+  const GradHooks grads{[&](int u) { return opt.grad_buffer(u); }, [&](int u) { opt.grad_ready(u); }};
 
   const std::size_t T = static_cast<std::size_t>(config.context);
   const std::size_t B = static_cast<std::size_t>(args.micro_batch);
@@ -207,7 +242,7 @@ double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, c
     std::printf("zero: GPT %d layers, width %d, %d heads, context %d, vocab %d: %zu parameters; %d ranks (%s), stage %d, "
                 "%s, %s, backend %s\n",
                 config.layers, config.width, config.heads, config.context, config.vocab, model.num_params(), ranks,
-                args.launch.comm.c_str(), Opt::stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(),
+                args.launch.comm.c_str(), args.zero.stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(),
                 args.backend.c_str());
     std::printf("data: %s, %zu characters (%zu train, %zu validation), unigram entropy %.4f nats/char\n",
                 args.data.c_str(), corpus.tokens.size(), corpus.train_size, corpus.validation_size(), entropy);
@@ -231,7 +266,7 @@ double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, c
                           {"warmup", args.warmup},       {"min_lr", args.min_lr}};
   };
   if (!args.resume_dir.empty()) {
-    const auto loaded = zero::checkpoint::OptimizerIo<Opt>::load(opt, args.resume_dir);
+    const auto loaded = opt.load(args.resume_dir);
     const nlohmann::json& extra = loaded.manifest.run.extra;
     const nlohmann::json identity = run_identity();  // (items() refers to it)
     for (const auto& [key, value] : identity.items())
@@ -246,7 +281,7 @@ double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, c
   }
   zero::examples::CheckpointSaves saves(args, lead);
   auto save = [&] {
-    saves.saved(zero::checkpoint::OptimizerIo<Opt>::save_step(opt, args.save_dir, saves.options(run_identity())));
+    saves.saved(opt.save_step(args.save_dir, saves.options(run_identity())));
   };
   auto finish_saves = [&] {  // --save-async: completes the last save
     opt.wait_save();
@@ -271,7 +306,7 @@ double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, c
   double val = 0.0;
   auto interval_start = std::chrono::steady_clock::now();
   for (int step = first_step; step < args.steps; ++step) {
-    opt.hyper().lr = learning_rate(args, step);
+    opt.set_lr(learning_rate(args, step));
     for (std::size_t i = 0; i < A * B; ++i) {
       const std::size_t s = start(draw);
       std::copy(corpus.train() + s, corpus.train() + s + T, x.begin() + static_cast<std::ptrdiff_t>(i * T));
@@ -300,7 +335,7 @@ double train_rank(Comm& comm, const TrainArgs& args, const TextCorpus& corpus, c
         std::printf("step %d/%d  train_loss %.4f  val_loss %.4f nats/char  %.0f tokens/s%s  model states %.3f MiB/rank  "
                     "lr %.2e  %.1f s\n",
                     step + 1, args.steps, totals[0] / totals[1], val, rate, note(rate).c_str(),
-                    mib(opt.memory_report().model_states()), opt.hyper().lr, train_seconds);
+                    mib(opt.memory_report().model_states()), opt.lr(), train_seconds);
         std::fflush(stdout);
       }
       interval_steps = 0;

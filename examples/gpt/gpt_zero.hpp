@@ -63,39 +63,45 @@ class ZeroBinding {
       }
   }
 
-  ParamHooks param_hooks() {
-    return ParamHooks{[this](int u) -> const float* {
-                        const P* p = opt_.acquire_unit(units_[static_cast<std::size_t>(u)]);
-                        if constexpr (convert) {
-                          Ops::convert(wide_params_.data(), p, model_.units()[static_cast<std::size_t>(u)].numel);
-                          return wide_params_.data();
-                        } else {
-                          return p;
-                        }
-                      },
-                      [this](int u) { opt_.release_unit(units_[static_cast<std::size_t>(u)]); }};
+  // Unit u's parameters as fp32 (stage 3: all-gathered), valid until release(u).
+  const float* acquire(int u) {
+    const P* p = opt_.acquire_unit(unit(u));
+    if constexpr (convert) {
+      Ops::convert(wide_params_.data(), p, numel(u));
+      return wide_params_.data();
+    } else {
+      return p;
+    }
+  }
+  void release(int u) { opt_.release_unit(unit(u)); }
+  // Where backward writes unit u's fp32 gradient / it is written.
+  // (16-bit storage: the optimizer's buffer is handed out all the same; that
+  // is where the engine flushes or waits for the previous bucket.)
+  float* grad_buffer(int u) {
+    G* g = opt_.grad_buffer(unit(u));
+    if constexpr (convert)
+      return wide_grads_.data();
+    else
+      return g;
+  }
+  void grad_ready(int u) {
+    if constexpr (convert) Ops::convert(opt_.grad_buffer(unit(u)), wide_grads_.data(), numel(u));
+    opt_.grad_ready(unit(u));
   }
 
+  ParamHooks param_hooks() {
+    return ParamHooks{[this](int u) { return acquire(u); }, [this](int u) { release(u); }};
+  }
   GradHooks grad_hooks() {
-    return GradHooks{[this](int u) -> float* {
-                       G* g = opt_.grad_buffer(units_[static_cast<std::size_t>(u)]);
-                       if constexpr (convert)
-                         return wide_grads_.data();
-                       else
-                         return g;
-                     },
-                     [this](int u) {
-                       const zero::UnitId unit = units_[static_cast<std::size_t>(u)];
-                       if constexpr (convert)
-                         Ops::convert(opt_.grad_buffer(unit), wide_grads_.data(),
-                                      model_.units()[static_cast<std::size_t>(u)].numel);
-                       opt_.grad_ready(unit);
-                     }};
+    return GradHooks{[this](int u) { return grad_buffer(u); }, [this](int u) { grad_ready(u); }};
   }
 
   const std::vector<std::vector<zero::ParamId>>& params() const { return params_; }
 
  private:
+  zero::UnitId unit(int u) const { return units_[static_cast<std::size_t>(u)]; }
+  std::size_t numel(int u) const { return model_.units()[static_cast<std::size_t>(u)].numel; }
+
   Opt& opt_;
   Model& model_;
   std::vector<zero::UnitId> units_;

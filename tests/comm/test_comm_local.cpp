@@ -3,6 +3,8 @@
 // type, rank count and length (SIMD body and scalar tail); ranks that make
 // different calls all get a CommError naming both calls instead of reading
 // each other's buffers out of bounds; a missing rank still ends in a timeout.
+// AnyCommunicator (the erasure the optimizer holds) keeps a communicator's
+// device stream, also around a communicator that is already erased.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "zero/comm/any_communicator.hpp"
 #include "zero/comm/local.hpp"
 
 namespace {
@@ -262,4 +265,43 @@ TEST_CASE("Streamed (non-temporal) outputs hold the same bits at any alignment",
     zero::comm::detail::reduce(t, zero::comm::detail::ReduceArgs{in_place, 3, in_place, 3, 0, count, true}, ReduceOp::sum);
     for (const auto& buffer : buffers) CHECK(buffer == sum);
   }
+}
+
+namespace {
+
+// One rank with a device stream, as comm::LocalDevice and comm::Nccl have.
+class StreamedRank {
+ public:
+  explicit StreamedRank(void* stream) : stream_(stream) {}
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void all_reduce(void*, std::size_t, DType, ReduceOp, bool) {}
+  void reduce_scatter(const void*, void*, std::size_t, DType) {}
+  void all_gather(const void*, void*, std::size_t, DType, bool) {}
+  void broadcast(void*, std::size_t, DType, int) {}
+  void barrier() {}
+  const zero::comm::ByteCounters& counters() const { return counters_; }
+  void reset_counters() {}
+  void* stream() const { return stream_; }
+
+ private:
+  void* stream_;
+  zero::comm::ByteCounters counters_;
+};
+
+}  // namespace
+
+TEST_CASE("AnyCommunicator keeps the device stream, also around an AnyCommunicator", "[comm]") {
+  // The optimizer overlaps communication on the communicator's stream
+  // (stream_handle()); a trainer that erases its communicator before handing
+  // it to the optimizer must not lose it.
+  int marker = 0;
+  StreamedRank streamed(&marker);
+  const auto once = zero::comm::AnyCommunicator::wrap(streamed);
+  CHECK(once->stream_handle() == &marker);
+  const auto twice = zero::comm::AnyCommunicator::wrap(*once);
+  CHECK(twice->stream_handle() == &marker);
+  zero::comm::LocalGroup(1).run([](zero::comm::Local& c) {  // a host communicator has none
+    CHECK(zero::comm::AnyCommunicator::wrap(*zero::comm::AnyCommunicator::wrap(c))->stream_handle() == nullptr);
+  });
 }

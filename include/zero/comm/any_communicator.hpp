@@ -67,6 +67,8 @@ class CommunicatorRef final : public AnyCommunicator {
   void* stream_handle() const override {
     if constexpr (requires { c_.stream(); })
       return static_cast<void*>(c_.stream());
+    else if constexpr (requires { c_.stream_handle(); })  // an AnyCommunicator wrapped again
+      return c_.stream_handle();
     else
       return nullptr;
   }
