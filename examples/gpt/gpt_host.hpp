@@ -64,29 +64,37 @@ class HostCompute {
   void fill(float* p, std::size_t n, float value) { std::fill(p, p + n, value); }
   void copy(float* dst, const float* src, std::size_t n) { std::copy(src, src + n, dst); }
 
-  // C (M x N) = op(A) op(B), row-major; op(A) is M x K. A large product is
-  // cut along the longer of M and N into tiles of at least kMinTile rows or
-  // columns (at most kMaxTiles), one sgemm each; the cut depends on the
-  // shape only, so the bits do not depend on the threads.
+  // C (M x N) = op(A) op(B), row-major; op(A) is M x K; with `accumulate`,
+  // C += op(A) op(B). A large product is cut along the longer of M and N
+  // into tiles of at least kMinTile rows or columns (at most kMaxTiles), one
+  // sgemm each; the cut depends on the shape only, so the bits do not depend
+  // on the threads.
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-            float* C, int ldc) {
+            float* C, int ldc, bool accumulate = false) {
     const bool split_rows = M >= N;
     const int extent = split_rows ? M : N;
     const bool large = static_cast<double>(M) * N * K >= kMinSplitWork;
     const int tiles = large ? std::clamp(extent / kMinTile, 1, kMaxTiles) : 1;
-#pragma omp parallel for schedule(static) if (tiles > 1)
+    const float beta = accumulate ? 1.0f : 0.0f;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1)
     for (int t = 0; t < tiles; ++t) {
       const int begin = static_cast<int>(static_cast<long>(extent) * t / tiles);
       const int end = static_cast<int>(static_cast<long>(extent) * (t + 1) / tiles);
       if (split_rows) {  // rows [begin, end) of C: rows of op(A)
         const float* a = A + (trans_a ? begin : static_cast<std::size_t>(begin) * lda);
-        sgemm(trans_a, trans_b, end - begin, N, K, a, lda, B, ldb, C + static_cast<std::size_t>(begin) * ldc, ldc);
+        sgemm(trans_a, trans_b, end - begin, N, K, a, lda, B, ldb, beta, C + static_cast<std::size_t>(begin) * ldc,
+              ldc);
       } else {  // columns [begin, end) of C: columns of op(B)
         const float* b = B + (trans_b ? static_cast<std::size_t>(begin) * ldb : begin);
-        sgemm(trans_a, trans_b, M, end - begin, K, A, lda, b, ldb, C + begin, ldc);
+        sgemm(trans_a, trans_b, M, end - begin, K, A, lda, b, ldb, beta, C + begin, ldc);
       }
     }
   }
+
+  // Query rows per block of causal attention (gpt_model.hpp): the per-head
+  // products skip the blocks above the diagonal, and each softmax row ends
+  // with its block (key_end), not the context.
+  static constexpr int causal_block() { return kCausalBlock; }
 
   // body(i) for i in [0, n), side by side: the attention's per-head products
   // (gpt_model.hpp), each too small to split.
@@ -142,10 +150,19 @@ class HostCompute {
     });
   }
 
-  void add_bias(float* out, const float* b, std::size_t N, int O) {
+  // out[n] = b, plus residual[n] unless it is null: a linear layer's output
+  // before gemm(accumulate) adds the product (one pass instead of zeroing,
+  // adding the bias and adding the residual).
+  void bias_rows(float* out, const float* b, const float* residual, std::size_t N, int O) {
 #pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      for (int o = 0; o < O; ++o) out[n * O + o] = ops::add(out[n * O + o], b[o]);
+    for (std::size_t n = 0; n < N; ++n) {
+      float* row = out + n * O;
+      if (residual == nullptr) {
+        std::copy(b, b + O, row);
+      } else {
+        for (int o = 0; o < O; ++o) row[o] = ops::add(b[o], residual[n * O + o]);
+      }
+    }
   }
   void column_sums(const float* d, std::size_t N, int O, float* out) {
     by_column_block(O, [&](int o0, int o1) {
@@ -154,26 +171,28 @@ class HostCompute {
         for (int o = o0; o < o1; ++o) out[o] += d[n * O + o];
     });
   }
-  void add_into(float* x, const float* y, std::size_t n) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) x[i] = ops::add(x[i], y[i]);
-  }
 
   void gelu_forward(const float* x, float* y, std::size_t n) { zero::simd::parallel_dispatch<GeluForward>(n, x, y); }
   // d = d(loss)/d(x) from d = d(loss)/d(gelu(x)), in place.
   void gelu_backward(const float* x, float* d, std::size_t n) { zero::simd::parallel_dispatch<GeluBackward>(n, x, d); }
 
-  // `matrices` T x T score matrices back to back; row r is row r mod T of its matrix.
+  // `matrices` T x T score matrices back to back; row r is row r mod T of
+  // its matrix, defined up to the end of its query block (key_end).
   void causal_softmax(float* att, std::size_t matrices, int T, float scale) {
     const std::size_t rows = matrices * static_cast<std::size_t>(T);
 #pragma omp parallel for schedule(static)
-    for (std::size_t r = 0; r < rows; ++r) ops::causal_softmax_row(att + r * T, static_cast<int>(r % T), T, scale);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const int row = static_cast<int>(r % T);
+      ops::causal_softmax_row(att + r * T, row, key_end(row, T), scale);
+    }
   }
   void causal_softmax_backward(const float* att, float* datt, std::size_t matrices, int T, float scale) {
     const std::size_t rows = matrices * static_cast<std::size_t>(T);
 #pragma omp parallel for schedule(static)
-    for (std::size_t r = 0; r < rows; ++r)
-      ops::causal_softmax_backward_row(att + r * T, datt + r * T, static_cast<int>(r % T), T, scale);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const int row = static_cast<int>(r % T);
+      ops::causal_softmax_backward_row(att + r * T, datt + r * T, row, key_end(row, T), scale);
+    }
   }
 
   // Adds the N rows' losses to the running total; with `backward`, logits
@@ -211,17 +230,23 @@ class HostCompute {
   };
 
   // Products below this many multiply-adds run as one sgemm (the tiles' setup
-  // would cost more than the second thread gains).
+  // would cost more than the second thread gains). Each tile packs the
+  // operand all tiles share again: on the GPT's products (4096 rows, K 128
+  // to 4096) 16 tiles ran at 50-75% of the GFLOP/s of 2 or 4, and 4 leave
+  // room to balance two threads on busy cores (tiles are taken dynamically).
   static constexpr double kMinSplitWork = 4.0 * (1 << 20);
   static constexpr int kMinTile = 64;
-  static constexpr int kMaxTiles = 16;
+  static constexpr int kMaxTiles = 4;
+  static constexpr int kCausalBlock = 32;
+  // The end of the keys that row `row`'s query block sees.
+  static int key_end(int row, int T) { return std::min(T, (row / kCausalBlock + 1) * kCausalBlock); }
   // Columns per block of a sum over rows: one 64-byte cache line of floats.
   static constexpr int kColumnBlock = 16;
 
   static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                    float* C, int ldc) {
+                    float beta, float* C, int ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+                1.0f, A, lda, B, ldb, beta, C, ldc);
   }
 
   // body(c0, c1) for each block of kColumnBlock columns of `cols`, side by
