@@ -107,10 +107,11 @@ class HostCompute {
   // x[n] = wte[token n] + wpe[n mod T].
   void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T, int C,
                      float* x) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      for (int c = 0; c < C; ++c)
-        x[n * C + c] = ops::add(wte[static_cast<std::size_t>(tokens[n]) * C + c], wpe[(n % T) * C + c]);
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n)
+        for (int c = 0; c < C; ++c)
+          x[n * C + c] = ops::add(wte[static_cast<std::size_t>(tokens[n]) * C + c], wpe[(n % T) * C + c]);
+    });
   }
   // dwte[token n] += d[n], dwpe[n mod T] += d[n] (rows in order: deterministic).
   void embed_backward(const std::uint8_t* tokens, const float* d, std::size_t N, int T, int C, float* dwte,
@@ -126,27 +127,27 @@ class HostCompute {
 
   void layernorm_forward(const float* x, const float* w, const float* b, std::size_t N, int C, float* out,
                          float* mean, float* rstd) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n) {
-      const ops::RowStats s = ops::layernorm_forward_row(x + n * C, w, b, out + n * C, C);
-      mean[n] = s.mean;
-      rstd[n] = s.rstd;
-    }
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n) {
+        const ops::RowStats s = ops::layernorm_forward_row(x + n * C, w, b, out + n * C, C);
+        mean[n] = s.mean;
+        rstd[n] = s.rstd;
+      }
+    });
   }
   // dx += d(loss)/d(x); dw, db overwritten.
   void layernorm_backward(const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
                           std::size_t N, int C, float* dx, float* dw, float* db) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{mean[n], rstd[n]}, dx + n * C, C);
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n)
+        ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{mean[n], rstd[n]}, dx + n * C, C);
+    });
     by_column_block(C, [&](int c0, int c1) {
-      std::fill(dw + c0, dw + c1, 0.0f);
-      std::fill(db + c0, db + c1, 0.0f);
-      for (std::size_t n = 0; n < N; ++n)
-        for (int c = c0; c < c1; ++c) {
-          dw[c] += dout[n * C + c] * ops::layernorm_normalized(x[n * C + c], ops::RowStats{mean[n], rstd[n]});
-          db[c] += dout[n * C + c];
-        }
+      const float* d = dout + c0;
+      sum_rows(N, c1 - c0, dw + c0, [&](std::size_t n, int c) {
+        return d[n * C + c] * ops::layernorm_normalized(x[n * C + c0 + c], ops::RowStats{mean[n], rstd[n]});
+      });
+      sum_rows(N, c1 - c0, db + c0, [&](std::size_t n, int c) { return d[n * C + c]; });
     });
   }
 
@@ -154,21 +155,20 @@ class HostCompute {
   // before gemm(accumulate) adds the product (one pass instead of zeroing,
   // adding the bias and adding the residual).
   void bias_rows(float* out, const float* b, const float* residual, std::size_t N, int O) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n) {
-      float* row = out + n * O;
-      if (residual == nullptr) {
-        std::copy(b, b + O, row);
-      } else {
-        for (int o = 0; o < O; ++o) row[o] = ops::add(b[o], residual[n * O + o]);
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n) {
+        float* row = out + n * O;
+        if (residual == nullptr) {
+          for (int o = 0; o < O; ++o) row[o] = b[o];
+        } else {
+          for (int o = 0; o < O; ++o) row[o] = ops::add(b[o], residual[n * O + o]);
+        }
       }
-    }
+    });
   }
   void column_sums(const float* d, std::size_t N, int O, float* out) {
     by_column_block(O, [&](int o0, int o1) {
-      std::fill(out + o0, out + o1, 0.0f);
-      for (std::size_t n = 0; n < N; ++n)
-        for (int o = o0; o < o1; ++o) out[o] += d[n * O + o];
+      sum_rows(N, o1 - o0, out + o0, [&](std::size_t n, int o) { return d[n * O + o0 + o]; });
     });
   }
 
@@ -179,20 +179,20 @@ class HostCompute {
   // `matrices` T x T score matrices back to back; row r is row r mod T of
   // its matrix, defined up to the end of its query block (key_end).
   void causal_softmax(float* att, std::size_t matrices, int T, float scale) {
-    const std::size_t rows = matrices * static_cast<std::size_t>(T);
-#pragma omp parallel for schedule(static)
-    for (std::size_t r = 0; r < rows; ++r) {
-      const int row = static_cast<int>(r % T);
-      ops::causal_softmax_row(att + r * T, row, key_end(row, T), scale);
-    }
+    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        const int row = static_cast<int>(r % T);
+        ops::causal_softmax_row(att + r * T, row, key_end(row, T), scale);
+      }
+    });
   }
   void causal_softmax_backward(const float* att, float* datt, std::size_t matrices, int T, float scale) {
-    const std::size_t rows = matrices * static_cast<std::size_t>(T);
-#pragma omp parallel for schedule(static)
-    for (std::size_t r = 0; r < rows; ++r) {
-      const int row = static_cast<int>(r % T);
-      ops::causal_softmax_backward_row(att + r * T, datt + r * T, row, key_end(row, T), scale);
-    }
+    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        const int row = static_cast<int>(r % T);
+        ops::causal_softmax_backward_row(att + r * T, datt + r * T, row, key_end(row, T), scale);
+      }
+    });
   }
 
   // Adds the N rows' losses to the running total; with `backward`, logits
@@ -240,8 +240,11 @@ class HostCompute {
   static constexpr int kCausalBlock = 32;
   // The end of the keys that row `row`'s query block sees.
   static int key_end(int row, int T) { return std::min(T, (row / kCausalBlock + 1) * kCausalBlock); }
-  // Columns per block of a sum over rows: one 64-byte cache line of floats.
+  // Columns per block of a sum over rows: one 64-byte cache line of floats,
+  // one AVX-512 register of sums.
   static constexpr int kColumnBlock = 16;
+  // Rows per range of a row-wise loop (vector_ranges).
+  static constexpr std::size_t kRowGrain = 64;
 
   static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                     float beta, float* C, int ldc) {
@@ -249,13 +252,49 @@ class HostCompute {
                 1.0f, A, lda, B, ldb, beta, C, ldc);
   }
 
+  // A body for zero::simd::dispatch: f() compiled for the instruction set
+  // Isa (`flatten` compiles f and all it calls into the one function). The
+  // build's default target is SSE2: the row loops of gpt_ops.hpp ran 4 wide.
+  struct Vectorised {
+    template <class Isa, class F>
+    static void run(const F& f) {
+      f();
+    }
+  };
+
+  // body(begin, end) for the ranges of `grain` items that tile [0, n), side
+  // by side, each compiled for the CPU's widest vector instructions.
+  template <class Body>
+  static void vector_ranges(std::size_t n, std::size_t grain, const Body& body) {
+    const zero::simd::IsaLevel level = zero::simd::active_isa();
+    const std::size_t ranges = (n + grain - 1) / grain;
+#pragma omp parallel for schedule(static)
+    for (std::size_t r = 0; r < ranges; ++r)
+      zero::simd::dispatch<Vectorised>(level, [&] { body(r * grain, std::min(n, (r + 1) * grain)); });
+  }
+
   // body(c0, c1) for each block of kColumnBlock columns of `cols`, side by
   // side; a body sums its columns over the rows in order, as one thread would.
   template <class Body>
   static void by_column_block(int cols, const Body& body) {
-    const int blocks = (cols + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static)
-    for (int k = 0; k < blocks; ++k) body(k * kColumnBlock, std::min(cols, (k + 1) * kColumnBlock));
+    vector_ranges(static_cast<std::size_t>(cols), kColumnBlock,
+                  [&](std::size_t c0, std::size_t c1) { body(static_cast<int>(c0), static_cast<int>(c1)); });
+  }
+
+  // out[c] = the sum of term(n, c) over the rows n in order, for c in
+  // [0, width), width <= kColumnBlock: the sums of a block stay in registers
+  // (in memory, each add would wait for the last one's store).
+  template <class Term>
+  static void sum_rows(std::size_t N, int width, float* out, const Term& term) {
+    float acc[kColumnBlock] = {};
+    if (width == kColumnBlock) {
+      for (std::size_t n = 0; n < N; ++n)
+        for (int c = 0; c < kColumnBlock; ++c) acc[c] += term(n, c);
+    } else {
+      for (std::size_t n = 0; n < N; ++n)
+        for (int c = 0; c < width; ++c) acc[c] += term(n, c);
+    }
+    std::copy(acc, acc + width, out);
   }
 };
 
