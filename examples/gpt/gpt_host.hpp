@@ -27,22 +27,6 @@
 #include "gpt/gpt_ops.hpp"
 #include "zero/simd/dispatch.hpp"
 
-// GELU's expf (gpt_ops.hpp) was a quarter of the host's time, one call per
-// element. Declared as a SIMD function, the loops below that call it become
-// calls to glibc's vector expf (libmvec, which libm links as needed): 16
-// values per call with AVX-512. Its results differ from the scalar expf's by
-// an ulp or so, as CUDA's expf does. GCC only: Clang 14 needs -fveclib to
-// call libmvec and warns that it could not vectorise the loops.
-#if ZERO_HAS_OPENMP && ZERO_HOST_SIMD_X86 && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__)
-extern "C" {
-#pragma omp declare simd notinbranch
-float expf(float) noexcept;
-}
-#define ZERO_GPT_SIMD_LOOP _Pragma("omp simd")
-#else
-#define ZERO_GPT_SIMD_LOOP
-#endif
-
 namespace gpt {
 
 class HostCompute {
@@ -96,8 +80,8 @@ class HostCompute {
   // with its block (key_end), not the context.
   static constexpr int causal_block() { return kCausalBlock; }
 
-  // body(i) for i in [0, n), side by side: the attention's per-head products
-  // (gpt_model.hpp), each too small to split.
+  // body(i) for i in [0, n), side by side: attention's heads
+  // (GptModel::attention_heads), whose products are too small to split.
   template <class Body>
   void parallel_for(int n, const Body& body) {
 #pragma omp parallel for schedule(static)

@@ -570,46 +570,58 @@ class GptModel {
     for (int q0 = 0; q0 < T; q0 += block) body(q0, std::min(T, q0 + block));
   }
 
-  // body(b, h) for every head h of every sequence b of the batch: the heads'
-  // small products, independent of each other. A Compute with parallel_for
-  // (the host's OpenMP threads) runs them side by side; otherwise (CUDA, one
-  // stream) they are queued in order.
-  template <class Body>
-  void for_each_head(int batch, const Body& body) {
+  // Attention's three steps for every head h of every sequence b of the
+  // batch: before(b, h), softmax(first, matrices) over `matrices` T x T
+  // matrices from element `first` of the heads' matrices, after(b, h). The
+  // heads are independent of each other. A Compute with parallel_for (the
+  // host's OpenMP threads) runs the heads side by side, each head's three
+  // steps together, while its matrix is in cache; otherwise (CUDA, one
+  // stream) each step is queued for all heads in turn, the softmax as one
+  // launch.
+  template <class Before, class Softmax, class After>
+  void attention_heads(int batch, const Before& before, const Softmax& softmax, const After& after) {
     const int H = cfg_.heads;
-    auto pair = [&](int i) { body(i / H, i % H); };
-    if constexpr (requires { compute_.parallel_for(batch * H, pair); }) {
-      compute_.parallel_for(batch * H, pair);
+    auto head = [&](int i) {
+      before(i / H, i % H);
+      softmax(att_at(i / H, i % H), std::size_t{1});
+      after(i / H, i % H);
+    };
+    if constexpr (requires { compute_.parallel_for(batch * H, head); }) {
+      compute_.parallel_for(batch * H, head);
     } else {
-      for (int i = 0; i < batch * H; ++i) pair(i);
+      for (int i = 0; i < batch * H; ++i) before(i / H, i % H);
+      softmax(std::size_t{0}, static_cast<std::size_t>(batch) * H);
+      for (int i = 0; i < batch * H; ++i) after(i / H, i % H);
     }
   }
 
   // a.x_out = block(a.x_in).
   void block_forward(const float* p, const std::vector<std::size_t>& off, BlockActs& a, int batch) {
-    const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
+    const int C = cfg_.width, T = cfg_.context, hs = cfg_.head_size();
     const std::size_t N = rows(batch);
     compute_.layernorm_forward(a.x_in, p + off[kLn1Weight], p + off[kLn1Bias], N, C, a.ln1, a.ln1_mean, a.ln1_rstd);
     linear_forward(a.ln1, p + off[kQkvWeight], p + off[kQkvBias], N, C, 3 * C, a.qkv);
     // Scores q k^T, causal softmax of scores / sqrt(head size), then P v;
     // query rows [q0, q1) against keys [0, q1).
     const std::size_t row3 = 3 * static_cast<std::size_t>(C);
-    for_each_head(batch, [&](int b, int h) {
-      const float* q = a.qkv + qkv_at(b, h);
-      float* s = a.att + att_at(b, h);
-      for_each_query_block([&](int q0, int q1) {
-        compute_.gemm(false, true, q1 - q0, q1, hs, q + q0 * row3, 3 * C, q + C, 3 * C, s + q0 * T, T);
-      });
-    });
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    compute_.causal_softmax(a.att, static_cast<std::size_t>(batch) * H, T, scale);
-    for_each_head(batch, [&](int b, int h) {
-      const float* s = a.att + att_at(b, h);
-      for_each_query_block([&](int q0, int q1) {
-        compute_.gemm(false, false, q1 - q0, hs, q1, s + q0 * T, T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
-                      a.y + head_at(b, h) + q0 * static_cast<std::size_t>(C), C);
-      });
-    });
+    attention_heads(
+        batch,
+        [&](int b, int h) {
+          const float* q = a.qkv + qkv_at(b, h);
+          float* s = a.att + att_at(b, h);
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, true, q1 - q0, q1, hs, q + q0 * row3, 3 * C, q + C, 3 * C, s + q0 * T, T);
+          });
+        },
+        [&](std::size_t first, std::size_t matrices) { compute_.causal_softmax(a.att + first, matrices, T, scale); },
+        [&](int b, int h) {
+          const float* s = a.att + att_at(b, h);
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, false, q1 - q0, hs, q1, s + q0 * T, T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
+                          a.y + head_at(b, h) + q0 * static_cast<std::size_t>(C), C);
+          });
+        });
     linear_forward(a.y, p + off[kAttnProjWeight], p + off[kAttnProjBias], N, C, C, a.x_mid, a.x_in);
     compute_.layernorm_forward(a.x_mid, p + off[kLn2Weight], p + off[kLn2Bias], N, C, a.ln2, a.ln2_mean, a.ln2_rstd);
     linear_forward(a.ln2, p + off[kFcWeight], p + off[kFcBias], N, C, 4 * C, a.fc);
@@ -620,7 +632,7 @@ class GptModel {
   // dres_ holds d(loss)/d(a.x_out) and becomes d(loss)/d(a.x_in); g gets the
   // block's parameter gradients.
   void block_backward(const float* p, const std::vector<std::size_t>& off, const BlockActs& a, int batch, float* g) {
-    const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
+    const int C = cfg_.width, T = cfg_.context, hs = cfg_.head_size();
     const std::size_t N = rows(batch);
     // MLP: x_out = x_mid + proj(gelu(fc(ln2(x_mid)))).
     linear_backward(dres_, a.gelu, p + off[kMlpProjWeight], N, 4 * C, C, g + off[kMlpProjWeight], g + off[kMlpProjBias],
@@ -636,30 +648,34 @@ class GptModel {
     // The same range as a key block [k0, k1) = [q0, q1): its rows of dv and
     // dk gather from the queries [k0, T) that see those keys.
     const std::size_t row = static_cast<std::size_t>(C), row3 = 3 * row;
-    for_each_head(batch, [&](int b, int h) {
-      const float* v = a.qkv + qkv_at(b, h) + 2 * C;
-      const float* dy = dtmp_ + head_at(b, h);
-      const float* P = a.att + att_at(b, h);
-      float* dP = datt_ + att_at(b, h);
-      float* dv = dqkv_ + qkv_at(b, h) + 2 * C;
-      for_each_query_block([&](int q0, int q1) {
-        compute_.gemm(false, true, q1 - q0, q1, hs, dy + q0 * row, C, v, 3 * C, dP + q0 * T, T);  // dP = dy v^T
-        compute_.gemm(true, false, q1 - q0, hs, T - q0, P + q0 * T + q0, T, dy + q0 * row, C, dv + q0 * row3,
-                      3 * C);  // dv = P^T dy
-      });
-    });
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    compute_.causal_softmax_backward(a.att, datt_, static_cast<std::size_t>(batch) * H, T, scale);
-    for_each_head(batch, [&](int b, int h) {
-      const float* q = a.qkv + qkv_at(b, h);
-      const float* dS = datt_ + att_at(b, h);
-      float* dq = dqkv_ + qkv_at(b, h);
-      for_each_query_block([&](int q0, int q1) {
-        compute_.gemm(false, false, q1 - q0, hs, q1, dS + q0 * T, T, q + C, 3 * C, dq + q0 * row3, 3 * C);  // dq = dS k
-        compute_.gemm(true, false, q1 - q0, hs, T - q0, dS + q0 * T + q0, T, q + q0 * row3, 3 * C,
-                      dq + C + q0 * row3, 3 * C);  // dk = dS^T q
-      });
-    });
+    attention_heads(
+        batch,
+        [&](int b, int h) {
+          const float* v = a.qkv + qkv_at(b, h) + 2 * C;
+          const float* dy = dtmp_ + head_at(b, h);
+          const float* P = a.att + att_at(b, h);
+          float* dP = datt_ + att_at(b, h);
+          float* dv = dqkv_ + qkv_at(b, h) + 2 * C;
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, true, q1 - q0, q1, hs, dy + q0 * row, C, v, 3 * C, dP + q0 * T, T);  // dP = dy v^T
+            compute_.gemm(true, false, q1 - q0, hs, T - q0, P + q0 * T + q0, T, dy + q0 * row, C, dv + q0 * row3,
+                          3 * C);  // dv = P^T dy
+          });
+        },
+        [&](std::size_t first, std::size_t matrices) {
+          compute_.causal_softmax_backward(a.att + first, datt_ + first, matrices, T, scale);
+        },
+        [&](int b, int h) {
+          const float* q = a.qkv + qkv_at(b, h);
+          const float* dS = datt_ + att_at(b, h);
+          float* dq = dqkv_ + qkv_at(b, h);
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, false, q1 - q0, hs, q1, dS + q0 * T, T, q + C, 3 * C, dq + q0 * row3, 3 * C);  // dq = dS k
+            compute_.gemm(true, false, q1 - q0, hs, T - q0, dS + q0 * T + q0, T, q + q0 * row3, 3 * C,
+                          dq + C + q0 * row3, 3 * C);  // dk = dS^T q
+          });
+        });
     linear_backward(dqkv_, a.ln1, p + off[kQkvWeight], N, C, 3 * C, g + off[kQkvWeight], g + off[kQkvBias], dtmp_);
     compute_.layernorm_backward(dtmp_, a.x_in, p + off[kLn1Weight], a.ln1_mean, a.ln1_rstd, N, C, dres_,
                                 g + off[kLn1Weight], g + off[kLn1Bias]);

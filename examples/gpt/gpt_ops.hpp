@@ -15,6 +15,24 @@
 
 #include <math.h>
 
+// On the host, the loops marked ZERO_GPT_SIMD_LOOP call glibc's vector expf
+// (libmvec, which libm links as needed; 16 values per call with AVX-512)
+// where expf is declared a SIMD function: GELU's expf, one call per element,
+// was a quarter of the host's time, the softmax's a twentieth. The vector
+// expf's results differ from the scalar one's by an ulp or so, as CUDA's
+// expf does. GCC only: Clang 14 needs -fveclib to call libmvec and warns
+// that it could not vectorise the loops.
+#if ZERO_HAS_OPENMP && ZERO_HOST_SIMD_X86 && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__CUDACC__)
+extern "C" {
+#pragma omp declare simd notinbranch
+float expf(float) noexcept;
+}
+#define ZERO_GPT_SIMD_LOOP _Pragma("omp simd")
+#else
+#define ZERO_GPT_SIMD_LOOP
+#endif
+
 namespace gpt::ops {
 
 inline constexpr float kLayerNormEps = 1e-5f;  // torch.nn.LayerNorm's default
@@ -116,6 +134,7 @@ ZERO_HOST_DEVICE inline float gelu_backward(float x, float dout) {
 ZERO_HOST_DEVICE inline void causal_softmax_row(float* score, int row, int n, float scale) {
   for (int j = 0; j <= row; ++j) score[j] *= scale;
   const float max = row_max(score, row + 1);
+  ZERO_GPT_SIMD_LOOP
   for (int j = 0; j <= row; ++j) score[j] = expf(score[j] - max);
   const float sum = row_sum(row + 1, [&](int j) { return score[j]; });
   const float inv = 1.0f / sum;
