@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """Host speed of the GPT example beside PyTorch 1.13, side by side in one run.
 
-    /usr/bin/python3 bench/gpt_torch.py --trainer build/examples/gpt_train [--steps 20] [--rounds 2]
+    /usr/bin/python3 bench/gpt_torch.py --trainer build/examples/gpt_train [--steps 20] [--rounds 2] [--threads 2]
 
 Trains the same model (tests/gpt/torch_gpt.py: 4 layers, width 128, 4 heads,
 context 128 on The Devil's Dictionary, AdamW, clipping at 1) on the same
 global batch (32 windows of 128 characters = 4096 tokens per step) with:
-  torch default  PyTorch, one process, torch.set_num_threads(2), OpenMP's
+  torch default  PyTorch, one process, torch.set_num_threads(--threads), OpenMP's
                  wait policy as the environment leaves it (libgomp's default
                  when unset: spin a while, then sleep)
   torch passive  the same under OMP_WAIT_POLICY=passive (waiting threads sleep)
@@ -14,7 +14,10 @@ global batch (32 windows of 128 characters = 4096 tokens per step) with:
   zero 4r s3     gpt_train --ranks 4 --stage 3 --micro-batch 8
 alternating them for --rounds rounds (the machine's speed drifts), and prints
 each one's tokens/s (median over rounds) and the ratios to both PyTorch runs
-and to the faster of them.
+and to the faster of them. The trainer runs with OMP_NUM_THREADS=--threads.
+On cores other work shares, --threads 1 compares what each side does with
+one core: with 2 threads, how much of the second core each side gets
+depends on the other work.
 
 Why two PyTorch runs: the trainer sets OMP_WAIT_POLICY=passive for itself
 where the environment sets no policy (examples/common/openmp_waits.hpp), and
@@ -36,7 +39,6 @@ import time
 
 LAYERS, WIDTH, HEADS, CONTEXT, BATCH = 4, 128, 4, 128, 32
 CORPUS = "/usr/share/dictd/devil.dict.dz"
-THREADS = 2
 # PyTorch's runs: name -> OMP_WAIT_POLICY (None: as the environment leaves it).
 TORCH_POLICIES = {"torch default": None, "torch passive": "passive"}
 
@@ -57,13 +59,13 @@ def openblas_coretype():
     return "SkylakeX" if "avx512f" in flags else "Haswell" if "avx2" in flags else ""
 
 
-def torch_tokens_per_s(steps, warmup=3):
+def torch_tokens_per_s(steps, threads, warmup=3):
     """Runs in a subprocess (see --torch-worker), after its environment is set."""
     import torch
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpt"))
     import torch_gpt
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(threads)
     torch.manual_seed(1)
     text = gzip.open(CORPUS).read()
     alphabet = sorted(set(text))
@@ -96,11 +98,11 @@ def torch_tokens_per_s(steps, warmup=3):
           f"threads {torch.get_num_threads()}")
 
 
-def run_torch(steps, policy):
+def run_torch(steps, threads, policy):
     env = dict(os.environ)
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
-    cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", "--steps", str(steps)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", "--steps", str(steps), "--threads", str(threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     m = re.search(r"^tokens/s ([0-9.]+) torch (\S+) threads (\d+)", out, re.M)
     if not m:
@@ -108,11 +110,12 @@ def run_torch(steps, policy):
     return float(m.group(1)), f"torch {m.group(2)}, {m.group(3)} threads"
 
 
-def zero_tokens_per_s(trainer, ranks, stage, steps):
+def zero_tokens_per_s(trainer, ranks, stage, steps, threads):
     cmd = [trainer, "--ranks", str(ranks), "--stage", str(stage), "--micro-batch", str(BATCH // ranks),
            "--layers", str(LAYERS), "--width", str(WIDTH), "--heads", str(HEADS), "--context", str(CONTEXT),
            "--steps", str(steps), "--eval-every", str(steps), "--sample", "0"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     m = re.search(r"^training: ([0-9.]+) s, ([0-9.]+) tokens/s, ([0-9.]+) ms/step", out, re.M)
     if not m:
         sys.exit("no 'training:' line in the trainer's output:\n" + out)
@@ -124,11 +127,12 @@ def main():
     ap.add_argument("--trainer")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["OPENBLAS_CORETYPE"] = openblas_coretype()  # before torch loads OpenBLAS
     if args.torch_worker:
-        torch_tokens_per_s(args.steps)
+        torch_tokens_per_s(args.steps, args.threads)
         return
     if not args.trainer:
         ap.error("--trainer is required")
@@ -138,10 +142,10 @@ def main():
     torch_desc = ""
     for r in range(args.rounds):
         for key, policy in TORCH_POLICIES.items():
-            tps, torch_desc = run_torch(args.steps, policy)
+            tps, torch_desc = run_torch(args.steps, args.threads, policy)
             runs[key].append(tps)
         for key, (ranks, stage) in zero_runs.items():
-            tps, step_ms = zero_tokens_per_s(args.trainer, ranks, stage, args.steps)
+            tps, step_ms = zero_tokens_per_s(args.trainer, ranks, stage, args.steps, args.threads)
             runs[key].append(tps)
             ms[key].append(step_ms)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()) + " tokens/s, load "
@@ -150,7 +154,8 @@ def main():
     fastest = max(TORCH_POLICIES, key=lambda k: med[k])
     env_policy = os.environ.get("OMP_WAIT_POLICY", "(unset)")
     print(f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}; {torch_desc}; torch default ran with "
-          f"OMP_WAIT_POLICY={env_policy}, the trainer with {env_policy if env_policy != '(unset)' else 'passive'}; "
+          f"OMP_WAIT_POLICY={env_policy}, the trainer with {env_policy if env_policy != '(unset)' else 'passive'} "
+          f"and OMP_NUM_THREADS={args.threads}; "
           f"{BATCH}x{CONTEXT} tokens/step, {args.steps} steps x {args.rounds} rounds, medians:")
     print(f"{'':13s} {'tokens/s':>9s}" + "".join(f"{'vs ' + t:>19s}" for t in TORCH_POLICIES))
     for k, v in med.items():
