@@ -94,9 +94,9 @@ __global__ void layernorm_param_grads(const float* dout, const float* x, const f
   db[c] = sb;
 }
 
-__global__ void add_bias(float* out, const float* b, std::size_t N, int O) {
+__global__ void bias_rows(float* out, const float* b, const float* residual, std::size_t N, int O) {
   const std::size_t i = thread_index();
-  if (i < N * O) out[i] = ops::add(out[i], b[i % O]);
+  if (i < N * O) out[i] = residual == nullptr ? b[i % O] : ops::add(b[i % O], residual[i]);
 }
 
 __global__ void column_sums(const float* d, std::size_t N, int O, float* out) {
@@ -105,11 +105,6 @@ __global__ void column_sums(const float* d, std::size_t N, int O, float* out) {
   float s = 0.0f;
   for (std::size_t n = 0; n < N; ++n) s += d[n * O + o];
   out[o] = s;
-}
-
-__global__ void add_into(float* x, const float* y, std::size_t n) {
-  const std::size_t i = thread_index();
-  if (i < n) x[i] = ops::add(x[i], y[i]);
 }
 
 __global__ void gelu_forward(const float* x, float* y, std::size_t n) {
@@ -206,14 +201,17 @@ class CudaCompute {
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   }
 
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T; with
+  // `accumulate`, C += op(A) op(B).
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-            float* C, int ldc) {
+            float* C, int ldc, bool accumulate = false) {
     const float one = 1.0f, zero = 0.0f;
     check_cublas(cublasSgemm(handle_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                             N, M, K, &one, B, ldb, A, lda, &zero, C, ldc),
+                             N, M, K, &one, B, ldb, A, lda, accumulate ? &one : &zero, C, ldc),
                  "cublasSgemm");
   }
+  // Causal attention as one product per head (see GptModel::for_each_query_block).
+  static constexpr int causal_block() { return 0; }
   void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T, int C,
                      float* x) {
     launch(cuda_kernels::embed_forward, "gpt embed_forward", N * C, tokens, wte, wpe, N, T, C, x);
@@ -233,13 +231,13 @@ class CudaCompute {
     launch(cuda_kernels::layernorm_param_grads, "gpt layernorm_param_grads", static_cast<std::size_t>(C), dout, x,
            mean, rstd, N, C, dw, db);
   }
-  void add_bias(float* out, const float* b, std::size_t N, int O) {
-    launch(cuda_kernels::add_bias, "gpt add_bias", N * O, out, b, N, O);
+  // out[n] = b, plus residual[n] unless it is null.
+  void bias_rows(float* out, const float* b, const float* residual, std::size_t N, int O) {
+    launch(cuda_kernels::bias_rows, "gpt bias_rows", N * O, out, b, residual, N, O);
   }
   void column_sums(const float* d, std::size_t N, int O, float* out) {
     launch(cuda_kernels::column_sums, "gpt column_sums", static_cast<std::size_t>(O), d, N, O, out);
   }
-  void add_into(float* x, const float* y, std::size_t n) { launch(cuda_kernels::add_into, "gpt add_into", n, x, y, n); }
   void gelu_forward(const float* x, float* y, std::size_t n) {
     launch(cuda_kernels::gelu_forward, "gpt gelu_forward", n, x, y, n);
   }

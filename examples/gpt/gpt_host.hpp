@@ -27,22 +27,6 @@
 #include "gpt/gpt_ops.hpp"
 #include "zero/simd/dispatch.hpp"
 
-// GELU's expf (gpt_ops.hpp) was a quarter of the host's time, one call per
-// element. Declared as a SIMD function, the loops below that call it become
-// calls to glibc's vector expf (libmvec, which libm links as needed): 16
-// values per call with AVX-512. Its results differ from the scalar expf's by
-// an ulp or so, as CUDA's expf does. GCC only: Clang 14 needs -fveclib to
-// call libmvec and warns that it could not vectorise the loops.
-#if ZERO_HAS_OPENMP && ZERO_HOST_SIMD_X86 && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__)
-extern "C" {
-#pragma omp declare simd notinbranch
-float expf(float) noexcept;
-}
-#define ZERO_GPT_SIMD_LOOP _Pragma("omp simd")
-#else
-#define ZERO_GPT_SIMD_LOOP
-#endif
-
 namespace gpt {
 
 class HostCompute {
@@ -64,32 +48,40 @@ class HostCompute {
   void fill(float* p, std::size_t n, float value) { std::fill(p, p + n, value); }
   void copy(float* dst, const float* src, std::size_t n) { std::copy(src, src + n, dst); }
 
-  // C (M x N) = op(A) op(B), row-major; op(A) is M x K. A large product is
-  // cut along the longer of M and N into tiles of at least kMinTile rows or
-  // columns (at most kMaxTiles), one sgemm each; the cut depends on the
-  // shape only, so the bits do not depend on the threads.
+  // C (M x N) = op(A) op(B), row-major; op(A) is M x K; with `accumulate`,
+  // C += op(A) op(B). A large product is cut along the longer of M and N
+  // into tiles of at least kMinTile rows or columns (at most kMaxTiles), one
+  // sgemm each; the cut depends on the shape only, so the bits do not depend
+  // on the threads.
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-            float* C, int ldc) {
+            float* C, int ldc, bool accumulate = false) {
     const bool split_rows = M >= N;
     const int extent = split_rows ? M : N;
     const bool large = static_cast<double>(M) * N * K >= kMinSplitWork;
     const int tiles = large ? std::clamp(extent / kMinTile, 1, kMaxTiles) : 1;
-#pragma omp parallel for schedule(static) if (tiles > 1)
+    const float beta = accumulate ? 1.0f : 0.0f;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1)
     for (int t = 0; t < tiles; ++t) {
       const int begin = static_cast<int>(static_cast<long>(extent) * t / tiles);
       const int end = static_cast<int>(static_cast<long>(extent) * (t + 1) / tiles);
       if (split_rows) {  // rows [begin, end) of C: rows of op(A)
         const float* a = A + (trans_a ? begin : static_cast<std::size_t>(begin) * lda);
-        sgemm(trans_a, trans_b, end - begin, N, K, a, lda, B, ldb, C + static_cast<std::size_t>(begin) * ldc, ldc);
+        sgemm(trans_a, trans_b, end - begin, N, K, a, lda, B, ldb, beta, C + static_cast<std::size_t>(begin) * ldc,
+              ldc);
       } else {  // columns [begin, end) of C: columns of op(B)
         const float* b = B + (trans_b ? static_cast<std::size_t>(begin) * ldb : begin);
-        sgemm(trans_a, trans_b, M, end - begin, K, A, lda, b, ldb, C + begin, ldc);
+        sgemm(trans_a, trans_b, M, end - begin, K, A, lda, b, ldb, beta, C + begin, ldc);
       }
     }
   }
 
-  // body(i) for i in [0, n), side by side: the attention's per-head products
-  // (gpt_model.hpp), each too small to split.
+  // Query rows per block of causal attention (gpt_model.hpp): the per-head
+  // products skip the blocks above the diagonal, and each softmax row ends
+  // with its block (key_end), not the context.
+  static constexpr int causal_block() { return kCausalBlock; }
+
+  // body(i) for i in [0, n), side by side: attention's heads
+  // (GptModel::attention_heads), whose products are too small to split.
   template <class Body>
   void parallel_for(int n, const Body& body) {
 #pragma omp parallel for schedule(static)
@@ -99,10 +91,11 @@ class HostCompute {
   // x[n] = wte[token n] + wpe[n mod T].
   void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T, int C,
                      float* x) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      for (int c = 0; c < C; ++c)
-        x[n * C + c] = ops::add(wte[static_cast<std::size_t>(tokens[n]) * C + c], wpe[(n % T) * C + c]);
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n)
+        for (int c = 0; c < C; ++c)
+          x[n * C + c] = ops::add(wte[static_cast<std::size_t>(tokens[n]) * C + c], wpe[(n % T) * C + c]);
+    });
   }
   // dwte[token n] += d[n], dwpe[n mod T] += d[n] (rows in order: deterministic).
   void embed_backward(const std::uint8_t* tokens, const float* d, std::size_t N, int T, int C, float* dwte,
@@ -118,62 +111,72 @@ class HostCompute {
 
   void layernorm_forward(const float* x, const float* w, const float* b, std::size_t N, int C, float* out,
                          float* mean, float* rstd) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n) {
-      const ops::RowStats s = ops::layernorm_forward_row(x + n * C, w, b, out + n * C, C);
-      mean[n] = s.mean;
-      rstd[n] = s.rstd;
-    }
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n) {
+        const ops::RowStats s = ops::layernorm_forward_row(x + n * C, w, b, out + n * C, C);
+        mean[n] = s.mean;
+        rstd[n] = s.rstd;
+      }
+    });
   }
   // dx += d(loss)/d(x); dw, db overwritten.
   void layernorm_backward(const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
                           std::size_t N, int C, float* dx, float* dw, float* db) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{mean[n], rstd[n]}, dx + n * C, C);
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n)
+        ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{mean[n], rstd[n]}, dx + n * C, C);
+    });
     by_column_block(C, [&](int c0, int c1) {
-      std::fill(dw + c0, dw + c1, 0.0f);
-      std::fill(db + c0, db + c1, 0.0f);
-      for (std::size_t n = 0; n < N; ++n)
-        for (int c = c0; c < c1; ++c) {
-          dw[c] += dout[n * C + c] * ops::layernorm_normalized(x[n * C + c], ops::RowStats{mean[n], rstd[n]});
-          db[c] += dout[n * C + c];
-        }
+      const float* d = dout + c0;
+      sum_rows(N, c1 - c0, dw + c0, [&](std::size_t n, int c) {
+        return d[n * C + c] * ops::layernorm_normalized(x[n * C + c0 + c], ops::RowStats{mean[n], rstd[n]});
+      });
+      sum_rows(N, c1 - c0, db + c0, [&](std::size_t n, int c) { return d[n * C + c]; });
     });
   }
 
-  void add_bias(float* out, const float* b, std::size_t N, int O) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t n = 0; n < N; ++n)
-      for (int o = 0; o < O; ++o) out[n * O + o] = ops::add(out[n * O + o], b[o]);
+  // out[n] = b, plus residual[n] unless it is null: a linear layer's output
+  // before gemm(accumulate) adds the product (one pass instead of zeroing,
+  // adding the bias and adding the residual).
+  void bias_rows(float* out, const float* b, const float* residual, std::size_t N, int O) {
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+      for (std::size_t n = n0; n < n1; ++n) {
+        float* row = out + n * O;
+        if (residual == nullptr) {
+          for (int o = 0; o < O; ++o) row[o] = b[o];
+        } else {
+          for (int o = 0; o < O; ++o) row[o] = ops::add(b[o], residual[n * O + o]);
+        }
+      }
+    });
   }
   void column_sums(const float* d, std::size_t N, int O, float* out) {
     by_column_block(O, [&](int o0, int o1) {
-      std::fill(out + o0, out + o1, 0.0f);
-      for (std::size_t n = 0; n < N; ++n)
-        for (int o = o0; o < o1; ++o) out[o] += d[n * O + o];
+      sum_rows(N, o1 - o0, out + o0, [&](std::size_t n, int o) { return d[n * O + o0 + o]; });
     });
-  }
-  void add_into(float* x, const float* y, std::size_t n) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) x[i] = ops::add(x[i], y[i]);
   }
 
   void gelu_forward(const float* x, float* y, std::size_t n) { zero::simd::parallel_dispatch<GeluForward>(n, x, y); }
   // d = d(loss)/d(x) from d = d(loss)/d(gelu(x)), in place.
   void gelu_backward(const float* x, float* d, std::size_t n) { zero::simd::parallel_dispatch<GeluBackward>(n, x, d); }
 
-  // `matrices` T x T score matrices back to back; row r is row r mod T of its matrix.
+  // `matrices` T x T score matrices back to back; row r is row r mod T of
+  // its matrix, defined up to the end of its query block (key_end).
   void causal_softmax(float* att, std::size_t matrices, int T, float scale) {
-    const std::size_t rows = matrices * static_cast<std::size_t>(T);
-#pragma omp parallel for schedule(static)
-    for (std::size_t r = 0; r < rows; ++r) ops::causal_softmax_row(att + r * T, static_cast<int>(r % T), T, scale);
+    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        const int row = static_cast<int>(r % T);
+        ops::causal_softmax_row(att + r * T, row, key_end(row, T), scale);
+      }
+    });
   }
   void causal_softmax_backward(const float* att, float* datt, std::size_t matrices, int T, float scale) {
-    const std::size_t rows = matrices * static_cast<std::size_t>(T);
-#pragma omp parallel for schedule(static)
-    for (std::size_t r = 0; r < rows; ++r)
-      ops::causal_softmax_backward_row(att + r * T, datt + r * T, static_cast<int>(r % T), T, scale);
+    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        const int row = static_cast<int>(r % T);
+        ops::causal_softmax_backward_row(att + r * T, datt + r * T, row, key_end(row, T), scale);
+      }
+    });
   }
 
   // Adds the N rows' losses to the running total; with `backward`, logits
@@ -211,26 +214,71 @@ class HostCompute {
   };
 
   // Products below this many multiply-adds run as one sgemm (the tiles' setup
-  // would cost more than the second thread gains).
+  // would cost more than the second thread gains). Each tile packs the
+  // operand all tiles share again: on the GPT's products (4096 rows, K 128
+  // to 4096) 16 tiles ran at 50-75% of the GFLOP/s of 2 or 4, and 4 leave
+  // room to balance two threads on busy cores (tiles are taken dynamically).
   static constexpr double kMinSplitWork = 4.0 * (1 << 20);
   static constexpr int kMinTile = 64;
-  static constexpr int kMaxTiles = 16;
-  // Columns per block of a sum over rows: one 64-byte cache line of floats.
+  static constexpr int kMaxTiles = 4;
+  static constexpr int kCausalBlock = 32;
+  // The end of the keys that row `row`'s query block sees.
+  static int key_end(int row, int T) { return std::min(T, (row / kCausalBlock + 1) * kCausalBlock); }
+  // Columns per block of a sum over rows: one 64-byte cache line of floats,
+  // one AVX-512 register of sums.
   static constexpr int kColumnBlock = 16;
+  // Rows per range of a row-wise loop (vector_ranges).
+  static constexpr std::size_t kRowGrain = 64;
 
   static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                    float* C, int ldc) {
+                    float beta, float* C, int ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+                1.0f, A, lda, B, ldb, beta, C, ldc);
+  }
+
+  // A body for zero::simd::dispatch: f() compiled for the instruction set
+  // Isa (`flatten` compiles f and all it calls into the one function). The
+  // build's default target is SSE2: the row loops of gpt_ops.hpp ran 4 wide.
+  struct Vectorised {
+    template <class Isa, class F>
+    static void run(const F& f) {
+      f();
+    }
+  };
+
+  // body(begin, end) for the ranges of `grain` items that tile [0, n), side
+  // by side, each compiled for the CPU's widest vector instructions.
+  template <class Body>
+  static void vector_ranges(std::size_t n, std::size_t grain, const Body& body) {
+    const zero::simd::IsaLevel level = zero::simd::active_isa();
+    const std::size_t ranges = (n + grain - 1) / grain;
+#pragma omp parallel for schedule(static)
+    for (std::size_t r = 0; r < ranges; ++r)
+      zero::simd::dispatch<Vectorised>(level, [&] { body(r * grain, std::min(n, (r + 1) * grain)); });
   }
 
   // body(c0, c1) for each block of kColumnBlock columns of `cols`, side by
   // side; a body sums its columns over the rows in order, as one thread would.
   template <class Body>
   static void by_column_block(int cols, const Body& body) {
-    const int blocks = (cols + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static)
-    for (int k = 0; k < blocks; ++k) body(k * kColumnBlock, std::min(cols, (k + 1) * kColumnBlock));
+    vector_ranges(static_cast<std::size_t>(cols), kColumnBlock,
+                  [&](std::size_t c0, std::size_t c1) { body(static_cast<int>(c0), static_cast<int>(c1)); });
+  }
+
+  // out[c] = the sum of term(n, c) over the rows n in order, for c in
+  // [0, width), width <= kColumnBlock: the sums of a block stay in registers
+  // (in memory, each add would wait for the last one's store).
+  template <class Term>
+  static void sum_rows(std::size_t N, int width, float* out, const Term& term) {
+    float acc[kColumnBlock] = {};
+    if (width == kColumnBlock) {
+      for (std::size_t n = 0; n < N; ++n)
+        for (int c = 0; c < kColumnBlock; ++c) acc[c] += term(n, c);
+    } else {
+      for (std::size_t n = 0; n < N; ++n)
+        for (int c = 0; c < width; ++c) acc[c] += term(n, c);
+    }
+    std::copy(acc, acc + width, out);
   }
 };
 

@@ -528,10 +528,13 @@ class GptModel {
                   " token losses of staged passes were not read; call take_loss_sum() first");
   }
 
-  // out (N x O) = in (N x I) W^T + b, W as nn.Linear: O x I.
-  void linear_forward(const float* in, const float* w, const float* b, std::size_t N, int I, int O, float* out) {
-    compute_.gemm(false, true, static_cast<int>(N), O, I, in, I, w, I, out, O);
-    compute_.add_bias(out, b, N, O);
+  // out (N x O) = in (N x I) W^T + b, W as nn.Linear: O x I, plus the
+  // residual stream (N x O) unless it is null. The bias and residual are
+  // laid down first and the product added to them.
+  void linear_forward(const float* in, const float* w, const float* b, std::size_t N, int I, int O, float* out,
+                      const float* residual = nullptr) {
+    compute_.bias_rows(out, b, residual, N, O);
+    compute_.gemm(false, true, static_cast<int>(N), O, I, in, I, w, I, out, O, /*accumulate=*/true);
   }
 
   // dW = dout^T in, db = column sums of dout, din = dout W (all overwritten).
@@ -554,51 +557,82 @@ class GptModel {
     return (static_cast<std::size_t>(b) * cfg_.heads + h) * cfg_.context * cfg_.context;
   }
 
-  // body(b, h) for every head h of every sequence b of the batch: the heads'
-  // small products, independent of each other. A Compute with parallel_for
-  // (the host's OpenMP threads) runs them side by side; otherwise (CUDA, one
-  // stream) they are queued in order.
+  // body(q0, q1) for each block of query rows [q0, q1) of causal attention:
+  // those rows attend to keys [0, q1) only, so the products skip the blocks
+  // above the diagonal (a little over half the work). Compute::causal_block()
+  // says the rows per block: the host's many small products side by side
+  // gain; 0 (CUDA, one product per head queued in order) takes the whole
+  // context as one block, the square whose upper half the softmax zeroes.
   template <class Body>
-  void for_each_head(int batch, const Body& body) {
+  void for_each_query_block(const Body& body) const {
+    const int T = cfg_.context;
+    const int block = compute_.causal_block() > 0 ? std::min(compute_.causal_block(), T) : T;
+    for (int q0 = 0; q0 < T; q0 += block) body(q0, std::min(T, q0 + block));
+  }
+
+  // Attention's three steps for every head h of every sequence b of the
+  // batch: before(b, h), softmax(first, matrices) over `matrices` T x T
+  // matrices from element `first` of the heads' matrices, after(b, h). The
+  // heads are independent of each other. A Compute with parallel_for (the
+  // host's OpenMP threads) runs the heads side by side, each head's three
+  // steps together, while its matrix is in cache; otherwise (CUDA, one
+  // stream) each step is queued for all heads in turn, the softmax as one
+  // launch.
+  template <class Before, class Softmax, class After>
+  void attention_heads(int batch, const Before& before, const Softmax& softmax, const After& after) {
     const int H = cfg_.heads;
-    auto pair = [&](int i) { body(i / H, i % H); };
-    if constexpr (requires { compute_.parallel_for(batch * H, pair); }) {
-      compute_.parallel_for(batch * H, pair);
+    auto head = [&](int i) {
+      before(i / H, i % H);
+      softmax(att_at(i / H, i % H), std::size_t{1});
+      after(i / H, i % H);
+    };
+    if constexpr (requires { compute_.parallel_for(batch * H, head); }) {
+      compute_.parallel_for(batch * H, head);
     } else {
-      for (int i = 0; i < batch * H; ++i) pair(i);
+      for (int i = 0; i < batch * H; ++i) before(i / H, i % H);
+      softmax(std::size_t{0}, static_cast<std::size_t>(batch) * H);
+      for (int i = 0; i < batch * H; ++i) after(i / H, i % H);
     }
   }
 
   // a.x_out = block(a.x_in).
   void block_forward(const float* p, const std::vector<std::size_t>& off, BlockActs& a, int batch) {
-    const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
+    const int C = cfg_.width, T = cfg_.context, hs = cfg_.head_size();
     const std::size_t N = rows(batch);
     compute_.layernorm_forward(a.x_in, p + off[kLn1Weight], p + off[kLn1Bias], N, C, a.ln1, a.ln1_mean, a.ln1_rstd);
     linear_forward(a.ln1, p + off[kQkvWeight], p + off[kQkvBias], N, C, 3 * C, a.qkv);
-    // Scores q k^T, causal softmax of scores / sqrt(head size), then P v.
-    for_each_head(batch, [&](int b, int h) {
-      const float* q = a.qkv + qkv_at(b, h);
-      compute_.gemm(false, true, T, T, hs, q, 3 * C, q + C, 3 * C, a.att + att_at(b, h), T);
-    });
+    // Scores q k^T, causal softmax of scores / sqrt(head size), then P v;
+    // query rows [q0, q1) against keys [0, q1).
+    const std::size_t row3 = 3 * static_cast<std::size_t>(C);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    compute_.causal_softmax(a.att, static_cast<std::size_t>(batch) * H, T, scale);
-    for_each_head(batch, [&](int b, int h) {
-      compute_.gemm(false, false, T, hs, T, a.att + att_at(b, h), T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
-                    a.y + head_at(b, h), C);
-    });
-    linear_forward(a.y, p + off[kAttnProjWeight], p + off[kAttnProjBias], N, C, C, a.x_mid);
-    compute_.add_into(a.x_mid, a.x_in, N * C);
+    attention_heads(
+        batch,
+        [&](int b, int h) {
+          const float* q = a.qkv + qkv_at(b, h);
+          float* s = a.att + att_at(b, h);
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, true, q1 - q0, q1, hs, q + q0 * row3, 3 * C, q + C, 3 * C, s + q0 * T, T);
+          });
+        },
+        [&](std::size_t first, std::size_t matrices) { compute_.causal_softmax(a.att + first, matrices, T, scale); },
+        [&](int b, int h) {
+          const float* s = a.att + att_at(b, h);
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, false, q1 - q0, hs, q1, s + q0 * T, T, a.qkv + qkv_at(b, h) + 2 * C, 3 * C,
+                          a.y + head_at(b, h) + q0 * static_cast<std::size_t>(C), C);
+          });
+        });
+    linear_forward(a.y, p + off[kAttnProjWeight], p + off[kAttnProjBias], N, C, C, a.x_mid, a.x_in);
     compute_.layernorm_forward(a.x_mid, p + off[kLn2Weight], p + off[kLn2Bias], N, C, a.ln2, a.ln2_mean, a.ln2_rstd);
     linear_forward(a.ln2, p + off[kFcWeight], p + off[kFcBias], N, C, 4 * C, a.fc);
     compute_.gelu_forward(a.fc, a.gelu, N * 4 * static_cast<std::size_t>(C));
-    linear_forward(a.gelu, p + off[kMlpProjWeight], p + off[kMlpProjBias], N, 4 * C, C, a.x_out);
-    compute_.add_into(a.x_out, a.x_mid, N * C);
+    linear_forward(a.gelu, p + off[kMlpProjWeight], p + off[kMlpProjBias], N, 4 * C, C, a.x_out, a.x_mid);
   }
 
   // dres_ holds d(loss)/d(a.x_out) and becomes d(loss)/d(a.x_in); g gets the
   // block's parameter gradients.
   void block_backward(const float* p, const std::vector<std::size_t>& off, const BlockActs& a, int batch, float* g) {
-    const int C = cfg_.width, T = cfg_.context, H = cfg_.heads, hs = cfg_.head_size();
+    const int C = cfg_.width, T = cfg_.context, hs = cfg_.head_size();
     const std::size_t N = rows(batch);
     // MLP: x_out = x_mid + proj(gelu(fc(ln2(x_mid)))).
     linear_backward(dres_, a.gelu, p + off[kMlpProjWeight], N, 4 * C, C, g + off[kMlpProjWeight], g + off[kMlpProjBias],
@@ -610,20 +644,38 @@ class GptModel {
     // Attention: x_mid = x_in + proj(attention(ln1(x_in))); dtmp_ = d(attention output).
     linear_backward(dres_, a.y, p + off[kAttnProjWeight], N, C, C, g + off[kAttnProjWeight], g + off[kAttnProjBias],
                     dtmp_);
-    for_each_head(batch, [&](int b, int h) {
-      const float* v = a.qkv + qkv_at(b, h) + 2 * C;
-      const float* dy = dtmp_ + head_at(b, h);
-      compute_.gemm(false, true, T, T, hs, dy, C, v, 3 * C, datt_ + att_at(b, h), T);                  // dP = dy v^T
-      compute_.gemm(true, false, T, hs, T, a.att + att_at(b, h), T, dy, C, dqkv_ + qkv_at(b, h) + 2 * C, 3 * C);  // dv = P^T dy
-    });
+    // Per query block [q0, q1): its rows of dP and dq reach keys [0, q1).
+    // The same range as a key block [k0, k1) = [q0, q1): its rows of dv and
+    // dk gather from the queries [k0, T) that see those keys.
+    const std::size_t row = static_cast<std::size_t>(C), row3 = 3 * row;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    compute_.causal_softmax_backward(a.att, datt_, static_cast<std::size_t>(batch) * H, T, scale);
-    for_each_head(batch, [&](int b, int h) {
-      const float* q = a.qkv + qkv_at(b, h);
-      const float* ds = datt_ + att_at(b, h);
-      compute_.gemm(false, false, T, hs, T, ds, T, q + C, 3 * C, dqkv_ + qkv_at(b, h), 3 * C);      // dq = dS k
-      compute_.gemm(true, false, T, hs, T, ds, T, q, 3 * C, dqkv_ + qkv_at(b, h) + C, 3 * C);       // dk = dS^T q
-    });
+    attention_heads(
+        batch,
+        [&](int b, int h) {
+          const float* v = a.qkv + qkv_at(b, h) + 2 * C;
+          const float* dy = dtmp_ + head_at(b, h);
+          const float* P = a.att + att_at(b, h);
+          float* dP = datt_ + att_at(b, h);
+          float* dv = dqkv_ + qkv_at(b, h) + 2 * C;
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, true, q1 - q0, q1, hs, dy + q0 * row, C, v, 3 * C, dP + q0 * T, T);  // dP = dy v^T
+            compute_.gemm(true, false, q1 - q0, hs, T - q0, P + q0 * T + q0, T, dy + q0 * row, C, dv + q0 * row3,
+                          3 * C);  // dv = P^T dy
+          });
+        },
+        [&](std::size_t first, std::size_t matrices) {
+          compute_.causal_softmax_backward(a.att + first, datt_ + first, matrices, T, scale);
+        },
+        [&](int b, int h) {
+          const float* q = a.qkv + qkv_at(b, h);
+          const float* dS = datt_ + att_at(b, h);
+          float* dq = dqkv_ + qkv_at(b, h);
+          for_each_query_block([&](int q0, int q1) {
+            compute_.gemm(false, false, q1 - q0, hs, q1, dS + q0 * T, T, q + C, 3 * C, dq + q0 * row3, 3 * C);  // dq = dS k
+            compute_.gemm(true, false, q1 - q0, hs, T - q0, dS + q0 * T + q0, T, q + q0 * row3, 3 * C,
+                          dq + C + q0 * row3, 3 * C);  // dk = dS^T q
+          });
+        });
     linear_backward(dqkv_, a.ln1, p + off[kQkvWeight], N, C, 3 * C, g + off[kQkvWeight], g + off[kQkvBias], dtmp_);
     compute_.layernorm_backward(dtmp_, a.x_in, p + off[kLn1Weight], a.ln1_mean, a.ln1_rstd, N, C, dres_,
                                 g + off[kLn1Weight], g + off[kLn1Bias]);
