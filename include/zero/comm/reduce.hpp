@@ -302,11 +302,15 @@ inline void reduce(DType t, void* out, const void* const* inputs, int n_inputs, 
 
 // dsts[k] = src for every k, `bytes` each (none overlapping src or each
 // other). With `stream`: one pass that reads src once and writes every
-// destination with non-temporal stores, through the reduction of one input
-// (a bit copy: no arithmetic touches the lanes).
+// destination with non-temporal stores, through the reduction of one fp32
+// input (a bit copy: no arithmetic touches the lanes), where every pointer
+// and the size are whole floats; else (a 16-bit block of odd length) memcpy.
 inline void copy(void* const* dsts, int n_dsts, const void* src, std::size_t bytes, bool stream) {
   if (bytes == 0 || n_dsts == 0) return;
-  if (!stream || bytes % sizeof(float) != 0) {
+  auto whole_floats = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0; };
+  bool as_floats = stream && bytes % sizeof(float) == 0 && whole_floats(src);
+  for (int k = 0; k < n_dsts && as_floats; ++k) as_floats = whole_floats(dsts[k]);
+  if (!as_floats) {
     for (int k = 0; k < n_dsts; ++k) std::memcpy(dsts[k], src, bytes);
     return;
   }
