@@ -16,8 +16,8 @@
 // read-heavy traffic runs at about 0.78 of a copy's bandwidth, which a copy
 // probe would have charged to the collective. Out of place, the probe is
 // timed with plain and with non-temporal stores and the faster counts, so
-// the limit is the memory's, not that of the communicator's choice of stores. Probe and collective alternate
-// timing by timing, so both see the same cache (at 64 MiB the buffers
+// the limit is the memory's, not that of the communicator's choice of
+// stores. Probe and collective alternate timing by timing, so both see the same cache (at 64 MiB the buffers
 // partly fit a large L3) and the same moment of a shared machine, whose
 // bandwidth drifts by 2x within one sweep. A collective over shared memory
 // cannot move less than (in units of S, n ranks):
@@ -257,20 +257,22 @@ std::vector<Row> sweep(Comm& c, Memory& mem, const char* name, const Options& o)
         // the lines were just read, as writes_an_input() in reduce.hpp says).
         const int variants = shape.in_place ? 1 : Memory::store_kinds;
         auto probe = [&](int v) { mem.fold(probe_out, shape.outputs, probe_in, shape.inputs, stream_bytes, v == 1); };
+        auto beside_probe = [&](auto&& collective) {
+          return fastest_times(c, mem, s, probe_bytes, o.reps, collective, variants, probe);
+        };
         Timings time;
         switch (op) {
           case Op::all_reduce:
-            time = fastest_times(c, mem, s, probe_bytes, o.reps,
-                                 [&] { c.all_reduce(a, count, t, zero::comm::ReduceOp::sum, false); }, variants, probe);
+            time = beside_probe([&] { c.all_reduce(a, count, t, zero::comm::ReduceOp::sum, false); });
             break;
           case Op::reduce_scatter:
-            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.reduce_scatter(a, b, part, t); }, variants, probe);
+            time = beside_probe([&] { c.reduce_scatter(a, b, part, t); });
             break;
           case Op::all_gather:
-            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.all_gather(b, a, part, t, false); }, variants, probe);
+            time = beside_probe([&] { c.all_gather(b, a, part, t, false); });
             break;
           case Op::broadcast:
-            time = fastest_times(c, mem, s, probe_bytes, o.reps, [&] { c.broadcast(a, count, t, 0); }, variants, probe);
+            time = beside_probe([&] { c.broadcast(a, count, t, 0); });
             break;
         }
         const double probe_GBps = static_cast<double>(probe_bytes) * n / time.probe_s / 1e9;

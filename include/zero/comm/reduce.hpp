@@ -81,8 +81,8 @@ struct ReduceArgs {
 // Whether a collective touching `footprint` bytes (all ranks' buffers) should
 // write with non-temporal stores: when it would not stay in the cache
 // anyway, caching the output only costs the extra read of each line. The
-// cache counted on is the private L2 of each core this process may run on,
-// at most half the last-level cache: the L3 that a core reports is shared
+// cache counted on is the private L2 of each online core, at most half the
+// last-level cache: the L3 that a core reports is shared
 // with the other cores of its socket and, in a virtual machine, with other
 // tenants. Measured on a 2-core VM of a 64-core Xeon (L2 2 MiB, L3 260 MiB
 // reported): streamed outputs were faster from 1 MiB collectives up (a
