@@ -16,9 +16,10 @@
 # ZERO_GPU_CARRY (default .gpu_carry in the repository root).
 #
 # The GPT trainer (examples/gpt, --backend cuda) needs what the examples need:
-# BLAS and zlib (from the machine), CLI11 (header-only) and its corpus, The
-# Devil's Dictionary, which GPU machines lack. `--prepare-carry`, run where
-# they are installed (apt libcli11-dev dict-devil), copies both into
+# BLAS and zlib (from the machine), CLI11, nlohmann-json and xxHash (header-only;
+# the last two for --save/--resume) and its corpus, The Devil's Dictionary,
+# which GPU machines lack. `--prepare-carry`, run where they are installed (apt
+# libcli11-dev nlohmann-json3-dev libxxhash-dev dict-devil), copies them into
 # .gpu_carry/ (git-ignored), which travels with the working tree when the
 # runner carries it; the build then adds .gpu_carry/include to the include
 # path. Without BLAS or zlib the examples do not configure: the GPT runs are
@@ -36,6 +37,8 @@ if [ "${1:-}" = --prepare-carry ]; then
   carry=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.gpu_carry
   mkdir -p "$carry/include" || exit 1
   cp -r /usr/include/CLI "$carry/include/" || { echo "no /usr/include/CLI: apt-get install libcli11-dev" >&2; exit 1; }
+  cp -r /usr/include/nlohmann /usr/include/xxhash.h "$carry/include/" ||
+    { echo "no nlohmann/ or xxhash.h: apt-get install nlohmann-json3-dev libxxhash-dev" >&2; exit 1; }
   cp /usr/share/dictd/devil.dict.dz "$carry/" || { echo "no corpus: apt-get install dict-devil" >&2; exit 1; }
   echo "prepared $carry ($(du -sh "$carry" | cut -f1)); carry .gpu_carry with the working tree"
   exit 0
@@ -219,6 +222,14 @@ if [ -x "$GPT_BIN" ] && [ -f "$CARRY/devil.dict.dz" -o -f /usr/share/dictd/devil
     run_step gpt_nccl_1rank 40 "$BENCHLOG" "${gpt[@]}" --comm nccl --stage 1
     GPT_RUNS+=(gpt_nccl_1rank)
   fi
+  # --save, SIGKILL after a checkpoint, --resume on the GPU: the uninterrupted
+  # run's val_loss to the last digit (2 ranks on this GPU; then resumed on 1).
+  if grep -q "ZERO_EXAMPLE_HAVE_CHECKPOINTS" "$BUILD/build.ninja" 2>/dev/null; then
+    run_step gpt_resume 60 "$BENCHLOG" python3 "$ROOT/tests/gpt/check_gpt_resume.py" "$GPT_BIN" \
+      --backend cuda --data "$corpus"
+  else
+    STATUS_LINES+=("$(printf '%-22s %s' gpt_resume "NOT RUN (built without checkpoints: --prepare-carry)")")
+  fi
 else
   STATUS_LINES+=("$(printf '%-22s %s' gpt_train "NOT RUN (not built: examples not configured, see build.log; or no corpus: --prepare-carry)")")
 fi
@@ -291,6 +302,9 @@ fi
         if (memory != "") printf "  %-16s memory/rank: %s\n", "", memory
       }' "$BENCHLOG"
   done
+  echo "GPT --save/--resume on this GPU (bench.log, gpt_resume):"
+  awk '/^== / { inside = ($2 == "gpt_resume" || $2 == "gpt_resume:") }
+       inside && /^(FAIL:|uninterrupted val_loss|refused as expected|checkpoints:)/ { print "  " $0 }' "$BENCHLOG"
   echo
   echo "offload::Cpu on this GPU (tests.log, test_cuda_engine --only offload):"
   grep -hE '^offload::Cpu (stage 2, 64 Mi|step split)' "$TESTLOG" 2>/dev/null | sed 's/^/  /'

@@ -84,8 +84,6 @@ void check_backend_choices(const Args& a) {
                                                      a.zero.optimizer + " --precision " + a.zero.precision +
                                                      "): a compile-time choice that keeps the CUDA build small; add "
                                                      "the type to train_rank_on_cuda() in examples/gpt/gpt_train_cuda.cu");
-  if (!a.save_dir.empty() || !a.resume_dir.empty())
-    throw CLI::ValidationError("--save/--resume", "are not built into --backend cuda yet (the host backend has them)");
 }
 
 void add_options(CLI::App& app, Args& a) {

@@ -8,6 +8,9 @@
 // this part instantiates only AdamW with fp32 or bf16 storage at stages 0-3
 // (8 optimizer types); the command line refuses the rest. To add one, add a
 // branch to train_rank_on_cuda() below and lift the check in gpt_train.cpp.
+// Checkpoints (--save, --resume) are the shared loop's, built in where Meson
+// found their headers: the optimizer's I/O reads and writes device state
+// through backend::Ops, as on the host.
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -6,9 +6,12 @@ digit. Resumed on another --ranks and --stage it must finish below the
 unigram entropy (its windows differ: each rank draws its own). Another --seed,
 another model width, and a directory without a checkpoint are clear errors.
 --save-async reports each save begun and completed; --keep-last keeps the newest.
-Skips (77) when The Devil's Dictionary is not installed.
+Skips (77) when The Devil's Dictionary is not installed (and no --data is given).
 
-    check_gpt_resume.py TRAINER
+    check_gpt_resume.py TRAINER [TRAINER OPTIONS...]
+
+TRAINER OPTIONS go on every command line: bench/gpu_check.sh runs this with
+`--backend cuda --data CORPUS` (two ranks on one GPU, then one).
 """
 import os
 import re
@@ -48,19 +51,21 @@ def refused(cmd, words):
 
 
 def main():
-    if not os.path.exists(CORPUS):
+    options = sys.argv[2:]
+    if "--data" not in options and not os.path.exists(CORPUS):
         print(f"SKIP: {CORPUS} missing (apt-get install dict-devil)")
         return 77
     trainer = sys.argv[1]
+    base = BASE + options
     failures = []
-    whole = last_val_loss(run([trainer] + BASE))
+    whole = last_val_loss(run([trainer] + base))
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         ckpt = os.path.join(tmp, "ckpt")
-        same, problems = kill_then_resume([trainer] + BASE, ckpt, 20, 40)
+        same, problems = kill_then_resume([trainer] + base, ckpt, 20, 40)
         failures += problems
         if last_val_loss(same) != whole:
             failures.append(f"resumed on the same configuration: val_loss {last_val_loss(same)}, uninterrupted {whole}")
-        moved = run([trainer] + with_flags(BASE, ranks="1", stage="1") + ["--resume", ckpt])
+        moved = run([trainer] + with_flags(base, ranks="1", stage="1") + ["--resume", ckpt])
         entropy = re.search(r"unigram entropy ([0-9.]+) nats/char", moved)
         if not entropy or not float(last_val_loss(moved)) < float(entropy.group(1)):
             failures.append("resumed on 1 rank at stage 1: no val_loss below the unigram entropy")
@@ -68,7 +73,7 @@ def main():
         # complete (the last at the end of the run); the two newest kept; the
         # training unchanged by saving.
         kept = os.path.join(tmp, "kept")
-        out = run([trainer] + BASE + ["--save", kept, "--save-every", "20", "--save-async", "--keep-last", "2"])
+        out = run([trainer] + base + ["--save", kept, "--save-every", "20", "--save-async", "--keep-last", "2"])
         for step in (20, 40, 60):
             for said in (f"saving checkpoint in the background: {kept}/step-{step:09d}",
                          f"saved checkpoint {kept}/step-{step:09d}"):
@@ -78,9 +83,9 @@ def main():
             failures.append(f"--keep-last 2 left {sorted(os.listdir(kept))}")
         if last_val_loss(out) != whole:
             failures.append(f"with --save-async: val_loss {last_val_loss(out)}, without saves {whole}")
-        for problem in (refused([trainer] + with_flags(BASE, seed="6") + ["--resume", ckpt], ["seed", "5", "6"]),
-                        refused([trainer] + with_flags(BASE, width="96") + ["--resume", ckpt], [ckpt]),
-                        refused([trainer] + BASE + ["--resume", os.path.join(tmp, "nothing")], ["nothing"])):
+        for problem in (refused([trainer] + with_flags(base, seed="6") + ["--resume", ckpt], ["seed", "5", "6"]),
+                        refused([trainer] + with_flags(base, width="96") + ["--resume", ckpt], [ckpt]),
+                        refused([trainer] + base + ["--resume", os.path.join(tmp, "nothing")], ["nothing"])):
             if problem:
                 failures.append(problem)
     for f in failures:
