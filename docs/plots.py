@@ -25,11 +25,14 @@ import os
 import re
 import sys
 
-import matplotlib
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+    from matplotlib.ticker import FuncFormatter  # noqa: E402
+except ImportError:  # the formulas and readers below work without it (tests/docs checks them); drawing does not
+    plt = None
 
 STAGE_COLORS = ["#555555", "#1f77b4", "#2ca02c", "#d62728"]
 STAGE_STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":")]
@@ -376,6 +379,9 @@ def main():
     parser.add_argument("--synthetic", action="store_true",
                         help="mark the figures as drawn from synthetic data (for testing the drawing)")
     args = parser.parse_args()
+    if plt is None:
+        print("plots.py: matplotlib is not installed (apt-get install python3-matplotlib)", file=sys.stderr)
+        return 1
     global SYNTHETIC
     SYNTHETIC = args.synthetic
     if not os.path.isdir(args.data):

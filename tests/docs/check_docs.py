@@ -3,7 +3,8 @@
 example in docs/zero-math.md agrees with the formulas docs/plots.py draws, and
 plots.py draws every figure from inputs in each format the programs write
 (zero_plan --json, bench_step_host --json lines, bench_comm --json, trainer
---history-json and trainer stdout). Skips (77) without matplotlib.
+--history-json and trainer stdout). Without matplotlib the drawing is not
+checked (it says so); the rest is.
 
     check_docs.py DOCS_DIR
 """
@@ -140,6 +141,9 @@ def check_plots(plots, data, out):
     series, paper, _ = plots.memory_from_plans([os.path.join(data, "plan", p) for p in os.listdir(os.path.join(data, "plan"))])
     check(series[3] == [(1, 16e9 + 1), (8, 2e9 + 1), (64, 16e9 / 64 + 1)], "plan totals by N: %s" % series.get(3))
     check(paper[0][0] == (1, 16e9), "paper model states from the plan: %s" % paper.get(0))
+    if plots.plt is None:
+        print("not checked: drawing the figures (matplotlib is not installed: apt-get install python3-matplotlib)")
+        return
     sys.argv = ["plots.py", "--data", data, "--out", out, "--synthetic"]
     check(plots.main() == 0, "plots.py failed")
     for name in ("memory_per_rank.png", "step_host.png", "comm_bandwidth.png", "comm_limit_ratio.png",
@@ -150,11 +154,6 @@ def check_plots(plots, data, out):
 
 def main():
     docs = os.path.abspath(sys.argv[1])
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("SKIP: matplotlib is not installed (apt-get install python3-matplotlib)")
-        return 77
     sys.path.insert(0, docs)
     import plots
     check_links(docs)
