@@ -16,10 +16,13 @@
 #pragma once
 
 #include <cblas.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -37,7 +40,31 @@ class HostCompute {
 #endif
   }
 
-  using Buffer = std::vector<float>;
+  // The activation arena (gpt_model.hpp), on 2 MiB pages where the kernel
+  // gives them on request (transparent huge pages in "madvise" mode): a
+  // step streams some hundred MiB of activations through the products, whose
+  // strided reads on 4 KiB pages missed the TLB.
+  template <class T>
+  struct HugePageAllocator {
+    using value_type = T;
+    HugePageAllocator() = default;
+    template <class U>
+    HugePageAllocator(const HugePageAllocator<U>&) {}
+    static constexpr std::size_t kPage = std::size_t{2} << 20;
+    T* allocate(std::size_t n) {
+      const std::size_t bytes = (n * sizeof(T) + kPage - 1) / kPage * kPage;
+      void* p = std::aligned_alloc(kPage, bytes);
+      if (p == nullptr) throw std::bad_alloc();
+#if defined(MADV_HUGEPAGE)
+      madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages the arena works as before
+#endif
+      return static_cast<T*>(p);
+    }
+    void deallocate(T* p, std::size_t) { std::free(p); }
+    template <class U>
+    bool operator==(const HugePageAllocator<U>&) const { return true; }
+  };
+  using Buffer = std::vector<float, HugePageAllocator<float>>;
   static Buffer allocate(std::size_t floats) { return Buffer(floats, 0.0f); }
 
   // Token ids are read where the caller keeps them.
