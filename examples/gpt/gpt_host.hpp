@@ -10,9 +10,10 @@
 // and a 128 x 128 x 32 head product was too small for OpenBLAS to split.
 //
 // Every result is independent of the number of threads: a product is cut
-// into tiles by its shape alone, and each sum over rows (bias, LayerNorm and
-// embedding gradients) runs over the rows in order, one column block per
-// iteration.
+// into tiles by its shape alone, a linear layer's weight and bias gradients
+// are sums of per-block partials (blocks of rows cut by shape) added in
+// block order, and each other sum over rows (LayerNorm and embedding
+// gradients) runs over the rows in order, one column block per iteration.
 #pragma once
 
 #include <cblas.h>
