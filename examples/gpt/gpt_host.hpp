@@ -43,8 +43,10 @@ class HostCompute {
 
   // The activation arena (gpt_model.hpp), on 2 MiB pages where the kernel
   // gives them on request (transparent huge pages in "madvise" mode): a
-  // step streams some hundred MiB of activations through the products, whose
-  // strided reads on 4 KiB pages missed the TLB.
+  // step streams some hundred MiB of activations through the products, read
+  // with strides, and on 4 KiB pages the TLB covers a few MiB of them. On
+  // the developer VM (no cycle counters to confirm the misses) the trainer
+  // gained about 2-4% (bench/results/2026-12-01-gpt-host.md).
   template <class T>
   struct HugePageAllocator {
     using value_type = T;
