@@ -10,16 +10,20 @@
 // and a 128 x 128 x 32 head product was too small for OpenBLAS to split.
 //
 // Every result is independent of the number of threads: a product is cut
-// into tiles by its shape alone, and each sum over rows (bias, LayerNorm and
-// embedding gradients) runs over the rows in order, one column block per
-// iteration.
+// into tiles by its shape alone, a linear layer's weight and bias gradients
+// are sums of per-block partials (blocks of rows cut by shape) added in
+// block order, and each other sum over rows (LayerNorm and embedding
+// gradients) runs over the rows in order, one column block per iteration.
 #pragma once
 
 #include <cblas.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -37,7 +41,33 @@ class HostCompute {
 #endif
   }
 
-  using Buffer = std::vector<float>;
+  // The activation arena (gpt_model.hpp), on 2 MiB pages where the kernel
+  // gives them on request (transparent huge pages in "madvise" mode): a
+  // step streams some hundred MiB of activations through the products, read
+  // with strides, and on 4 KiB pages the TLB covers a few MiB of them. On
+  // the developer VM (no cycle counters to confirm the misses) the trainer
+  // gained about 2-4% (bench/results/2026-12-01-gpt-host.md).
+  template <class T>
+  struct HugePageAllocator {
+    using value_type = T;
+    HugePageAllocator() = default;
+    template <class U>
+    HugePageAllocator(const HugePageAllocator<U>&) {}
+    static constexpr std::size_t kPage = std::size_t{2} << 20;
+    T* allocate(std::size_t n) {
+      const std::size_t bytes = (n * sizeof(T) + kPage - 1) / kPage * kPage;
+      void* p = std::aligned_alloc(kPage, bytes);
+      if (p == nullptr) throw std::bad_alloc();
+#if defined(MADV_HUGEPAGE)
+      madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages the arena works as before
+#endif
+      return static_cast<T*>(p);
+    }
+    void deallocate(T* p, std::size_t) { std::free(p); }
+    template <class U>
+    bool operator==(const HugePageAllocator<U>&) const { return true; }
+  };
+  using Buffer = std::vector<float, HugePageAllocator<float>>;
   static Buffer allocate(std::size_t floats) { return Buffer(floats, 0.0f); }
 
   // Token ids are read where the caller keeps them.
@@ -135,30 +165,77 @@ class HostCompute {
     });
   }
 
-  // out[n] = b, plus residual[n] unless it is null: a linear layer's output
-  // before gemm(accumulate) adds the product (one pass instead of zeroing,
-  // adding the bias and adding the residual).
-  void bias_rows(float* out, const float* b, const float* residual, std::size_t N, int O) {
-    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
-      for (std::size_t n = n0; n < n1; ++n) {
-        float* row = out + n * O;
-        if (residual == nullptr) {
-          for (int o = 0; o < O; ++o) row[o] = b[o];
-        } else {
-          for (int o = 0; o < O; ++o) row[o] = ops::add(b[o], residual[n * O + o]);
-        }
-      }
-    });
-  }
-  void column_sums(const float* d, std::size_t N, int O, float* out) {
-    by_column_block(O, [&](int o0, int o1) {
-      sum_rows(N, o1 - o0, out + o0, [&](std::size_t n, int o) { return d[n * O + o0 + o]; });
-    });
+  // out (N x O) = in (N x I) W^T + b (W: O x I, nn.Linear's layout), plus
+  // residual (N x O) unless it is null; with gelu_out, gelu_out = gelu(out).
+  // One parallel loop over blocks of rows (the product's tiles, cut as gemm
+  // cuts it): each block lays down its bias and residual rows, adds the
+  // product to them and applies GELU while its rows are in cache. Separate
+  // passes over the whole output (bias, product, GELU) each woke the threads
+  // and went through memory again.
+  void linear_forward(const float* in, const float* w, const float* b, const float* residual, std::size_t N, int I,
+                      int O, float* out, float* gelu_out) {
+    const int blocks = row_blocks(N, I, O);
+    const zero::simd::IsaLevel level = zero::simd::active_isa();
+    const auto o = static_cast<std::size_t>(O);
+#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+    for (int t = 0; t < blocks; ++t) {
+      const std::size_t r0 = block_begin(N, t, blocks), r1 = block_begin(N, t + 1, blocks);
+      zero::simd::dispatch<Vectorised>(level, [&] { bias_rows(out, b, residual, r0, r1, O); });
+      sgemm(false, true, static_cast<int>(r1 - r0), O, I, in + r0 * I, I, w, I, 1.0f, out + r0 * o, O);
+      if (gelu_out != nullptr) zero::simd::dispatch<GeluForward>(level, out, gelu_out, 0, r0 * o, r1 * o);
+    }
   }
 
-  void gelu_forward(const float* x, float* y, std::size_t n) { zero::simd::parallel_dispatch<GeluForward>(n, x, y); }
-  // d = d(loss)/d(x) from d = d(loss)/d(gelu(x)), in place.
-  void gelu_backward(const float* x, float* d, std::size_t n) { zero::simd::parallel_dispatch<GeluBackward>(n, x, d); }
+  // dW = dout^T in, db = column sums of dout, din = dout W (all
+  // overwritten); with gelu_in (the GELU input whose output `in` is), din
+  // then becomes d(loss)/d(gelu_in). One parallel region over the same
+  // blocks of rows as linear_forward: block t computes its rows of din and
+  // its rows' share of dW and db (a product over its rows, K = its row
+  // count); block 0 writes dw and db, the others partial sums that are then
+  // added in block order. Cut by rows, each block packs only its own rows of
+  // dout and `in`: cut by dW's rows or columns (gemm's cut), every tile
+  // packed all N rows of the operand the tiles share again.
+  void linear_backward(const float* dout, const float* in, const float* w, std::size_t N, int I, int O, float* dw,
+                       float* db, float* din, const float* gelu_in) {
+    const int blocks = row_blocks(N, I, O);
+    const std::size_t dw_size = static_cast<std::size_t>(O) * I, stride = dw_size + O;  // one block's partial dw, db
+    if (partials_.size() < (blocks - 1) * stride) partials_.resize((blocks - 1) * stride);
+    float* partials = partials_.data();
+    const zero::simd::IsaLevel level = zero::simd::active_isa();
+    const auto o = static_cast<std::size_t>(O), i = static_cast<std::size_t>(I);
+#pragma omp parallel if (blocks > 1)
+    {
+#pragma omp for schedule(dynamic, 1)
+      for (int t = 0; t < blocks; ++t) {
+        const std::size_t r0 = block_begin(N, t, blocks), r1 = block_begin(N, t + 1, blocks);
+        const int rows = static_cast<int>(r1 - r0);
+        const float* d = dout + r0 * o;
+        float* dw_t = t == 0 ? dw : partials + (t - 1) * stride;
+        float* db_t = t == 0 ? db : partials + (t - 1) * stride + dw_size;
+        sgemm(true, false, O, I, rows, d, O, in + r0 * i, I, 0.0f, dw_t, I);
+        sgemm(false, false, rows, I, O, d, O, w, I, 0.0f, din + r0 * i, I);
+        zero::simd::dispatch<Vectorised>(level, [&] {
+          for (int c0 = 0; c0 < O; c0 += kColumnBlock)
+            sum_rows(r1 - r0, std::min(kColumnBlock, O - c0), db_t + c0,
+                     [&](std::size_t n, int c) { return d[n * o + c0 + c]; });
+        });
+        if (gelu_in != nullptr) zero::simd::dispatch<GeluBackward>(level, gelu_in, din, 0, r0 * i, r1 * i);
+      }
+      // The partial sums, in block order, over ranges of dw's and db's elements.
+      const std::size_t ranges = blocks > 1 ? (stride + kSumGrain - 1) / kSumGrain : 0;
+#pragma omp for schedule(static)
+      for (std::size_t r = 0; r < ranges; ++r) {
+        zero::simd::dispatch<Vectorised>(level, [&] {
+          const std::size_t e0 = r * kSumGrain, e1 = std::min(stride, e0 + kSumGrain);
+          for (int t = 1; t < blocks; ++t) {
+            const float* part = partials + (t - 1) * stride;
+            for (std::size_t e = e0; e < std::min(e1, dw_size); ++e) dw[e] += part[e];
+            for (std::size_t e = std::max(e0, dw_size); e < e1; ++e) db[e - dw_size] += part[e];
+          }
+        });
+      }
+    }
+  }
 
   // `matrices` T x T score matrices back to back; row r is row r mod T of
   // its matrix, defined up to the end of its query block (key_end).
@@ -196,7 +273,7 @@ class HostCompute {
 
  private:
   double loss_sum_ = 0.0;
-  // Bodies for zero::simd::parallel_dispatch: each thread's range, compiled
+  // Bodies for zero::simd::dispatch: GELU over elements [begin, end), compiled
   // for the CPU's instruction set, so expf's vector version is the widest.
   struct GeluForward {
     template <class Isa>
@@ -221,6 +298,20 @@ class HostCompute {
   static constexpr double kMinSplitWork = 4.0 * (1 << 20);
   static constexpr int kMinTile = 64;
   static constexpr int kMaxTiles = 4;
+  // The blocks of rows of a linear layer over N rows (I inputs, O outputs):
+  // gemm's tiles of its products.
+  static int row_blocks(std::size_t N, int I, int O) {
+    const bool large = static_cast<double>(N) * I * O >= kMinSplitWork;
+    return large ? std::clamp(static_cast<int>(std::min<std::size_t>(N / kMinTile, kMaxTiles)), 1, kMaxTiles) : 1;
+  }
+  static std::size_t block_begin(std::size_t N, int t, int blocks) {
+    return N * static_cast<std::size_t>(t) / static_cast<std::size_t>(blocks);
+  }
+  // Elements per range of linear_backward's sum of partial gradients.
+  static constexpr std::size_t kSumGrain = 4096;
+  // linear_backward's partial dW and db of its row blocks after the first
+  // (grown to the largest layer on first use, then reused).
+  std::vector<float> partials_;
   static constexpr int kCausalBlock = 32;
   // The end of the keys that row `row`'s query block sees.
   static int key_end(int row, int T) { return std::min(T, (row / kCausalBlock + 1) * kCausalBlock); }
@@ -229,6 +320,20 @@ class HostCompute {
   static constexpr int kColumnBlock = 16;
   // Rows per range of a row-wise loop (vector_ranges).
   static constexpr std::size_t kRowGrain = 64;
+
+  // Rows [r0, r1) of out (rows of O) = b, plus residual's rows unless it is
+  // null: a linear layer's output before the product is added to it (one
+  // pass instead of zeroing, adding the bias and adding the residual).
+  static void bias_rows(float* out, const float* b, const float* residual, std::size_t r0, std::size_t r1, int O) {
+    for (std::size_t n = r0; n < r1; ++n) {
+      float* row = out + n * O;
+      if (residual == nullptr) {
+        for (int o = 0; o < O; ++o) row[o] = b[o];
+      } else {
+        for (int o = 0; o < O; ++o) row[o] = ops::add(b[o], residual[n * O + o]);
+      }
+    }
+  }
 
   static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                     float beta, float* C, int ldc) {

@@ -529,20 +529,37 @@ class GptModel {
   }
 
   // out (N x O) = in (N x I) W^T + b, W as nn.Linear: O x I, plus the
-  // residual stream (N x O) unless it is null. The bias and residual are
-  // laid down first and the product added to them.
+  // residual stream (N x O) unless it is null; with gelu_out, also
+  // gelu_out = gelu(out). A Compute with its own linear_forward (the host's:
+  // all steps on a block of rows while the rows are in cache, one parallel
+  // loop) runs it; otherwise the bias and residual are laid down first, the
+  // product added to them, and GELU applied over the whole output.
   void linear_forward(const float* in, const float* w, const float* b, std::size_t N, int I, int O, float* out,
-                      const float* residual = nullptr) {
-    compute_.bias_rows(out, b, residual, N, O);
-    compute_.gemm(false, true, static_cast<int>(N), O, I, in, I, w, I, out, O, /*accumulate=*/true);
+                      const float* residual = nullptr, float* gelu_out = nullptr) {
+    if constexpr (requires { compute_.linear_forward(in, w, b, residual, N, I, O, out, gelu_out); }) {
+      compute_.linear_forward(in, w, b, residual, N, I, O, out, gelu_out);
+    } else {
+      compute_.bias_rows(out, b, residual, N, O);
+      compute_.gemm(false, true, static_cast<int>(N), O, I, in, I, w, I, out, O, /*accumulate=*/true);
+      if (gelu_out != nullptr) compute_.gelu_forward(out, gelu_out, N * static_cast<std::size_t>(O));
+    }
   }
 
-  // dW = dout^T in, db = column sums of dout, din = dout W (all overwritten).
+  // dW = dout^T in, db = column sums of dout, din = dout W (all
+  // overwritten). With gelu_in (the input of a GELU whose output `in` is),
+  // din continues through the GELU: din = d(loss)/d(gelu_in). A Compute with
+  // its own linear_backward (the host's: one parallel loop over blocks of
+  // rows) runs it.
   void linear_backward(const float* dout, const float* in, const float* w, std::size_t N, int I, int O, float* dw,
-                       float* db, float* din) {
-    compute_.gemm(true, false, O, I, static_cast<int>(N), dout, O, in, I, dw, I);
-    compute_.column_sums(dout, N, O, db);
-    compute_.gemm(false, false, static_cast<int>(N), I, O, dout, O, w, I, din, I);
+                       float* db, float* din, const float* gelu_in = nullptr) {
+    if constexpr (requires { compute_.linear_backward(dout, in, w, N, I, O, dw, db, din, gelu_in); }) {
+      compute_.linear_backward(dout, in, w, N, I, O, dw, db, din, gelu_in);
+    } else {
+      compute_.gemm(true, false, O, I, static_cast<int>(N), dout, O, in, I, dw, I);
+      compute_.column_sums(dout, N, O, db);
+      compute_.gemm(false, false, static_cast<int>(N), I, O, dout, O, w, I, din, I);
+      if (gelu_in != nullptr) compute_.gelu_backward(gelu_in, din, N * static_cast<std::size_t>(I));
+    }
   }
 
   // Query, key and value of head h of sequence b inside qkv (rows of 3C), and
@@ -624,8 +641,7 @@ class GptModel {
         });
     linear_forward(a.y, p + off[kAttnProjWeight], p + off[kAttnProjBias], N, C, C, a.x_mid, a.x_in);
     compute_.layernorm_forward(a.x_mid, p + off[kLn2Weight], p + off[kLn2Bias], N, C, a.ln2, a.ln2_mean, a.ln2_rstd);
-    linear_forward(a.ln2, p + off[kFcWeight], p + off[kFcBias], N, C, 4 * C, a.fc);
-    compute_.gelu_forward(a.fc, a.gelu, N * 4 * static_cast<std::size_t>(C));
+    linear_forward(a.ln2, p + off[kFcWeight], p + off[kFcBias], N, C, 4 * C, a.fc, nullptr, a.gelu);
     linear_forward(a.gelu, p + off[kMlpProjWeight], p + off[kMlpProjBias], N, 4 * C, C, a.x_out, a.x_mid);
   }
 
@@ -636,8 +652,7 @@ class GptModel {
     const std::size_t N = rows(batch);
     // MLP: x_out = x_mid + proj(gelu(fc(ln2(x_mid)))).
     linear_backward(dres_, a.gelu, p + off[kMlpProjWeight], N, 4 * C, C, g + off[kMlpProjWeight], g + off[kMlpProjBias],
-                    d4_);
-    compute_.gelu_backward(a.fc, d4_, N * 4 * static_cast<std::size_t>(C));
+                    d4_, a.fc);
     linear_backward(d4_, a.ln2, p + off[kFcWeight], N, C, 4 * C, g + off[kFcWeight], g + off[kFcBias], dtmp_);
     compute_.layernorm_backward(dtmp_, a.x_mid, p + off[kLn2Weight], a.ln2_mean, a.ln2_rstd, N, C, dres_,
                                 g + off[kLn2Weight], g + off[kLn2Bias]);

@@ -5,6 +5,7 @@
 // Tolerance and error measure: tests/gpt/gpt_fixture.hpp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -281,4 +282,68 @@ TEST_CASE("GPT through ZeroOptimizer, 2 ranks: the gradients PyTorch computes", 
   SECTION("stage 0") { check_through_optimizer<0>(false); }
   SECTION("stage 3") { check_through_optimizer<3>(false); }
   SECTION("stage 3, activation checkpointing") { check_through_optimizer<3>(true); }
+}
+
+// The host's linear layers run on blocks of rows, with dW and db summed from
+// per-block partials (gpt_host.hpp); the fixture's products are too small to
+// be cut. 300 rows x 64 inputs x 256 outputs is past the cut's threshold (4
+// blocks of 75 rows): every output against a double-precision reference.
+TEST_CASE("GPT on the host: linear layers cut into blocks of rows match double math", "[gpt][model]") {
+  const std::size_t N = 300;
+  const int I = 64, O = 256;
+  auto value = [](std::size_t i, double f) { return static_cast<float>(std::sin(static_cast<double>(i) * f)); };
+  std::vector<float> in(N * I), w(static_cast<std::size_t>(O) * I), b(O), residual(N * O), dout(N * O);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(i, 0.37);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.2f * value(i, 0.11);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = value(i, 0.7);
+  for (std::size_t i = 0; i < residual.size(); ++i) residual[i] = value(i, 0.013);
+  for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = value(i, 0.029);
+  auto gelu = [](double x) { return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); };
+  auto max_error = [](const std::vector<float>& got, const std::vector<double>& want) {
+    double err = 0.0, scale = 0.0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, std::fabs(got[i] - want[i]));
+      scale = std::max(scale, std::fabs(want[i]));
+    }
+    return err / scale;
+  };
+  gpt::HostCompute host;
+
+  // Forward: out = in W^T + b + residual, g = gelu(out).
+  std::vector<float> out(N * O), g(N * O);
+  host.linear_forward(in.data(), w.data(), b.data(), residual.data(), N, I, O, out.data(), g.data());
+  std::vector<double> want_out(N * O), want_g(N * O);
+  for (std::size_t n = 0; n < N; ++n)
+    for (int o = 0; o < O; ++o) {
+      double s = static_cast<double>(b[o]) + residual[n * O + o];
+      for (int i = 0; i < I; ++i) s += static_cast<double>(in[n * I + i]) * w[static_cast<std::size_t>(o) * I + i];
+      want_out[n * O + o] = s;
+      want_g[n * O + o] = gelu(static_cast<float>(s));
+    }
+  CHECK(max_error(out, want_out) <= 1e-5);
+  CHECK(max_error(g, want_g) <= 1e-5);
+
+  // Backward through a layer whose input is gelu(pre): din = d(loss)/d(pre).
+  std::vector<float> pre(N * I);
+  for (std::size_t i = 0; i < pre.size(); ++i) pre[i] = 2.0f * value(i, 0.05);
+  std::vector<float> dw(w.size()), db(O), din(N * I);
+  host.linear_backward(dout.data(), in.data(), w.data(), N, I, O, dw.data(), db.data(), din.data(), pre.data());
+  std::vector<double> want_dw(w.size(), 0.0), want_db(O, 0.0), want_din(N * I, 0.0);
+  const double h = 1e-4;  // central difference of the double GELU: independent of gpt_ops.hpp's derivative
+  for (std::size_t n = 0; n < N; ++n) {
+    for (int o = 0; o < O; ++o) {
+      want_db[o] += dout[n * O + o];
+      for (int i = 0; i < I; ++i) {
+        want_dw[static_cast<std::size_t>(o) * I + i] += static_cast<double>(dout[n * O + o]) * in[n * I + i];
+        want_din[n * I + i] += static_cast<double>(dout[n * O + o]) * w[static_cast<std::size_t>(o) * I + i];
+      }
+    }
+    for (int i = 0; i < I; ++i) {
+      const double x = pre[n * I + i];
+      want_din[n * I + i] *= (gelu(x + h) - gelu(x - h)) / (2.0 * h);
+    }
+  }
+  CHECK(max_error(dw, want_dw) <= 1e-5);
+  CHECK(max_error(db, want_db) <= 1e-5);
+  CHECK(max_error(din, want_din) <= 1e-5);
 }
