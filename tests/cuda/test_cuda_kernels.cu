@@ -391,7 +391,10 @@ void large_shard_test(cudaStream_t stream) {
           fmt("large shard stats: sum %.17g (want %.17g), non_finite %d", s.sum_squares, n * 0.25, s.non_finite));
     const bf16 nan{0x7fc0};
     const std::size_t at = (std::size_t{1} << 31) + 5;
-    ZERO_CUDA_CHECK(cudaMemcpy(grad + at, &nan, 2, cudaMemcpyHostToDevice));
+    // On `stream`, where the statistics read it: a plain cudaMemcpy from
+    // pageable memory may return before its DMA on the legacy default stream
+    // lands, and that stream does not order the non-blocking `stream`.
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(grad + at, &nan, 2, cudaMemcpyHostToDevice, stream));
     CHECK(stats.compute(grad, n, stream).non_finite, "large shard stats: NaN at 2^31 + 5 not found");
     std::printf("large shard (%zu elements) done\n", n);
   } catch (const std::exception& e) {

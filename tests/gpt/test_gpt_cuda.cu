@@ -36,7 +36,11 @@ void check_on_device(const gpt::fixture::Fixture& fx, bool checkpoint) {
     for (std::size_t k = 0; k < spec.params.size(); ++k) weights(u, static_cast<int>(k), host.data() + spec.offsets[k]);
     params.emplace_back(spec.numel);
     grads.emplace_back(spec.numel);
-    ZERO_CUDA_CHECK(cudaMemcpy(params.back().data(), host.data(), spec.numel * sizeof(float), cudaMemcpyHostToDevice));
+    // On the thread's zero stream, after the zero-fill that DeviceArray's
+    // constructor enqueued there: a plain cudaMemcpy runs on the legacy
+    // default stream, which does not wait for that non-blocking stream, so
+    // the fill could land after the weights and zero them.
+    zero::backend::Ops<zero::backend::Cuda>::upload(params.back().data(), host.data(), spec.numel);
   }
   const gpt::ParamHooks param_hooks{[&](int u) -> const float* { return params[static_cast<std::size_t>(u)].data(); },
                                     {}};

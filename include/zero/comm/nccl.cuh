@@ -314,7 +314,10 @@ class Nccl {
         ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
         group_callers.reserve(8);
         ZERO_CUDA_CHECK(cudaMalloc(&scratch, sizeof(float)));
-        ZERO_CUDA_CHECK(cudaMemset(scratch, 0, sizeof(float)));
+        // On the communicator's stream, where barrier() reads it: a plain
+        // cudaMemset runs on the legacy default stream, which does not order
+        // a non-blocking stream.
+        ZERO_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(float), stream));
       } catch (...) {
         release_cuda();
         throw;
