@@ -193,7 +193,7 @@ class CudaCompute {
   }
   void download(float* host, const float* src, std::size_t n) {
     ZERO_CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    zero::cuda::wait_stream(stream_);  // watched: a dead NCCL peer is a CommError, not a hang
   }
 
   void fill(float* p, std::size_t n, float value) { launch(cuda_kernels::fill, "gpt fill", n, p, n, value); }
@@ -269,7 +269,7 @@ class CudaCompute {
     if (loss_total_.size() == 0) return 0.0;
     double total = 0.0;
     ZERO_CUDA_CHECK(cudaMemcpyAsync(&total, loss_total_.data(), sizeof total, cudaMemcpyDeviceToHost, stream_));
-    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    zero::cuda::wait_stream(stream_);
     ZERO_CUDA_CHECK(cudaMemsetAsync(loss_total_.data(), 0, sizeof total, stream_));
     return total;
   }
