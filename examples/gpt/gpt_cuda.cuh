@@ -167,7 +167,10 @@ class CudaCompute {
   using Buffer = DeviceArray<float>;
   static Buffer allocate(std::size_t floats) { return Buffer(floats); }
 
-  CudaCompute(cudaStream_t stream = zero::cuda::current_stream()) : stream_(stream) {  // NOLINT: {} must build one
+  // Works on this thread's current stream (zero::cuda::current_stream(), the
+  // rank's, which the optimizer uses too): the buffers it makes on the way
+  // (CudaBuffer) are zero-filled there, so another stream would race them.
+  CudaCompute() : stream_(zero::cuda::current_stream()) {
     cublasHandle_t handle = nullptr;
     check_cublas(cublasCreate(&handle), "cublasCreate");
     handle_.reset(handle);
