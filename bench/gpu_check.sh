@@ -231,7 +231,7 @@ if [ -x "$GPT_BIN" ] && [ -f "$CARRY/devil.dict.dz" -o -f /usr/share/dictd/devil
   # --save, SIGKILL after a checkpoint, --resume on the GPU: the uninterrupted
   # run's val_loss to the last digit (2 ranks on this GPU; then resumed on 1).
   if grep -q "ZERO_EXAMPLE_HAVE_CHECKPOINTS" "$BUILD/build.ninja" 2>/dev/null; then
-    run_step gpt_resume 60 "$BENCHLOG" python3 "$ROOT/tests/gpt/check_gpt_resume.py" "$GPT_BIN" \
+    run_step gpt_resume 90 "$BENCHLOG" python3 "$ROOT/tests/gpt/check_gpt_resume.py" "$GPT_BIN" \
       --backend cuda --data "$corpus"
   else
     STATUS_LINES+=("$(printf '%-22s %s' gpt_resume "NOT RUN (built without checkpoints: --prepare-carry)")")
