@@ -122,8 +122,10 @@ struct FormulaWeights {
   }
 };
 
-// max |a - b| / max |b| over a tensor.
-inline double relative_error(const float* a, const float* b, std::size_t n) {
+// max |a - b| / max |b| over a tensor; b, the reference, in float (PyTorch's
+// fixtures) or double (host math).
+template <class Reference>
+double relative_error(const float* a, const Reference* b, std::size_t n) {
   double diff = 0.0, scale = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
     diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
