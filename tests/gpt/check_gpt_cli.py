@@ -62,11 +62,12 @@ def main():
         # tests/gpt/check_gpt_resume.py checks them on a GPU).
         with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
             ckpt = os.path.join(tmp, "ckpt")
+            args = ["--backend", "cuda", "--ranks", "2", "--stage", "3"] + TINY
             saves = True
-            rc, out = run(trainer, ["--backend", "cuda", "--ranks", "2", "--stage", "3", "--save", ckpt] + TINY)
+            rc, out = run(trainer, args + ["--save", ckpt])
             if rc == 2 and "this build has no checkpoints" in out:  # no nlohmann-json or xxHash here
                 saves = False
-                rc, out = run(trainer, ["--backend", "cuda", "--ranks", "2", "--stage", "3"] + TINY)
+                rc, out = run(trainer, args)
         if rc == 1 and "error: --backend cuda: no CUDA device" in out:
             print("ok   --backend cuda: no CUDA device here, said so: " + out.strip().splitlines()[-1])
         elif (rc == 0 and re.search(r"MFU [0-9.]+%", out) and re.search(r"^val_loss=[0-9.]+$", out, re.M)
