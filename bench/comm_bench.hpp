@@ -17,9 +17,9 @@
 // probe would have charged to the collective. Out of place, the probe is
 // timed with plain and with non-temporal stores and the faster counts, so
 // the limit is the memory's, not that of the communicator's choice of
-// stores. Probe and collective alternate timing by timing, so both see the same cache (at 64 MiB the buffers
-// partly fit a large L3) and the same moment of a shared machine, whose
-// bandwidth drifts by 2x within one sweep. A collective over shared memory
+// stores. Probe and collective alternate timing by timing, so both see the
+// same cache (at 64 MiB the buffers partly fit a large L3) and the same
+// moment of a shared machine, whose bandwidth drifts by 2x within one sweep. A collective over shared memory
 // cannot move less than (in units of S, n ranks):
 //   all-reduce      2n     every rank's buffer read once and written once
 //                          (comm::Local: rank r reduces chunk r of all

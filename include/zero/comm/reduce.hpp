@@ -82,12 +82,12 @@ struct ReduceArgs {
 // write with non-temporal stores: when it would not stay in the cache
 // anyway, caching the output only costs the extra read of each line. The
 // cache counted on is the private L2 of each online core, at most half the
-// last-level cache: the L3 that a core reports is shared
-// with the other cores of its socket and, in a virtual machine, with other
-// tenants. Measured on a 2-core VM of a 64-core Xeon (L2 2 MiB, L3 260 MiB
-// reported): streamed outputs were faster from 1 MiB collectives up (a
-// 4-rank all-gather of 16 MiB: 1.8 ms against 4.4 ms plain), where half
-// the L3 as the threshold had kept them plain up to 32 MiB.
+// last-level cache: the L3 that a core reports is shared with the other
+// cores of its socket and, in a virtual machine, with other tenants.
+// Measured on a 2-core VM of a 64-core Xeon (L2 2 MiB, L3 260 MiB reported):
+// streamed outputs were faster from 1 MiB collectives up (a 4-rank
+// all-gather of 16 MiB: 1.8 ms against 4.4 ms plain), where half the L3 as
+// the threshold had kept them plain up to 32 MiB.
 inline bool streaming_pays(std::size_t footprint) {
   static const std::size_t threshold = [] {
     long l2 = -1, llc = -1;
