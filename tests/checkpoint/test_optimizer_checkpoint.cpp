@@ -15,124 +15,20 @@
 #include <string>
 #include <vector>
 
+#include "../engine/late_copies.hpp"
 #include "../engine/reference.hpp"
+#include "optimizer_fixture.hpp"
 #include "zero/checkpoint/hugging_face.hpp"
 #include "zero/checkpoint/optimizer_io.hpp"
 #include "zero/offload/disk_state_store.hpp"
 #include "zero/zero.hpp"
 
 namespace {
-
 namespace fs = std::filesystem;
 using zero::bf16;
 using zero::fp16;
 using namespace zero::precision;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char name[] = "/tmp/zero-ckpt-test-XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-// Three units of unequal, unaligned sizes (shards padded differently for
-// every rank count).
-inline constexpr std::size_t kSizes[] = {700, 1301, 257};
-
-// Shapes for `shaped` builds: one 3-D, one flat (none given), one 1-D.
-inline const zero::Shape kShapes[] = {{7, 4, 25}, {}, {257}};
-
-template <class Opt>
-void build(Opt& opt, bool initialise, bool shaped = false) {
-  for (std::size_t u = 0; u < 3; ++u) {
-    const auto unit = opt.add_unit("block" + std::to_string(u));
-    if (shaped)
-      opt.add_param(unit, "w" + std::to_string(u), kSizes[u], kShapes[u]);
-    else
-      opt.add_param(unit, "w" + std::to_string(u), kSizes[u]);  // the three-argument form stays
-  }
-  opt.finalize();
-  if (!initialise) return;
-  for (std::size_t p = 0; p < 3; ++p) {
-    std::vector<float> v(kSizes[p]);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = zero::test::init_value(p, i);
-    opt.set_param(zero::ParamId{p}, v.data());
-  }
-}
-
-// Optimizer steps first..last (1-based), each of `micro` micro-batches, with
-// the gradients of the equivalence tests for this rank's part.
-template <class Opt>
-void train_steps(Opt& opt, int rank, int first, int last) {
-  using G = typename Opt::grad_type;
-  using Ops = zero::backend::Ops<typename Opt::backend_policy>;
-  const int micro = opt.options().grad_accumulation_steps;
-  std::vector<G> g(opt.layout().max_unit());
-  for (int step = first; step <= last; ++step)
-    for (int m = 0; m < micro; ++m) {
-      for (std::size_t u = 3; u-- > 0;) {
-        const zero::UnitId id{u};
-        opt.acquire_unit(id);
-        G* buffer = opt.grad_buffer(id);
-        const zero::UnitInfo& info = opt.layout().unit(id);
-        for (std::size_t i = 0; i < info.padded; ++i)
-          g[i] = zero::from_float<G>(static_cast<float>(opt.loss_scale()) *
-                                     zero::test::grad_part(rank, u, i % kSizes[u], step, m));
-        Ops::upload(buffer, g.data(), info.padded);
-        opt.grad_ready(id);
-        opt.release_unit(id);
-      }
-      opt.step();
-    }
-}
-
-struct Final {
-  std::vector<float> masters, params;
-  std::int64_t steps = 0;
-  double loss_scale = 0;
-};
-
-template <class Opt>
-Final final_state(Opt& opt) {
-  Final f;
-  f.masters.resize(opt.layout().padded_total());
-  opt.gather_masters(f.masters.data());
-  std::vector<typename Opt::param_type> low(opt.layout().padded_total());
-  opt.gather_params(low.data());
-  for (const auto& v : low) f.params.push_back(zero::to_float(v));
-  f.steps = opt.step_count();
-  f.loss_scale = opt.loss_scale();
-  return f;
-}
-
-// The values of every parameter element (the padding dropped), model order.
-std::vector<float> unpadded(const zero::Layout& layout, const std::vector<float>& padded) {
-  std::vector<float> out;
-  for (const auto& u : layout.units())
-    for (std::size_t p : u.params) {
-      const auto& info = layout.params()[p];
-      for (std::size_t i = 0; i < info.numel; ++i) out.push_back(padded[u.full_offset + info.offset + i]);
-    }
-  return out;
-}
-
-template <class Opt>
-zero::Options options_for() {
-  zero::Options o;
-  o.grad_accumulation_steps = 2;
-  o.clip_norm = 0.5;
-  o.loss_scale.initial_scale = 256;
-  o.loss_scale.growth_interval = 3;  // the scale changes during the run: its state must resume
-  o.stochastic_rounding = std::is_same_v<typename Opt::param_type, bf16>;
-  return o;
-}
-
+using namespace zero::test::ckpt;
 }  // namespace
 
 TEMPLATE_TEST_CASE("a resumed run continues bit for bit", "[checkpoint][resume]",
@@ -175,6 +71,42 @@ TEMPLATE_TEST_CASE("a resumed run continues bit for bit", "[checkpoint][resume]"
   }
 }
 
+TEST_CASE("stage 3: load with a unit acquired is refused, naming the unit, and nothing is lost",
+          "[checkpoint][errors]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<3>>;
+  TempDir dir;
+  const zero::Options options = options_for<Opt>();
+  const auto hyper = zero::test::test_hyper<zero::optim::AdamW>();
+  const int ranks = 2;
+  std::vector<std::string> errors(ranks);
+  std::vector<std::vector<float>> saved(ranks), loaded(ranks);
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    Opt opt(c, hyper, options);
+    build(opt, true);
+    train_steps(opt, c.rank(), 1, 2);
+    opt.save((dir.path / "ckpt").string());
+    saved[r] = forward_params(opt);
+    train_steps(opt, c.rank(), 3, 3);
+    opt.acquire_unit(zero::UnitId{1});
+    try {
+      opt.load((dir.path / "ckpt").string());
+    } catch (const zero::InvalidArgument& e) {
+      errors[r] = e.what();
+    }
+    opt.release_unit(zero::UnitId{1});  // the acquisition survived the refusal
+    opt.load((dir.path / "ckpt").string());
+    loaded[r] = forward_params(opt);
+  });
+  for (int r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[static_cast<std::size_t>(r)],
+               Catch::Contains("load: unit 'block1' is acquired") && Catch::Contains("release_unit()"));
+    CHECK(loaded[static_cast<std::size_t>(r)] == saved[static_cast<std::size_t>(r)]);
+  }
+}
+
 TEST_CASE("a checkpoint loads on another rank count, stage and offload tier", "[checkpoint][reshard]") {
   using Saved = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<2>, zero::offload::Nvme>;
   TempDir dir, swap;
@@ -198,27 +130,42 @@ TEST_CASE("a checkpoint loads on another rank count, stage and offload tier", "[
   }
   auto check_loaded = [&](auto tag, int ranks, bool fp32) {
     using Opt = typename decltype(tag)::type;
-    std::vector<std::vector<float>> masters(static_cast<std::size_t>(ranks)), params(masters.size());
+    std::vector<std::vector<float>> masters(static_cast<std::size_t>(ranks)), params(masters.size()),
+        forward(masters.size());
+    TempDir resumed_swap;
+    zero::Options resumed_options = options;
+    resumed_options.nvme.directory = resumed_swap.path.string();
     zero::comm::LocalGroup group(ranks);
     group.run([&](zero::comm::Local& c) {
-      Opt opt(c, hyper, options);
+      Opt opt(c, hyper, resumed_options);
       build(opt, false);
       opt.load((dir.path / "ckpt").string());
       const Final f = final_state(opt);
       masters[static_cast<std::size_t>(c.rank())] = unpadded(opt.layout(), f.masters);
       params[static_cast<std::size_t>(c.rank())] = unpadded(opt.layout(), f.params);
+      forward[static_cast<std::size_t>(c.rank())] = unpadded(opt.layout(), forward_params(opt));
       train_steps(opt, c.rank(), 4, 4);  // and it trains on
     });
     for (int r = 0; r < ranks; ++r) {
-      INFO(ranks << " rank(s), rank " << r);
+      INFO(ranks << " rank(s), rank " << r << ", " << Opt::offload_policy::name);
       CHECK(masters[static_cast<std::size_t>(r)] == saved_masters);
-      // The 16-bit copy is the saved one, or (fp32) the master itself.
+      // The 16-bit copy is the saved one, or (fp32) the master itself; and
+      // it is what forward reads.
       CHECK(params[static_cast<std::size_t>(r)] == (fp32 ? saved_masters : saved_params));
+      CHECK(forward[static_cast<std::size_t>(r)] == (fp32 ? saved_masters : saved_params));
     }
   };
   check_loaded(std::type_identity<zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<3>>>{}, 2, false);
   check_loaded(std::type_identity<zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<0>>>{}, 1, false);
   check_loaded(std::type_identity<zero::ZeroOptimizer<Full<float>, zero::optim::AdamW, zero::stage<1>>>{}, 4, true);
+  // fp32 whose parameters are a working copy of the master (offload): they
+  // must come from the loaded master, not stay the fresh optimizer's.
+  check_loaded(std::type_identity<zero::ZeroOptimizer<Full<float>, zero::optim::AdamW, zero::stage<3>,
+                                                      zero::offload::Nvme>>{},
+               2, true);
+  check_loaded(std::type_identity<zero::ZeroOptimizer<Full<float>, zero::optim::AdamW, zero::stage<2>,
+                                                      zero::offload::Cpu, zero::backend::LateCopies>>{},
+               3, true);
 }
 
 TEST_CASE("loading into another optimizer is an error on every rank", "[checkpoint][errors]") {

@@ -208,26 +208,23 @@ struct OptimizerIo {
   }
 
   // Collective: the state of the checkpoint at (or newest under) `path`.
-  // Parameters it lacks (a run in another precision) are rounded from the
-  // master; stages 1-2 then all-gather them. Returns the manifest (step,
+  // Parameters it lacks (a run in another precision, or fp32) are derived
+  // from the master; stages 1-2 then all-gather them. Returns the manifest (step,
   // `extra`) and what was read.
   static LoadResult load(Opt& opt, const std::string& path) {
     settle(opt, "load");
+    refuse_acquired(opt, "load");
     Source source(opt);
     LoadResult result = load_checkpoint(path, source, collective(opt));
-    if constexpr (mixed) {
-      if (!result.slots_not_loaded.empty()) {
-        std::vector<float> master;
-        std::vector<param_type> low;
-        for (const OwnedRange& r : source.owned()) {
-          master.resize(r.count);
-          low.resize(r.count);
-          source.read(0, r, master.data());
-          for (std::size_t i = 0; i < r.count; ++i) low[i] = from_float<param_type>(master[i]);
-          source.write(1 + static_cast<std::size_t>(state_slots), r, low.data());
-        }
-      }
-    }
+    // Where the store keeps the master apart from the parameters forward
+    // reads (mixed precision; fp32 with offload, whose parameters are a
+    // working copy of the master in the backend's memory), the parameters
+    // follow the master: rounded from it when the checkpoint has no 16-bit
+    // copy (a run in another precision), and always in fp32, which saves no
+    // "param" slot. (Without this an fp32 offloaded resume trained on the
+    // fresh optimizer's values while gather_masters() looked right.)
+    const bool derive = mixed ? !result.slots_not_loaded.empty() : opt.store_.owns_master();
+    if (derive) params_from_master(opt, source);
     const RunState& run = result.manifest.run;
     opt.steps_ = static_cast<std::int64_t>(run.step);
     opt.steps_at_reset_ = opt.steps_;
@@ -244,6 +241,7 @@ struct OptimizerIo {
   // (memory: one parameter in fp32) goes through set_param.
   static void load_hf(Opt& opt, const std::string& path) {
     settle(opt, "load_hf");
+    refuse_acquired(opt, "load_hf");
     const Collective c = collective(opt);
     const auto& params = opt.layout_.params();
     std::optional<HfReader> reader;
@@ -284,6 +282,32 @@ struct OptimizerIo {
     opt.wait_save();
     opt.land_update();
     opt.synchronize();
+  }
+
+  // Stage 3: a load replaces the values an acquired unit's gathered copy
+  // holds, and would leave the caller computing with the old ones (and its
+  // release_unit() failing): every unit is released first. Every rank reaches
+  // this check with the same acquisitions (acquire_unit is collective).
+  static void refuse_acquired(Opt& opt, const char* what) {
+    if constexpr (Opt::rules.params_sharded)
+      for (std::size_t s = 0; s < opt.slot_unit_.size(); ++s)
+        require(!opt.slot_in_use_[s], what, ": unit '", opt.layout_.units()[opt.slot_unit_[s]].name,
+                "' is acquired; release_unit() every unit before loading (the load replaces the parameters its "
+                "gathered copy holds)");
+  }
+
+  // This rank's owned ranges of the parameters from the (loaded) master.
+  static void params_from_master(Opt& opt, Source& source) {
+    std::vector<float> master;
+    std::vector<param_type> low;
+    for (const OwnedRange& r : source.owned()) {
+      master.resize(r.count);
+      low.resize(r.count);
+      source.read(0, r, master.data());
+      for (std::size_t i = 0; i < r.count; ++i) low[i] = from_float<param_type>(master[i]);
+      const UnitInfo& u = opt.layout_.units()[r.unit];
+      Ops::upload(opt.param_ptr(u) + (r.begin - opt.update_begin(u)), low.data(), r.count);
+    }
   }
 
   // The Checkpointer of an asynchronous save, kept by the optimizer until
