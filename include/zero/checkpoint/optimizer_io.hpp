@@ -289,11 +289,11 @@ struct OptimizerIo {
   // release_unit() failing): every unit is released first. Every rank reaches
   // this check with the same acquisitions (acquire_unit is collective).
   static void refuse_acquired(Opt& opt, const char* what) {
-    if constexpr (Opt::rules.params_sharded)
-      for (std::size_t s = 0; s < opt.slot_unit_.size(); ++s)
-        require(!opt.slot_in_use_[s], what, ": unit '", opt.layout_.units()[opt.slot_unit_[s]].name,
-                "' is acquired; release_unit() every unit before loading (the load replaces the parameters its "
-                "gathered copy holds)");
+    if (const auto held = opt.gatherer_.any_acquired())
+      throw InvalidArgument(zero::detail::concat(
+          what, ": unit '", opt.layout_.units()[*held].name,
+          "' is acquired; release_unit() every unit before loading (the load replaces the parameters its gathered "
+          "copy holds)"));
   }
 
   // This rank's owned ranges of the parameters from the (loaded) master.

@@ -54,9 +54,11 @@
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/comm_channel.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/param_gatherer.hpp"
 #include "zero/engine/rank_checks.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/stage_plan.hpp"
@@ -162,7 +164,7 @@ class ZeroOptimizer {
  public:
   template <comm::Communicator Comm>
   ZeroOptimizer(Comm& communicator, Hyper hyper, Options options = {})
-      : comm_(comm::AnyCommunicator::wrap(communicator)),
+      : comm_(communicator),
         hyper_(hyper),
         options_(options),
         layout_(comm_->size()),
@@ -249,7 +251,7 @@ class ZeroOptimizer {
   // there is nothing to wait for.
   void synchronize() {
     if (update_pending_) worker_.wait();
-    overlap_.join();
+    comm_.join();
     Ops::synchronize();
   }
   // Options::delayed_update: lands the update still running in the
@@ -383,31 +385,13 @@ class ZeroOptimizer {
             layout_.units().size(), " units)");
   }
 
-  // Runs f with the communicator's stream current, ordered after the compute
-  // work so far; the compute stream then waits for it (f's results are read next).
-  template <class F>
-  void communicate(F&& f) {
-    {
-      auto lane = comm_lane();
-      f();
-    }
-    overlap_.join();
-  }
-  // The communication lane (Ops::Overlap), after checking that the
-  // communicator still enqueues where it did at finalize().
-  [[nodiscard]] typename Ops::Overlap::Lane comm_lane() {
-    require(comm_->stream_handle() == comm_stream_,
-            "ZeroOptimizer: the communicator's stream changed after finalize() (was the communicator reassigned?); "
-            "keep the communicator the optimizer was built with alive and unchanged while the optimizer is used");
-    return overlap_.lane();
-  }
-  // Events of Ops::Overlap: one per gradient staging set, one per gather slot
-  // (a unit the arena holds).
+  // Events of the channel: one per gradient staging set, then the gatherer's
+  // (one per gather slot, a unit the arena holds).
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
-  static constexpr std::size_t slot_event(std::size_t slot) { return 2 + slot; }
+  static constexpr std::size_t first_slot_event = 2;
   // With overlap, two staging sets: the caller writes one bucket while the
   // previous one is reduced.
-  std::size_t staging_sets() const { return overlap_.active() ? 2 : 1; }
+  std::size_t staging_sets() const { return comm_.overlaps() ? 2 : 1; }
   // Where unit u's gradient is staged in the current set (its bucket's units
   // lie back to back; a set holds the largest bucket), and its shard's
   // reduce-scatter result.
@@ -461,17 +445,7 @@ class ZeroOptimizer {
   detail::StepReports step_reports() const {
     return {rank(), ranks(), steps_ + 1, control_host_.data() + 1, Precision::loss_scaling, rules.states_sharded};
   }
-  // Stage 3: gathers `unit` into a free slot of the arena and returns the
-  // slot, or -1 when no slot or no room is free. may_evict: make room by
-  // dropping prefetched units no one acquired (acquire_unit; a prefetch
-  // only uses room that is free).
-  int gather_into_slot(std::size_t unit, bool may_evict);
-  // Where in the gather arena a unit of n elements fits now, or npos.
-  std::size_t arena_place(std::size_t n) const;
-  int find_slot(std::size_t unit) const;
-  void prefetch_after(std::size_t unit);
-
-  std::unique_ptr<comm::AnyCommunicator> comm_;
+  detail::CommChannel<Ops> comm_;  // the communicator, and on a GPU the lane its collectives run on
   Hyper hyper_;
   Options options_;
   Layout layout_;
@@ -500,22 +474,17 @@ class ZeroOptimizer {
   Buffer<grad_type> shard_staging_;         // a bucket's reduce-scatter results before accumulation
   GradientBuckets buckets_;                 // units whose reductions are launched together (buffer_sizes.hpp)
   std::size_t set_ = 0;                     // the staging set the current bucket uses
-  typename Ops::Overlap overlap_;
-  void* comm_stream_ = nullptr;             // the communicator's stream at finalize()
   struct Pending {
     std::size_t unit;
     grad_type* written;  // where the caller wrote the gradient
   };
   std::vector<Pending> pending_;            // gradients ready but not yet reduced, all of one bucket (capacity reserved)
   grad_type* handed_ = nullptr;             // the buffer grad_buffer() handed out
-  Buffer<param_type> gather_slots_;         // stage 3: the arena the gathered units share
+  detail::ParamGatherer<Ops, param_type> gatherer_;  // stage 3: where gathered units live (param_gatherer.hpp)
   // The step's control all-reduce, in backend memory and its host copy: the
   // squared norm, then one report per rank (see detail::step_report).
   Buffer<double> control_;
   typename detail::ControlHostBuffer<Ops>::type control_host_;
-  std::vector<std::size_t> slot_unit_;      // unit held by each slot, or npos
-  std::vector<std::size_t> slot_offset_;    // where the slot's unit lies in the arena
-  std::vector<bool> slot_in_use_;           // acquired and not yet released
   int staging_unit_ = -1;                   // unit whose gradient buffer is handed out
 
   int micro_ = 0;             // micro-batch index within the accumulation window
@@ -531,8 +500,6 @@ class ZeroOptimizer {
   static double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
-
-  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 };
 
 // ============================================================================
@@ -542,12 +509,11 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
   layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
-  comm_stream_ = comm_->stream_handle();
-  overlap_ = typename Ops::Overlap(comm_stream_, slot_event(gather_slots));
+  comm_.open(first_slot_event + gather_slots);
   check_agreement();
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
   const BufferSizes sizes = buffer_sizes(
-      layout_, BufferSpec{rules, separate_master, sizeof(grad_type), state_slots, overlap_.active()}, options_);
+      layout_, BufferSpec{rules, separate_master, sizeof(grad_type), state_slots, comm_.overlaps()}, options_);
 
   // What makes each buffer smaller, for the out-of-memory message.
   constexpr const char* shard_params = "stage 3 shards the parameters: use stage<3> or more ranks";
@@ -587,12 +553,10 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   shard_staging_ = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
   pending_.reserve(buckets_.max_units);
   if constexpr (rules.params_sharded) {
-    gather_slots_ = allocate<param_type>(sizes.gather_slots, "stage-3 gather arena",
-                                         "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
-                                         "largest units), or split the largest units");
-    slot_unit_.assign(sizes.gather_slot_count, npos);
-    slot_offset_.assign(sizes.gather_slot_count, 0);
-    slot_in_use_.assign(sizes.gather_slot_count, false);
+    gatherer_.bind(allocate<param_type>(sizes.gather_slots, "stage-3 gather arena",
+                                        "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
+                                        "largest units), or split the largest units"),
+                   sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event);
   }
   control_ = Buffer<double>(sizes.control);
   control_host_ = typename detail::ControlHostBuffer<Ops>::type(sizes.control);
@@ -634,7 +598,7 @@ std::vector<std::uint64_t> ZeroOptimizer<P, O, S, F, B>::all_gather_control(cons
   const std::size_t k = mine.size();
   Buffer<std::uint64_t> exchange(k * static_cast<std::size_t>(ranks()));
   std::vector<std::uint64_t> all(exchange.size());
-  communicate([&] {
+  comm_.communicate([&] {
     std::uint64_t* slot = exchange.data() + static_cast<std::size_t>(rank()) * k;
     Ops::upload(slot, mine.data(), k);
     comm_->all_gather(slot, exchange.data(), k, DType::u64, true);
@@ -676,7 +640,7 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
   m.placed.master = store_.master_bytes();
   m.placed.optimizer_states = store_.state_bytes();
   m.placed.communication_buffers =
-      in_backend(grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gather_slots_.bytes());
+      in_backend(grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gatherer_.arena_bytes());
   m.placed.communication_buffers.host += host_params_.bytes();
   if constexpr (requires { store_.window_bytes(); }) m.placed.communication_buffers.host += store_.window_bytes();
   m.params = m.placed.params.total();
@@ -698,8 +662,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
   if constexpr (rules.params_sharded) {
     // A gathered copy of the unit would keep the old values: a prefetched one
     // is dropped below; one in use cannot be.
-    const int slot = find_slot(p.unit);
-    require(slot < 0 || !slot_in_use_[static_cast<std::size_t>(slot)], "set_param('", p.name, "'): unit '", u.name,
+    require(!gatherer_.is_acquired(p.unit), "set_param('", p.name, "'): unit '", u.name,
             "' is acquired; release_unit() it before setting its parameters");
   }
   // Collective: ranks that pass different values would each keep their own
@@ -712,11 +675,8 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
     throw CommError(detail::concat("set_param('", p.name, "') on rank ", rank(), ": rank(s) ", differ,
                                    " passed values that differ from rank 0's; every rank must pass the same values "
                                    "(initialise from the same seed on every rank, or load the same checkpoint)"));
-  if constexpr (rules.params_sharded) {
-    const int slot = find_slot(p.unit);
-    if (slot >= 0) slot_unit_[static_cast<std::size_t>(slot)] = npos;
-  }
-  overlap_.join();  // communication in flight may still read the parameters
+  if constexpr (rules.params_sharded) gatherer_.drop(p.unit);
+  comm_.join();  // communication in flight may still read the parameters
   // The part of the parameter inside this rank's updated range of the unit.
   const std::size_t begin = update_begin(u), end = begin + update_size(u);
   const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
@@ -772,7 +732,7 @@ template <class T, class Fill>
 void ZeroOptimizer<P, O, S, F, B>::gather_units(T* out, Fill fill) {
   // One unit at a time through a backend buffer (collectives take backend memory).
   Buffer<T> unit_buffer(layout_.max_unit());
-  communicate([&] {
+  comm_.communicate([&] {
     for (const auto& u : layout_.units()) {
       T* mine = unit_buffer.data() + update_begin(u);
       fill(u, mine);
@@ -792,123 +752,23 @@ std::vector<float> ZeroOptimizer<P, O, S, F, B>::master_values(ParamId id) {
                             all.begin() + static_cast<std::ptrdiff_t>(start + p.numel));
 }
 
-// ---- Stage 3 gather arena ----------------------------------------------------
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-int ZeroOptimizer<P, O, S, F, B>::find_slot(std::size_t unit) const {
-  for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-    if (slot_unit_[s] == unit) return static_cast<int>(s);
-  return -1;
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-std::size_t ZeroOptimizer<P, O, S, F, B>::arena_place(std::size_t n) const {
-  // The held units' ranges, sorted (at most prefetch_units + 1 <= 17: no allocation).
-  std::array<std::pair<std::size_t, std::size_t>, 17> held{};
-  std::size_t count = 0;
-  for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-    if (slot_unit_[s] != npos) held[count++] = {slot_offset_[s], slot_offset_[s] + layout_.units()[slot_unit_[s]].padded};
-  std::sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(count));
-  // A unit goes against an end of the arena where it can: then two units
-  // always fit (each sits at an end, leaving the rest to the other, and the
-  // arena holds the two largest). Otherwise into the smallest gap it fits.
-  const std::size_t capacity = gather_slots_.size();
-  std::size_t best = npos, best_gap = npos;
-  for (std::size_t i = 0; i <= count; ++i) {
-    const std::size_t begin = i == 0 ? 0 : held[i - 1].second, end = i == count ? capacity : held[i].first;
-    if (end - begin < n) continue;
-    if (begin == 0) return 0;
-    if (end == capacity) return end - n;
-    if (end - begin < best_gap) {
-      best = begin;
-      best_gap = end - begin;
-    }
-  }
-  return best;
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-int ZeroOptimizer<P, O, S, F, B>::gather_into_slot(std::size_t unit, bool may_evict) {
-  const UnitInfo& u = layout_.units()[unit];
-  auto free_slot = [&] { return find_slot(npos); };
-  std::size_t offset = free_slot() >= 0 ? arena_place(u.padded) : npos;
-  if (offset == npos && may_evict) {
-    // Prefetched units no one acquired make room (gathered again when
-    // acquired); a gather still in flight into their range is ordered before
-    // the one below on the communication lane.
-    for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-      if (!slot_in_use_[s]) slot_unit_[s] = npos;
-    offset = arena_place(u.padded);
-  }
-  const int slot = free_slot();
-  if (slot < 0 || offset == npos) return -1;
-  const std::size_t si = static_cast<std::size_t>(slot);
-  param_type* dst = gather_slots_.data() + offset;
-  // In place: this rank's shard goes to its position, then the gather fills the rest.
-  param_type* mine = dst + static_cast<std::size_t>(rank()) * u.shard;
-  {
-    // On the communication stream; acquire_unit waits for the slot's event.
-    auto lane = comm_lane();
-    Ops::copy(mine, params_.data() + u.shard_offset, u.shard);
-    comm_->all_gather(mine, dst, u.shard, dtype_traits<param_type>::dtype, false);
-    overlap_.mark(slot_event(si));
-  }
-  slot_unit_[si] = unit;
-  slot_offset_[si] = offset;
-  return slot;
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-void ZeroOptimizer<P, O, S, F, B>::prefetch_after(std::size_t unit) {
-  // Forward walks units upwards, backward downwards; gather the next ones
-  // while slots are free (on a GPU this overlaps with the current unit).
-  const long n_units = static_cast<long>(layout_.units().size());
-  const long dir = backward_phase_ ? -1 : 1;
-  for (int k = 1; k <= options_.prefetch_units; ++k) {
-    const long next = static_cast<long>(unit) + dir * k;
-    if (next < 0 || next >= n_units) break;
-    if (find_slot(static_cast<std::size_t>(next)) >= 0) continue;
-    if (gather_into_slot(static_cast<std::size_t>(next), false) < 0) break;
-  }
-}
+// ---- Forward / backward -------------------------------------------------------
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* {
   require_finalized("acquire_unit");
   require_unit(id, "acquire_unit");
   const UnitInfo& u = layout_.units()[id.index];
-  if constexpr (rules.params_whole()) {
+  if constexpr (rules.params_whole())
     return params_.data() + u.full_offset;
-  } else {
-    int slot = find_slot(id.index);
-    if (slot < 0) slot = gather_into_slot(id.index, true);
-    if (slot < 0) {  // (a branch, not require(): the message lists the acquired units)
-      std::string held;
-      for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-        if (slot_in_use_[s]) held += (held.empty() ? "'" : ", '") + layout_.units()[slot_unit_[s]].name + "'";
-      throw InvalidArgument(detail::concat(
-          "acquire_unit('", u.name, "'): the stage-3 gather arena (room for the ", slot_unit_.size(),
-          " largest units, Options::prefetch_units + 1) is taken by the acquired unit(s) ", held,
-          "; release_unit() the units you are done with, or raise Options::prefetch_units"));
-    }
-    slot_in_use_[static_cast<std::size_t>(slot)] = true;
-    prefetch_after(id.index);  // gathered while the caller computes with this unit
-    overlap_.wait(slot_event(static_cast<std::size_t>(slot)));
-    return gather_slots_.data() + slot_offset_[static_cast<std::size_t>(slot)];
-  }
+  else
+    return gatherer_.acquire(id.index, backward_phase_);
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::release_unit(UnitId id) {
   require_unit(id, "release_unit");
-  if constexpr (rules.params_sharded) {
-    const int slot = find_slot(id.index);
-    require(slot >= 0 && slot_in_use_[static_cast<std::size_t>(slot)], "release_unit('",
-            layout_.units()[id.index].name, "'): the unit is not acquired");
-    // Freed at once: only shards stay resident.
-    slot_unit_[static_cast<std::size_t>(slot)] = npos;
-    slot_in_use_[static_cast<std::size_t>(slot)] = false;
-  }
+  if constexpr (rules.params_sharded) gatherer_.release(id.index);
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -922,10 +782,10 @@ auto ZeroOptimizer<P, O, S, F, B>::param_data(ParamId id) const -> const param_t
     return params_.data() + u.full_offset + p.offset;
   } else {
     // Acquired, not merely prefetched: acquire_unit waited for the gather.
-    const int slot = find_slot(p.unit);
-    require(slot >= 0 && slot_in_use_[static_cast<std::size_t>(slot)], "param_data('", p.name, "'): acquire_unit('",
-            u.name, "') first (stage 3 keeps only shards; a prefetched unit may still be being gathered)");
-    return gather_slots_.data() + slot_offset_[static_cast<std::size_t>(slot)] + p.offset;
+    const param_type* unit = gatherer_.acquired_data(p.unit);
+    require(unit != nullptr, "param_data('", p.name, "'): acquire_unit('", u.name,
+            "') first (stage 3 keeps only shards; a prefetched unit may still be being gathered)");
+    return unit + p.offset;
   }
 }
 
@@ -952,7 +812,7 @@ auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
       handed_ = grads_.data() + u.full_offset;
     } else {
       // A new bucket reuses a staging set: its previous bucket must be reduced.
-      if (pending_.empty()) overlap_.wait(staging_event(set_));
+      if (pending_.empty()) comm_.wait(staging_event(set_));
       handed_ = grad_staging_.data() + staging_offset(id.index);
     }
     staging_unit_ = static_cast<int>(id.index);
@@ -995,7 +855,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
   // All of it on the communication stream (no-op without overlap), after the
   // backward that wrote these gradients; the caller's backward of the next
   // units goes on meanwhile.
-  auto lane = comm_lane();
+  auto lane = comm_.lane();
   // Three phases, so that a communicator may launch the bucket's collectives
   // as one group: what they read is prepared first, what reads their results
   // runs after.
@@ -1050,7 +910,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
         if (last) Ops::download_async(update_grad(u), acc, u.shard);
     }
   }
-  overlap_.mark(staging_event(set_));
+  comm_.mark(staging_event(set_));
   set_ = (set_ + 1) % staging_sets();
   pending_.clear();
 }
@@ -1067,11 +927,10 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   if constexpr (rules.params_sharded) {
     // The update changes every shard: a gathered copy in use would go stale.
     if (micro_ + 1 == options_.grad_accumulation_steps)
-      for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-        if (slot_in_use_[s])  // (slot_unit_[s] names a unit only when the slot is in use)
-          throw InvalidArgument(detail::concat("step(): unit '", units[slot_unit_[s]].name,
-                                               "' is still acquired; release_unit() every unit before the step that "
-                                               "updates them"));
+      if (const auto held = gatherer_.any_acquired())
+        throw InvalidArgument(detail::concat("step(): unit '", units[*held].name,
+                                             "' is still acquired; release_unit() every unit before the step that "
+                                             "updates them"));
   }
   flush_gradients();
   std::fill(reduced_this_micro_.begin(), reduced_this_micro_.end(), false);
@@ -1083,13 +942,13 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     return result;
   }
   micro_ = 0;
-  overlap_.join();  // the step reads the reduced gradients
+  comm_.join();  // the step reads the reduced gradients
   land_update();    // delayed update: the previous step's, before this one
 
   // Stage 1 reduce-scatters the accumulated gradient now, in place.
   if constexpr (rules.reduce_scatter_at_step) {
     constexpr DType gdt = dtype_traits<grad_type>::dtype;
-    communicate([&] {
+    comm_.communicate([&] {
       for (const auto& u : units) {
         grad_type* g = grads_.data() + u.full_offset;
         grad_type* mine = g + static_cast<std::size_t>(rank()) * u.shard;
@@ -1158,7 +1017,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
     Ops::upload_async(control_.data(), control, control_size);
   else
     Ops::upload(control_.data(), control, control_size);
-  communicate([&] {
+  comm_.communicate([&] {
     comm_->all_reduce(control_.data(), control_size, DType::f64, comm::ReduceOp::sum, true);
     Ops::download(control, control_.data(), control_size);
   });
@@ -1255,10 +1114,10 @@ template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, Ba
 void ZeroOptimizer<P, O, S, F, B>::publish_params() {
   // Stage 3: the shards changed, so every gathered copy is stale (none is in
   // use: step() checked); acquire_unit gathers the updated values.
-  if constexpr (rules.params_sharded) std::fill(slot_unit_.begin(), slot_unit_.end(), npos);
+  if constexpr (rules.params_sharded) gatherer_.drop_all();
   // Stages 1 and 2: every rank needs the full updated parameters again.
   if constexpr (rules.all_gather_after_step) {
-    communicate([&] {
+    comm_.communicate([&] {
       for (const auto& u : layout_.units()) {
         param_type* full = params_.data() + u.full_offset;
         comm_->all_gather(full + update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);

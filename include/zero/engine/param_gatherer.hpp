@@ -1,0 +1,209 @@
+// Why: stage 3 keeps only this rank's shard of every unit's parameters, so a
+// unit must be whole while forward or backward computes with it and gone
+// again afterwards. This part owns where gathered units live: one arena with
+// room for the Options::prefetch_units + 1 largest units, the slots placed in
+// it, which are acquired, and the prefetch of the next units in the
+// direction of the pass. It issues one collective, the all_gather of a unit's
+// shards, on the communication lane (CommChannel), each marked by its slot's
+// event so that compute waits only for the unit it acquires. It reads the
+// engine's parameter shards and never writes them; the engine tells it when
+// they changed (drop_all after a step or load, drop after set_param).
+//
+// Contract: acquire(u) is collective (every rank acquires the same units in
+// the same order); release(u) frees the unit's room at once; a unit acquired
+// and not released keeps its values until released.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/engine/comm_channel.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/error.hpp"
+#include "zero/precision/types.hpp"
+
+namespace zero::detail {
+
+template <class Ops, class T>
+class ParamGatherer {
+ public:
+  template <class E>
+  using Buffer = typename Ops::template Buffer<E>;
+  // The most units the arena holds (prefetch_units is at most 16).
+  static constexpr std::size_t max_slots = 17;
+
+  // At finalize(), stage 3 only: the arena and its slot count, the shards
+  // (this rank's unit shards, at UnitInfo::shard_offset), and slot s's event
+  // first_event + s on the channel. Everything stays valid for the engine's
+  // lifetime.
+  void bind(Buffer<T> arena, std::size_t slots, const Layout& layout, const T* shards, CommChannel<Ops>& channel,
+            int prefetch_units, std::size_t first_event) {
+    require(slots <= max_slots, "ParamGatherer: ", slots, " slots, at most ", max_slots);
+    arena_ = std::move(arena);
+    slot_unit_.assign(slots, npos);
+    slot_offset_.assign(slots, 0);
+    slot_in_use_.assign(slots, false);
+    layout_ = &layout;
+    shards_ = shards;
+    channel_ = &channel;
+    prefetch_units_ = prefetch_units;
+    first_event_ = first_event;
+  }
+  std::uint64_t arena_bytes() const { return arena_.bytes(); }
+
+  // Collective: unit u whole, gathered now unless held already, and the next
+  // prefetch_units units in the pass's direction (backward: downwards)
+  // gathered into free room while the caller computes with it.
+  const T* acquire(std::size_t unit, bool backward) {
+    int slot = find_slot(unit);
+    if (slot < 0) slot = gather_into_slot(unit, true);
+    if (slot < 0) {  // (a branch, not require(): the message lists the acquired units)
+      std::string held;
+      for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+        if (slot_in_use_[s]) held += (held.empty() ? "'" : ", '") + layout_->units()[slot_unit_[s]].name + "'";
+      throw InvalidArgument(concat("acquire_unit('", layout_->units()[unit].name,
+                                   "'): the stage-3 gather arena (room for the ", slot_unit_.size(),
+                                   " largest units, Options::prefetch_units + 1) is taken by the acquired unit(s) ",
+                                   held, "; release_unit() the units you are done with, or raise "
+                                         "Options::prefetch_units"));
+    }
+    const std::size_t s = static_cast<std::size_t>(slot);
+    slot_in_use_[s] = true;
+    prefetch_after(unit, backward);
+    channel_->wait(first_event_ + s);
+    return arena_.data() + slot_offset_[s];
+  }
+  // Frees unit u's room (only shards stay resident).
+  void release(std::size_t unit) {
+    const int slot = find_slot(unit);
+    require(slot >= 0 && slot_in_use_[static_cast<std::size_t>(slot)], "release_unit('",
+            layout_->units()[unit].name, "'): the unit is not acquired");
+    slot_unit_[static_cast<std::size_t>(slot)] = npos;
+    slot_in_use_[static_cast<std::size_t>(slot)] = false;
+  }
+  // Unit u's gathered values if it is acquired (not merely prefetched: a
+  // prefetch may still be in flight), else nullptr.
+  const T* acquired_data(std::size_t unit) const {
+    const int slot = find_slot(unit);
+    if (slot < 0 || !slot_in_use_[static_cast<std::size_t>(slot)]) return nullptr;
+    return arena_.data() + slot_offset_[static_cast<std::size_t>(slot)];
+  }
+  bool is_acquired(std::size_t unit) const { return acquired_data(unit) != nullptr; }
+  // An acquired unit, if any (for the errors of calls that need none).
+  std::optional<std::size_t> any_acquired() const {
+    for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+      if (slot_in_use_[s]) return slot_unit_[s];
+    return std::nullopt;
+  }
+
+  // The shards changed: every gathered copy is stale (none may be acquired).
+  void drop_all() { std::fill(slot_unit_.begin(), slot_unit_.end(), npos); }
+  // Unit u's shards changed: a prefetched copy of it is dropped (it must not
+  // be acquired).
+  void drop(std::size_t unit) {
+    const int slot = find_slot(unit);
+    if (slot >= 0) slot_unit_[static_cast<std::size_t>(slot)] = npos;
+  }
+
+ private:
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  int find_slot(std::size_t unit) const {
+    for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+      if (slot_unit_[s] == unit) return static_cast<int>(s);
+    return -1;
+  }
+
+  // Where in the arena a unit of n elements fits now, or npos.
+  std::size_t arena_place(std::size_t n) const {
+    // The held units' ranges, sorted (no allocation).
+    std::array<std::pair<std::size_t, std::size_t>, max_slots> held{};
+    std::size_t count = 0;
+    for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+      if (slot_unit_[s] != npos)
+        held[count++] = {slot_offset_[s], slot_offset_[s] + layout_->units()[slot_unit_[s]].padded};
+    std::sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(count));
+    // A unit goes against an end of the arena where it can: then two units
+    // always fit (each sits at an end, leaving the rest to the other, and the
+    // arena holds the two largest). Otherwise into the smallest gap it fits.
+    const std::size_t capacity = arena_.size();
+    std::size_t best = npos, best_gap = npos;
+    for (std::size_t i = 0; i <= count; ++i) {
+      const std::size_t begin = i == 0 ? 0 : held[i - 1].second, end = i == count ? capacity : held[i].first;
+      if (end - begin < n) continue;
+      if (begin == 0) return 0;
+      if (end == capacity) return end - n;
+      if (end - begin < best_gap) {
+        best = begin;
+        best_gap = end - begin;
+      }
+    }
+    return best;
+  }
+
+  // Gathers `unit` into a free slot of the arena and returns the slot, or -1
+  // when no slot or no room is free. may_evict: make room by dropping
+  // prefetched units no one acquired (acquire; a prefetch only uses room
+  // that is free).
+  int gather_into_slot(std::size_t unit, bool may_evict) {
+    const UnitInfo& u = layout_->units()[unit];
+    auto free_slot = [&] { return find_slot(npos); };
+    std::size_t offset = free_slot() >= 0 ? arena_place(u.padded) : npos;
+    if (offset == npos && may_evict) {
+      // Prefetched units no one acquired make room (gathered again when
+      // acquired); a gather still in flight into their range is ordered
+      // before the one below on the communication lane.
+      for (std::size_t s = 0; s < slot_unit_.size(); ++s)
+        if (!slot_in_use_[s]) slot_unit_[s] = npos;
+      offset = arena_place(u.padded);
+    }
+    const int slot = free_slot();
+    if (slot < 0 || offset == npos) return -1;
+    const std::size_t si = static_cast<std::size_t>(slot);
+    T* dst = arena_.data() + offset;
+    // In place: this rank's shard goes to its position, then the gather fills the rest.
+    T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
+    {
+      // On the communication lane; acquire waits for the slot's event.
+      auto lane = channel_->lane();
+      Ops::copy(mine, shards_ + u.shard_offset, u.shard);
+      (*channel_)->all_gather(mine, dst, u.shard, dtype_traits<T>::dtype, false);
+      channel_->mark(first_event_ + si);
+    }
+    slot_unit_[si] = unit;
+    slot_offset_[si] = offset;
+    return slot;
+  }
+
+  // Forward walks units upwards, backward downwards; gather the next ones
+  // while slots are free (on a GPU this overlaps with the current unit).
+  void prefetch_after(std::size_t unit, bool backward) {
+    const long n_units = static_cast<long>(layout_->units().size());
+    const long dir = backward ? -1 : 1;
+    for (int k = 1; k <= prefetch_units_; ++k) {
+      const long next = static_cast<long>(unit) + dir * k;
+      if (next < 0 || next >= n_units) break;
+      if (find_slot(static_cast<std::size_t>(next)) >= 0) continue;
+      if (gather_into_slot(static_cast<std::size_t>(next), false) < 0) break;
+    }
+  }
+
+  Buffer<T> arena_;
+  std::vector<std::size_t> slot_unit_;    // unit held by each slot, or npos
+  std::vector<std::size_t> slot_offset_;  // where the slot's unit lies in the arena
+  std::vector<bool> slot_in_use_;         // acquired and not yet released
+  const Layout* layout_ = nullptr;
+  const T* shards_ = nullptr;
+  CommChannel<Ops>* channel_ = nullptr;
+  int prefetch_units_ = 0;
+  std::size_t first_event_ = 0;
+};
+
+}  // namespace zero::detail
