@@ -156,7 +156,7 @@ struct OptimizerIo {
       s.optimizer = Opt::optimizer_policy::name;
       s.hyper = detail::hyper_json(opt_.hyper_);
       s.step = static_cast<std::uint64_t>(opt_.steps_);
-      const auto scaler = opt_.scaler_.state();
+      const auto scaler = opt_.control_.scaler().state();
       s.loss_scaler = {scaler.scale, static_cast<std::uint64_t>(scaler.clean_steps),
                        static_cast<std::uint64_t>(scaler.hysteresis_left)};
       if (opt_.options_.stochastic_rounding) s.rounding_seed = opt_.options_.seed;
@@ -228,8 +228,8 @@ struct OptimizerIo {
     const RunState& run = result.manifest.run;
     opt.steps_ = static_cast<std::int64_t>(run.step);
     opt.steps_at_reset_ = opt.steps_;
-    opt.scaler_.restore({run.loss_scaler.scale, static_cast<int>(run.loss_scaler.growth_counter),
-                         static_cast<int>(run.loss_scaler.hysteresis_left)});
+    opt.control_.scaler().restore({run.loss_scaler.scale, static_cast<int>(run.loss_scaler.growth_counter),
+                                   static_cast<int>(run.loss_scaler.hysteresis_left)});
     opt.publish_params();
     return result;
   }

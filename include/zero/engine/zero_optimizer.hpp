@@ -55,6 +55,7 @@
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/comm_channel.hpp"
+#include "zero/engine/gradient_reducer.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
@@ -63,6 +64,7 @@
 #include "zero/engine/reports.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/engine/state_store.hpp"
+#include "zero/engine/step_control.hpp"
 #include "zero/engine/update_worker.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
@@ -93,24 +95,6 @@ struct StepResult {
   double grad_norm = 0.0;       // global L2 norm of the unscaled, averaged gradient (before clipping)
   double loss_scale = 1.0;      // the scale that was in effect for this step
 };
-
-namespace detail {
-// Host memory for the step's control values: page-locked where the backend
-// has such memory (a copy from it need not wait), else plain host memory.
-template <class Ops>
-struct ControlHostBuffer {
-  using type = backend::HostBuffer<double>;
-};
-template <class Ops>
-  requires requires(double* d, const double* s, std::size_t n) {
-    typename Ops::template PinnedBuffer<double>;
-    Ops::upload_async(d, s, n);
-  }
-struct ControlHostBuffer<Ops> {
-  using type = typename Ops::template PinnedBuffer<double>;
-  static constexpr bool async = true;
-};
-}  // namespace detail
 
 template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
           BackendPolicy Backend = backend::Host>
@@ -168,7 +152,7 @@ class ZeroOptimizer {
         hyper_(hyper),
         options_(options),
         layout_(comm_->size()),
-        scaler_(options.loss_scale, Precision::loss_scaling) {
+        control_(options.loss_scale, Precision::loss_scaling) {
     hyper_.validate();
     options_.validate();
   }
@@ -299,7 +283,7 @@ class ZeroOptimizer {
     Io::load_hf(*this, path);
   }
 
-  double loss_scale() const { return scaler_.scale(); }
+  double loss_scale() const { return control_.scaler().scale(); }
   // e.g. hyper().lr = schedule(step), the same on every rank (checked at the step)
   Hyper& hyper() { return hyper_; }
   const Options& options() const { return options_; }
@@ -345,9 +329,9 @@ class ZeroOptimizer {
   }
   grad_type* grad_ptr(const UnitInfo& u) {
     if constexpr (rules.grads_sharded)
-      return grads_.data() + u.shard_offset;
+      return reducer_.accumulator() + u.shard_offset;
     else
-      return grads_.data() + u.full_offset + update_begin(u);
+      return reducer_.accumulator() + u.full_offset + update_begin(u);
   }
   // Where the update reads unit u's owned gradient: the gradient buffer, or
   // its host copy when offloaded.
@@ -385,21 +369,18 @@ class ZeroOptimizer {
             layout_.units().size(), " units)");
   }
 
-  // Events of the channel: one per gradient staging set, then the gatherer's
-  // (one per gather slot, a unit the arena holds).
-  static constexpr std::size_t staging_event(std::size_t set) { return set; }
+  // Events of the channel: one per gradient staging set (the reducer's
+  // first two), then the gatherer's (one per gather slot, a unit the arena
+  // holds).
   static constexpr std::size_t first_slot_event = 2;
-  // With overlap, two staging sets: the caller writes one bucket while the
-  // previous one is reduced.
-  std::size_t staging_sets() const { return comm_.overlaps() ? 2 : 1; }
-  // Where unit u's gradient is staged in the current set (its bucket's units
-  // lie back to back; a set holds the largest bucket), and its shard's
-  // reduce-scatter result.
-  std::size_t staging_offset(std::size_t u) const {
-    return set_ * buckets_.max_elements + buckets_.offset[u];
-  }
-  std::size_t shard_staging_offset(std::size_t u) const {
-    return set_ * buckets_.max_shard_elements + buckets_.shard_offset[u];
+  // This micro-batch's place in the accumulation window.
+  bool first_micro() const { return micro_ == 0; }
+  bool last_micro() const { return micro_ == options_.grad_accumulation_steps - 1; }
+  // Offload at stages 2-3: where the reducer copies each finished shard (the
+  // host gradient set the next update reads).
+  void aim_final_copies() {
+    if constexpr (host_staging && rules.reduce_scatter_on_flush)
+      reducer_.copy_final_shards_to(host_grads_.data() + host_grad_set_ * owned_total());
   }
 
   // Collective: every unit, padded, into host memory `out`, from each rank's
@@ -435,26 +416,15 @@ class ZeroOptimizer {
   // Checks at finalize() that every rank agrees on the settings (agreement.hpp, rank_checks.hpp).
   void check_agreement();
   void account_memory();
-  void zero_gaps(const UnitInfo& u, grad_type* staging);
-  // Stages 0 and 1 without accumulation take the caller's gradient straight
-  // into the full gradient buffer (no staging, no copy).
-  bool takes_gradients_in_place() const { return gradients_in_place(rules, options_); }
-  // Launches the reductions of every pending gradient (see grad_ready).
-  void flush_gradients();
-  // The ranks' reports after the step's control all-reduce (rank_checks.hpp).
-  detail::StepReports step_reports() const {
-    return {rank(), ranks(), steps_ + 1, control_host_.data() + 1, Precision::loss_scaling, rules.states_sharded};
-  }
+
   detail::CommChannel<Ops> comm_;  // the communicator, and on a GPU the lane its collectives run on
   Hyper hyper_;
   Options options_;
   Layout layout_;
-  DynamicLossScaler scaler_;
   bool finalized_ = false;
 
   // Model state (see memory_report for which are whole and which are shards).
   Buffer<param_type> params_;
-  Buffer<grad_type> grads_;
   StateStore store_;  // fp32 master (mixed precision) and optimizer state
   // Offload: the owned gradient's host copy (the update reads it there) and
   // the 16-bit parameters the CPU writes before they are copied to the device.
@@ -468,28 +438,11 @@ class ZeroOptimizer {
   StepArgs pending_args_{};
   std::size_t pending_set_ = 0;
   detail::UpdateWorker worker_;
-  // Communication buffers, each set holding the largest gradient bucket.
-  Buffer<grad_type> grad_staging_;          // where the caller writes a unit's gradient
-  Buffer<float> reduce_staging_fp32_;       // a bucket widened to fp32, when reducing 16-bit gradients in fp32
-  Buffer<grad_type> shard_staging_;         // a bucket's reduce-scatter results before accumulation
-  GradientBuckets buckets_;                 // units whose reductions are launched together (buffer_sizes.hpp)
-  std::size_t set_ = 0;                     // the staging set the current bucket uses
-  struct Pending {
-    std::size_t unit;
-    grad_type* written;  // where the caller wrote the gradient
-  };
-  std::vector<Pending> pending_;            // gradients ready but not yet reduced, all of one bucket (capacity reserved)
-  grad_type* handed_ = nullptr;             // the buffer grad_buffer() handed out
+  detail::GradientReducer<Ops, grad_type> reducer_;  // gradients: staging, buckets, reductions, accumulator
+  detail::StepControl<Ops> control_;                 // the step's decision: norm, overflow, loss scale, clipping
   detail::ParamGatherer<Ops, param_type> gatherer_;  // stage 3: where gathered units live (param_gatherer.hpp)
-  // The step's control all-reduce, in backend memory and its host copy: the
-  // squared norm, then one report per rank (see detail::step_report).
-  Buffer<double> control_;
-  typename detail::ControlHostBuffer<Ops>::type control_host_;
-  int staging_unit_ = -1;                   // unit whose gradient buffer is handed out
 
   int micro_ = 0;             // micro-batch index within the accumulation window
-  bool backward_phase_ = false;
-  std::vector<bool> reduced_this_micro_;  // grad_ready seen for each unit in this micro-batch
   std::int64_t steps_ = 0;
   std::int64_t steps_at_reset_ = 0;
   MemoryReport memory_{};
@@ -523,7 +476,9 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
   constexpr const char* fewer_units = "lower Options::bucket_bytes (a bucket holds at least one unit), or split "
                                       "the largest unit";
   params_ = allocate<param_type>(sizes.params, "parameters", rules.params_sharded ? "more ranks" : shard_params);
-  grads_ = allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
+  typename detail::GradientReducer<Ops, grad_type>::Buffers grad_buffers;
+  grad_buffers.accumulator =
+      allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
   if constexpr (requires { store_.configure(options_.nvme, 0); }) store_.configure(options_.nvme, rank());
   // (a generic lambda, not an explicit template one: nvcc 13 refuses those in
   // a member of a class template with default arguments)
@@ -545,22 +500,21 @@ void ZeroOptimizer<P, O, S, F, B>::finalize() {
       host_params_ = allocate_as<OffloadBuffer<param_type>>(sizes.state_per_slot, "host staging of the parameters",
                                                             "more ranks");
   }
-  buckets_ = sizes.buckets;
-  grad_staging_ = allocate<grad_type>(sizes.grad_staging, "gradient staging (one bucket)", fewer_units);
-  reduce_staging_fp32_ = allocate<float>(sizes.reduce_staging_fp32, "fp32 reduction staging",
-                                         "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " +
-                                             std::string(fewer_units));
-  shard_staging_ = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
-  pending_.reserve(buckets_.max_units);
+  grad_buffers.staging = allocate<grad_type>(sizes.grad_staging, "gradient staging (one bucket)", fewer_units);
+  grad_buffers.staging_fp32 = allocate<float>(sizes.reduce_staging_fp32, "fp32 reduction staging",
+                                              "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " +
+                                                  std::string(fewer_units));
+  grad_buffers.shard_staging = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
+  reducer_.bind(std::move(grad_buffers), sizes.buckets, rules, gradients_in_place(rules, options_),
+                sizes.staging_sets, layout_, comm_);
+  aim_final_copies();
   if constexpr (rules.params_sharded) {
     gatherer_.bind(allocate<param_type>(sizes.gather_slots, "stage-3 gather arena",
                                         "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
                                         "largest units), or split the largest units"),
                    sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event);
   }
-  control_ = Buffer<double>(sizes.control);
-  control_host_ = typename detail::ControlHostBuffer<Ops>::type(sizes.control);
-  reduced_this_micro_.assign(layout_.units().size(), false);
+  control_.bind(sizes.control, comm_);
   account_memory();
   finalized_ = true;
 }
@@ -635,12 +589,12 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
     return p;
   };
   m.placed.params = in_backend(params_.bytes());
-  m.placed.grads = in_backend(grads_.bytes());
+  m.placed.grads = in_backend(reducer_.accumulator_bytes());
   m.placed.grads.host += host_grads_.bytes();
   m.placed.master = store_.master_bytes();
   m.placed.optimizer_states = store_.state_bytes();
   m.placed.communication_buffers =
-      in_backend(grad_staging_.bytes() + reduce_staging_fp32_.bytes() + shard_staging_.bytes() + gatherer_.arena_bytes());
+      in_backend(reducer_.staging_bytes() + gatherer_.arena_bytes());
   m.placed.communication_buffers.host += host_params_.bytes();
   if constexpr (requires { store_.window_bytes(); }) m.placed.communication_buffers.host += store_.window_bytes();
   m.params = m.placed.params.total();
@@ -762,7 +716,7 @@ auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* 
   if constexpr (rules.params_whole())
     return params_.data() + u.full_offset;
   else
-    return gatherer_.acquire(id.index, backward_phase_);
+    return gatherer_.acquire(id.index, reducer_.in_backward());
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
@@ -795,124 +749,14 @@ template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, Ba
 auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
   require_finalized("grad_buffer");
   require_unit(id, "grad_buffer");
-  // (a branch, not require(): the message names the unit handed out, which
-  // exists only when the check fails)
-  if (staging_unit_ >= 0 && staging_unit_ != static_cast<int>(id.index))
-    throw InvalidArgument(detail::concat(
-        "grad_buffer('", layout_.units()[id.index].name, "'): the gradient of unit '",
-        layout_.units()[static_cast<std::size_t>(staging_unit_)].name,
-        "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next"));
-  if (staging_unit_ < 0) {  // not handed out yet (grad_buffer may be called again for the same unit)
-    const UnitInfo& u = layout_.units()[id.index];
-    // A unit of another bucket (backward out of the usual order): the pending
-    // part of the current bucket is reduced first.
-    if (!pending_.empty() && buckets_.bucket_of[pending_.front().unit] != buckets_.bucket_of[id.index])
-      flush_gradients();
-    if (takes_gradients_in_place()) {
-      handed_ = grads_.data() + u.full_offset;
-    } else {
-      // A new bucket reuses a staging set: its previous bucket must be reduced.
-      if (pending_.empty()) comm_.wait(staging_event(set_));
-      handed_ = grad_staging_.data() + staging_offset(id.index);
-    }
-    staging_unit_ = static_cast<int>(id.index);
-  }
-  return handed_;
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-void ZeroOptimizer<P, O, S, F, B>::zero_gaps(const UnitInfo& u, grad_type* staging) {
-  for (const auto& [b, e] : u.gaps) Ops::zero(staging + b, e - b);
+  return reducer_.hand_out(id.index, first_micro(), last_micro());
 }
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
   require_finalized("grad_ready");
   require_unit(id, "grad_ready");
-  require(staging_unit_ == static_cast<int>(id.index), "grad_ready('", layout_.units()[id.index].name,
-          "'): call grad_buffer() for this unit and write its gradient first");
-  require(!reduced_this_micro_[id.index], "grad_ready('", layout_.units()[id.index].name,
-          "') twice in one micro-batch; call step() after each micro-batch");
-  const UnitInfo& u = layout_.units()[id.index];
-  zero_gaps(u, handed_);
-  pending_.push_back(Pending{id.index, handed_});
-  // A complete bucket is reduced now (while the caller's backward goes on, on
-  // a GPU); the last one when step() is called.
-  if (pending_.size() == buckets_.of(id.index).units) flush_gradients();
-  reduced_this_micro_[id.index] = true;
-  staging_unit_ = -1;
-  backward_phase_ = true;
-}
-
-template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
-void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
-  if (pending_.empty()) return;
-  const bool first = micro_ == 0;
-  const bool last = micro_ == options_.grad_accumulation_steps - 1;
-  constexpr DType gdt = dtype_traits<grad_type>::dtype;
-  const bool in_fp32 = reduce_staging_fp32_.size() != 0;
-  auto wide = [&](const Pending& p) { return reduce_staging_fp32_.data() + staging_offset(p.unit); };
-  // All of it on the communication stream (no-op without overlap), after the
-  // backward that wrote these gradients; the caller's backward of the next
-  // units goes on meanwhile.
-  auto lane = comm_.lane();
-  // Three phases, so that a communicator may launch the bucket's collectives
-  // as one group: what they read is prepared first, what reads their results
-  // runs after.
-  if constexpr (!rules.reduce_scatter_on_flush) {
-    // Keep the whole gradient; stage 0 all-reduces it on the last micro-batch.
-    const bool all_reduce = rules.all_reduce_on_flush && last;
-    for (const Pending& p : pending_) {
-      const UnitInfo& u = layout_.units()[p.unit];
-      grad_type* acc = grads_.data() + u.full_offset;
-      if (p.written != acc) Ops::accumulate(acc, p.written, u.padded, first);
-      if (all_reduce && in_fp32) Ops::convert(wide(p), acc, u.padded);
-    }
-    if (all_reduce) {
-      comm_->group_begin();
-      for (const Pending& p : pending_) {
-        const UnitInfo& u = layout_.units()[p.unit];
-        if (in_fp32)
-          comm_->all_reduce(wide(p), u.padded, DType::f32, comm::ReduceOp::sum, false);
-        else
-          comm_->all_reduce(grads_.data() + u.full_offset, u.padded, gdt, comm::ReduceOp::sum, false);
-      }
-      comm_->group_end();
-      if (in_fp32)
-        for (const Pending& p : pending_) {
-          const UnitInfo& u = layout_.units()[p.unit];
-          Ops::convert(grads_.data() + u.full_offset, wide(p), u.padded);
-        }
-    }
-  } else {
-    // Stages 2 and 3: reduce-scatter, keep only this rank's shard.
-    const std::size_t r = static_cast<std::size_t>(rank());
-    if (in_fp32)
-      for (const Pending& p : pending_) Ops::convert(wide(p), p.written, layout_.units()[p.unit].padded);
-    comm_->group_begin();
-    for (const Pending& p : pending_) {
-      const UnitInfo& u = layout_.units()[p.unit];
-      if (in_fp32)
-        comm_->reduce_scatter(wide(p), wide(p) + r * u.shard, u.shard, DType::f32);
-      else
-        comm_->reduce_scatter(p.written, shard_staging_.data() + shard_staging_offset(p.unit), u.shard, gdt);
-    }
-    comm_->group_end();
-    for (const Pending& p : pending_) {
-      const UnitInfo& u = layout_.units()[p.unit];
-      grad_type* acc = grads_.data() + u.shard_offset;
-      if (in_fp32)
-        Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
-      else
-        Ops::accumulate(acc, shard_staging_.data() + shard_staging_offset(p.unit), u.shard, first);
-      // Offload: the finished shard leaves for the host while backward goes on.
-      if constexpr (host_staging)
-        if (last) Ops::download_async(update_grad(u), acc, u.shard);
-    }
-  }
-  comm_.mark(staging_event(set_));
-  set_ = (set_ + 1) % staging_sets();
-  pending_.clear();
+  reducer_.ready(id.index, first_micro(), last_micro());
 }
 
 // ---- Step ------------------------------------------------------------------------
@@ -921,9 +765,7 @@ template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, Ba
 StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   require_finalized("step");
   const auto& units = layout_.units();
-  for (std::size_t i = 0; i < units.size(); ++i)
-    require(reduced_this_micro_[i], "step(): unit '", units[i].name,
-            "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before step()");
+  reducer_.require_all_ready();
   if constexpr (rules.params_sharded) {
     // The update changes every shard: a gathered copy in use would go stale.
     if (micro_ + 1 == options_.grad_accumulation_steps)
@@ -932,38 +774,19 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
                                              "' is still acquired; release_unit() every unit before the step that "
                                              "updates them"));
   }
-  flush_gradients();
-  std::fill(reduced_this_micro_.begin(), reduced_this_micro_.end(), false);
-  backward_phase_ = false;
+  reducer_.end_micro_batch(first_micro(), last_micro());
   StepResult result;
-  result.loss_scale = scaler_.scale();
+  result.loss_scale = control_.scaler().scale();
   if (++micro_ < options_.grad_accumulation_steps) {
     result.accumulating = true;
     return result;
   }
   micro_ = 0;
-  comm_.join();  // the step reads the reduced gradients
-  land_update();    // delayed update: the previous step's, before this one
+  comm_.join();   // the step reads the reduced gradients
+  land_update();  // delayed update: the previous step's, before this one
 
   // Stage 1 reduce-scatters the accumulated gradient now, in place.
-  if constexpr (rules.reduce_scatter_at_step) {
-    constexpr DType gdt = dtype_traits<grad_type>::dtype;
-    comm_.communicate([&] {
-      for (const auto& u : units) {
-        grad_type* g = grads_.data() + u.full_offset;
-        grad_type* mine = g + static_cast<std::size_t>(rank()) * u.shard;
-        if (reduce_staging_fp32_.size() != 0) {
-          float* wide = reduce_staging_fp32_.data();
-          Ops::convert(wide, g, u.padded);
-          float* wmine = wide + static_cast<std::size_t>(rank()) * u.shard;
-          comm_->reduce_scatter(wide, wmine, u.shard, DType::f32);
-          Ops::convert(mine, wmine, u.shard);
-        } else {
-          comm_->reduce_scatter(g, mine, u.shard, gdt);
-        }
-      }
-    });
-  }
+  reducer_.reduce_at_step();
 
   if constexpr (host_staging) {
     // The owned gradient goes to the host (stages 2-3 sent each shard as its
@@ -1001,50 +824,20 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
   } catch (const InvalidArgument& e) {
     invalid_hyper = e.what();
   }
-  // One control all-reduce (summed): stages 1-3 add the owned shards' squared
-  // norms in slot 0 (stage 0 computed its norm from the whole reduced
-  // gradient); slot 1 + r carries rank r's report, the other ranks add 0.
-  double* control = control_host_.data();
-  const std::size_t control_size = control_host_.size();
-  std::fill(control, control + control_size, 0.0);
-  if constexpr (rules.norm_needs_all_reduce()) control[0] = stats.sum_squares;
-  control[1 + static_cast<std::size_t>(rank())] =
-      static_cast<double>(detail::step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite));
-  // Up from page-locked memory without a host wait where the backend can (the
-  // statistics above were the step's one wait before the all-reduce); the
-  // all-reduce's lane starts after the copy, and the download waits for both.
-  if constexpr (requires { detail::ControlHostBuffer<Ops>::async; })
-    Ops::upload_async(control_.data(), control, control_size);
-  else
-    Ops::upload(control_.data(), control, control_size);
-  comm_.communicate([&] {
-    comm_->all_reduce(control_.data(), control_size, DType::f64, comm::ReduceOp::sum, true);
-    Ops::download(control, control_.data(), control_size);
-  });
-  if constexpr (rules.norm_needs_all_reduce()) stats.sum_squares = control[0];
-  const detail::StepReports reports = step_reports();
-  bool overflow = false;
-  for (int r = 0; r < ranks(); ++r)
-    overflow = overflow || (reports.report(r) & detail::report_non_finite) != 0;
-  detail::check_step_reports(reports, invalid_hyper, overflow);
-  const double scale = scaler_.scale();
-  if (scaler_.update(overflow)) {
+  // One control all-reduce decides: the global norm, overflow (fp16 skips),
+  // the ranks' hyper-parameters agreeing (errors on every rank otherwise).
+  const auto decision = control_.decide(
+      stats.sum_squares, detail::step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite),
+      invalid_hyper, {steps_ + 1, rules.norm_needs_all_reduce(), rules.states_sharded, &options_});
+  if (decision.skip) {
     result.skipped_overflow = true;
     return result;
   }
-
-  const double divisor = options_.gradient_divisor > 0
-                             ? options_.gradient_divisor
-                             : static_cast<double>(ranks()) * static_cast<double>(options_.grad_accumulation_steps);
-  const double unscale = 1.0 / (scale * divisor);
-  result.grad_norm = std::sqrt(stats.sum_squares) * unscale;
-  double clip = 1.0;
-  if (options_.clip_norm > 0 && result.grad_norm > 0)
-    clip = std::min(1.0, options_.clip_norm / (result.grad_norm + 1e-6));  // as torch.nn.utils.clip_grad_norm_
+  result.grad_norm = decision.grad_norm;
 
   ++steps_;
   kernels::FusedStepArgs<O, grad_type, param_type> args;
-  args.grad_scale = static_cast<float>(unscale * clip);
+  args.grad_scale = decision.grad_scale;
   args.scalars = scalars;
   args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
   if (offloaded && options_.delayed_update && steps_ > options_.delayed_update_warmup) {
@@ -1058,6 +851,7 @@ StepResult ZeroOptimizer<P, O, S, F, B>::step() {
       opt->update_units(opt->pending_args_, false, opt->pending_set_);
     }, this);
     host_grad_set_ ^= 1;
+    aim_final_copies();
   } else {
     update_units(args, true, host_grad_set_);
     publish_params();
