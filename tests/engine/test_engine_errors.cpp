@@ -143,3 +143,70 @@ TEST_CASE("Stage 3 holds at most prefetch + 1 units at once", "[engine][errors]"
     REQUIRE_THROWS_WITH(opt.param_data(zero::ParamId{0}), Catch::Contains("acquire_unit('a') first"));
   });
 }
+
+TEST_CASE("Ranks in different collective calls get an error naming each rank's call", "[engine][errors][comm]") {
+  using Opt2 = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::Sgd, zero::stage<2>,
+                                   zero::offload::None, zero::backend::Host>;
+  std::vector<std::string> messages(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    Opt2 opt(c, {});
+    const auto u = opt.add_unit("layer0");
+    opt.add_param(u, "w", 1000);
+    opt.finalize();
+    try {
+      if (c.rank() == 0) {
+        std::vector<float> masters(opt.layout().padded_total());
+        opt.gather_masters(masters.data());
+      } else {
+        opt.grad_buffer(u);
+        opt.grad_ready(u);  // the unit's bucket is complete: reduce-scattered now
+      }
+    } catch (const zero::CommError& e) {
+      messages[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& m : messages)
+    CHECK_THAT(m, Catch::Contains("rank 1 called reduce_scatter(512 x fp32) in grad_ready() while rank 0 called "
+                                  "all_gather(512 x fp32) in gather_masters()"));
+}
+
+TEST_CASE("A rank that returns or throws fails the others' collectives at once, not after the timeout",
+          "[engine][errors][comm]") {
+  zero::comm::LocalGroup::Options o;
+  o.timeout = std::chrono::minutes(2);  // far longer than the test: the rank leaving is what ends the wait
+  zero::comm::LocalGroup group(3, o);
+  const auto started = std::chrono::steady_clock::now();
+  for (const bool throws : {false, true}) {
+    std::vector<std::string> messages(3);
+    auto run = [&] {
+      group.run([&](zero::comm::Local& c) {
+        Opt1 opt(c, {});
+        const auto u = opt.add_unit("layer0");
+        opt.add_param(u, "w", 100);
+        opt.finalize();
+        opt.grad_buffer(u);
+        opt.grad_ready(u);
+        if (c.rank() == 1) {
+          if (throws) throw zero::InvalidArgument("bad batch on rank 1");
+          return;  // skips the step
+        }
+        try {
+          opt.step();
+        } catch (const zero::CommError& e) {
+          messages[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+      });
+    };
+    if (throws) {
+      CHECK_THROWS_WITH(run(), "bad batch on rank 1");
+      CHECK_THAT(messages[0], Catch::Contains("rank 1 left (threw: bad batch on rank 1) while rank 0 waits in "));
+    } else {
+      CHECK_NOTHROW(run());
+      CHECK_THAT(messages[0], Catch::Contains("rank 1 returned while rank 0 waits in "));
+    }
+    CHECK_THAT(messages[0], Catch::Contains(" in step()"));
+    CHECK_THAT(messages[2], Catch::Contains(" in step()"));
+  }
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
+}

@@ -14,7 +14,8 @@
 // then opt.step(), which steps the optimizer every grad_accumulation_steps
 // micro-batches. Collective calls (finalize, set_param, acquire_unit at
 // stage 3, grad_ready, step, gather_*) must be made by every rank in the same
-// order.
+// order; each names itself (comm::ApiCall, a thread-local name in a scope),
+// so that a communicator's error says which call each rank was in.
 //
 // Ranks never silently disagree. finalize() compares the layout, precision,
 // optimizer, stage and every Options field across ranks; set_param() compares
@@ -179,6 +180,7 @@ class ZeroOptimizer {
   // one is what a resume finds. A destructor cannot throw: a failure is
   // printed to stderr; call wait_save() first to get it as an exception.
   ~ZeroOptimizer() {
+    const comm::ApiCall api_call("~ZeroOptimizer");
     if (!background_save_) return;
     try {
       if (std::uncaught_exceptions() <= unwinding_at_start_) wait_save();
@@ -258,6 +260,7 @@ class ZeroOptimizer {
   // model; gather_*, master_values, set_param and step() call it themselves.
   // Without a pending update it does nothing.
   void wait_update() {
+    const comm::ApiCall api_call("wait_update");
     require_finalized("wait_update");
     land_update();
   }
@@ -275,6 +278,7 @@ class ZeroOptimizer {
   // Collective. Completes a background save: waits for this rank's file,
   // confirms every rank's, writes the manifest. Nothing pending: nothing.
   void wait_save() {
+    const comm::ApiCall api_call("wait_save");
     if (!background_save_) return;
     auto pending = std::move(background_save_);  // a failure is reported once, not again by the destructor
     pending->finish();
@@ -539,6 +543,7 @@ class ZeroOptimizer {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::finalize() {
+  const comm::ApiCall api_call("finalize");  // names this call in communicator errors (as every collective call)
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
   layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
@@ -690,6 +695,7 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
+  const comm::ApiCall api_call("set_param");
   require_finalized("set_param");
   land_update();
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
@@ -740,6 +746,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
+  const comm::ApiCall api_call("gather_masters");
   require_finalized("gather_masters");
   land_update();
   gather_units(out, [this](const UnitInfo& u, float* dst) { copy_master(u, dst); });
@@ -758,6 +765,7 @@ void ZeroOptimizer<P, O, S, F, B>::copy_master(const UnitInfo& u, float* dst) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
+  const comm::ApiCall api_call("gather_params");
   require_finalized("gather_params");
   land_update();
   if constexpr (rules.params_whole()) {
@@ -784,6 +792,7 @@ void ZeroOptimizer<P, O, S, F, B>::gather_units(T* out, Fill fill) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 std::vector<float> ZeroOptimizer<P, O, S, F, B>::master_values(ParamId id) {
+  const comm::ApiCall api_call("master_values");
   std::vector<float> all(layout_.padded_total());
   gather_masters(all.data());
   const ParamInfo& p = layout_.param(id);
@@ -874,6 +883,7 @@ void ZeroOptimizer<P, O, S, F, B>::prefetch_after(std::size_t unit) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* {
+  const comm::ApiCall api_call("acquire_unit");
   require_finalized("acquire_unit");
   require_unit(id, "acquire_unit");
   const UnitInfo& u = layout_.units()[id.index];
@@ -933,6 +943,7 @@ auto ZeroOptimizer<P, O, S, F, B>::param_data(ParamId id) const -> const param_t
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
+  const comm::ApiCall api_call("grad_buffer");
   require_finalized("grad_buffer");
   require_unit(id, "grad_buffer");
   // (a branch, not require(): the message names the unit handed out, which
@@ -967,6 +978,7 @@ void ZeroOptimizer<P, O, S, F, B>::zero_gaps(const UnitInfo& u, grad_type* stagi
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
+  const comm::ApiCall api_call("grad_ready");
   require_finalized("grad_ready");
   require_unit(id, "grad_ready");
   require(staging_unit_ == static_cast<int>(id.index), "grad_ready('", layout_.units()[id.index].name,
@@ -1059,6 +1071,7 @@ void ZeroOptimizer<P, O, S, F, B>::flush_gradients() {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 StepResult ZeroOptimizer<P, O, S, F, B>::step() {
+  const comm::ApiCall api_call("step");
   require_finalized("step");
   const auto& units = layout_.units();
   for (std::size_t i = 0; i < units.size(); ++i)
