@@ -654,7 +654,12 @@ void ZeroOptimizer<P, O, S, F, B>::check_agreement() {
       layout_, options_, {stage, O::name, P::mixed, dtype_traits<param_type>::dtype, F::name});
   std::vector<std::uint64_t> mine;
   for (const auto& setting : settings) mine.push_back(setting.value);
-  const std::string differ = describe_disagreement(settings, all_gather_control(mine), ranks());
+  const std::vector<std::uint64_t> all = all_gather_control(mine);
+  std::string differ = describe_disagreement(settings, all, ranks());
+  // Which parameter differs: a second exchange, only when the layouts differ.
+  const std::string which = detail::layout_disagreement(layout_, all, mine.size(), ranks(),
+                                                        [this](const auto& v) { return all_gather_control(v); });
+  if (!which.empty()) differ += "; " + which;
   if (!differ.empty())
     throw CommError(detail::concat(
         "ZeroOptimizer::finalize() on rank ", rank(), ": the ranks were built or configured differently: ", differ,
