@@ -79,7 +79,8 @@ inline void abort_if_unwound_at_exit() {
 // this file for why not in MPI_Finalize). Not while an exception unwinds past
 // it: the others may be waiting in a collective for this one, and MPI stays up
 // for the catch path's abort_mpi_job(); a program that exits without calling
-// it has the job ended by an atexit handler.
+// it has the job ended by an atexit handler. Collective: every rank of
+// MPI_COMM_WORLD constructs one (it duplicates MPI_COMM_WORLD for the notices).
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv) : unwinding_at_start_(std::uncaught_exceptions()) {
@@ -336,9 +337,11 @@ class Mpi {
   // A rank that left (MpiRuntime's notice) takes part in no collective any
   // more: once its notice is here, a collective of every rank that is still
   // not complete after `leave_grace` (its last collective may have finished
-  // on its side a moment before this one's data arrives) never will.
+  // on its side a moment before this one's data arrives) never will. Not a
+  // broadcast: a receiver may complete and leave before the root has sent to
+  // a slower rank, which does not need the one that left.
   void watch_for_leaves(const Call& call) {
-    if (!watch_leaves_ || detail::leave_comm == MPI_COMM_NULL) return;
+    if (!watch_leaves_ || detail::leave_comm == MPI_COMM_NULL || std::strcmp(call.kind, "broadcast") == 0) return;
     if (left_rank_ < 0) {
       int found = 0;
       MPI_Status status;
