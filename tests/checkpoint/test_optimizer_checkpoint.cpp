@@ -480,3 +480,36 @@ TEST_CASE("keep_last keeps the newest complete step checkpoints only", "[checkpo
   CHECK_THROWS_WITH(zero::checkpoint::Checkpointer::remove_old_checkpoints(dir.path, 0),
                     Catch::Contains("keep must be at least 1"));
 }
+
+TEST_CASE("save or load on one rank only: the error names the call each rank was in", "[checkpoint][errors]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::AdamW, zero::stage<2>, zero::offload::None,
+                                  zero::backend::Host>;
+  TempDir dir;
+  for (const bool loading : {false, true}) {
+    std::vector<std::string> messages(2);
+    zero::comm::LocalGroup group(2);
+    group.run([&](zero::comm::Local& c) {
+      Opt opt(c, {}, zero::Options{});
+      build(opt, true);
+      train_steps(opt, c.rank(), 1, 1);
+      if (loading) opt.save(dir.path.string());  // (by both ranks)
+      try {
+        if (c.rank() == 0) {
+          if (loading)
+            opt.load(dir.path.string());
+          else
+            opt.save(dir.path.string());
+        } else {
+          train_steps(opt, c.rank(), 2, 2);  // rank 1 trains on instead
+        }
+      } catch (const zero::CommError& e) {
+        messages[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    for (const auto& m : messages) {
+      CHECK_THAT(m, Catch::Contains("rank 1 called reduce_scatter("));
+      CHECK_THAT(m, Catch::Contains(") in grad_ready() while rank 0 called all_gather(1 x u64) in " +
+                                    std::string(loading ? "load()" : "save()")));
+    }
+  }
+}

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zero/comm/any_communicator.hpp"
@@ -226,10 +228,13 @@ TEST_CASE("comm::Local turns a rank missing from a collective into a timeout err
   const auto messages = comm_errors(3, [](zero::comm::Local& c) {
     std::vector<float> buf(256, 1.0f);
     c.all_reduce(buf.data(), buf.size(), DType::f32);
-    if (c.rank() != 2) c.all_reduce(buf.data(), buf.size(), DType::f32);  // rank 2 leaves early
+    // Rank 2 stops calling (without leaving: that is reported at once) past the timeout.
+    if (c.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    const zero::comm::ApiCall call("step");
+    if (c.rank() != 2) c.all_reduce(buf.data(), buf.size(), DType::f32);
   });
-  CHECK_THAT(messages[0], Catch::Contains("waited more than 2000 ms in all_reduce"));
-  CHECK_THAT(messages[1], Catch::Contains("waited more than 2000 ms in all_reduce"));
+  CHECK_THAT(messages[0], Catch::Contains("waited more than 2000 ms in all_reduce in step()"));
+  CHECK_THAT(messages[1], Catch::Contains("waited more than 2000 ms in all_reduce in step()"));
   CHECK(messages[2].empty());
 }
 
@@ -304,4 +309,92 @@ TEST_CASE("AnyCommunicator keeps the device stream, also around an AnyCommunicat
   zero::comm::LocalGroup(1).run([](zero::comm::Local& c) {  // a host communicator has none
     CHECK(zero::comm::AnyCommunicator::wrap(*zero::comm::AnyCommunicator::wrap(c))->stream_handle() == nullptr);
   });
+}
+
+TEST_CASE("comm::Local names the library call each rank was in when their calls differ", "[comm][local][errors]") {
+  const auto messages = comm_errors(2, [](zero::comm::Local& c) {
+    std::uint64_t word = 7, words[2] = {};
+    std::vector<float> send(2048), recv(1024);
+    if (c.rank() == 0) {
+      const zero::comm::ApiCall call("save");
+      const zero::comm::ApiCall inner("set_param");  // the outermost call is named: the one the user made
+      c.all_gather(&word, words, 1, DType::u64);
+    } else {
+      const zero::comm::ApiCall call("step");
+      c.reduce_scatter(send.data(), recv.data(), 1024, DType::f32);
+    }
+  });
+  for (const auto& m : messages)
+    CHECK_THAT(m, Catch::Contains("rank 1 called reduce_scatter(1024 x fp32) in step() while rank 0 called "
+                                  "all_gather(1 x u64) in save()"));
+  // Scopes nest (the outermost names the call) and put the name back.
+  CHECK(zero::comm::ApiCall::current() == nullptr);
+  {
+    const zero::comm::ApiCall outer("load_hf");
+    {
+      const zero::comm::ApiCall inner("set_param");
+      CHECK(std::string(zero::comm::ApiCall::current()) == "load_hf");
+    }
+    CHECK(std::string(zero::comm::ApiCall::current()) == "load_hf");
+  }
+  CHECK(zero::comm::ApiCall::current() == nullptr);
+}
+
+TEST_CASE("comm::Local fails the collectives that wait for a rank that returned or threw at once", "[comm][local][errors]") {
+  // A timeout far longer than the test may take: what ends the wait is the
+  // rank leaving, not the timeout.
+  zero::comm::LocalGroup::Options o;
+  o.timeout = std::chrono::minutes(2);
+  zero::comm::LocalGroup group(3, o);
+  std::vector<std::string> messages(3);
+  const auto started = std::chrono::steady_clock::now();
+  SECTION("a rank that returns") {
+    group.run([&](zero::comm::Local& c) {
+      try {
+        c.barrier();
+        if (c.rank() == 1) return;  // skips the step the others make
+        const zero::comm::ApiCall call("step");
+        float x = 1.0f;
+        c.all_reduce(&x, 1, DType::f32);
+      } catch (const zero::CommError& e) {
+        messages[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    CHECK_THAT(messages[0], Catch::Contains("comm::Local: rank 1 returned while rank 0 waits in all_reduce in step()"));
+    CHECK_THAT(messages[2], Catch::Contains("comm::Local: rank 1 returned while rank 2 waits in all_reduce in step()"));
+    CHECK_THAT(messages[0], Catch::Contains("same collective calls in the same order"));
+    CHECK(messages[1].empty());
+  }
+  SECTION("a rank that throws, before or after the others wait") {
+    for (const bool before : {false, true}) {
+      const auto threw = [&] {
+        group.run([&](zero::comm::Local& c) {
+          if (c.rank() == 1) {
+            if (!before) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others wait already
+            throw std::runtime_error("bad batch on rank 1");
+          }
+          if (before) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 1 has left already
+          try {
+            const zero::comm::ApiCall call("finalize");
+            c.barrier();
+          } catch (const zero::CommError& e) {
+            messages[static_cast<std::size_t>(c.rank())] = e.what();
+          }
+        });
+      };
+      CHECK_THROWS_WITH(threw(), "bad batch on rank 1");  // the first exception, rethrown by run()
+      CHECK_THAT(messages[0], Catch::Contains("comm::Local: rank 1 left (threw: bad batch on rank 1) while rank 0 "
+                                              "waits in barrier in finalize()"));
+      CHECK_THAT(messages[2], Catch::Contains("rank 1 left (threw: bad batch on rank 1) while rank 2 waits"));
+    }
+  }
+  SECTION("ranks that all return after their last collective are no error") {
+    REQUIRE_NOTHROW(group.run([&](zero::comm::Local& c) {
+      c.barrier();
+      if (c.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others have returned
+    }));
+    // and the group runs again
+    REQUIRE_NOTHROW(group.run([&](zero::comm::Local& c) { c.barrier(); }));
+  }
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(30));
 }

@@ -8,18 +8,23 @@
 //   none                  nobody misbehaves: rank 0 prints "trained 3 steps" and every rank exits 0
 //   throw                 rank 1 throws before finalize(); the exception reaches main's catch path,
 //                         which ends the job with zero::comm::abort_mpi_job (the documented way)
+//   throw_no_abort        the same, but main's catch path only prints and returns 1 (no abort_mpi_job):
+//                         MpiRuntime's atexit handler ends the job, naming the rank
 //   throw_caught          rank 1 throws before finalize() but its own code catches the exception and
-//                         goes on to exit normally: the other ranks wait in finalize()'s layout
-//                         all-gather until comm::Mpi's timeout ends the job
+//                         goes on to return from main normally: its MpiRuntime tells the others, which
+//                         wait in finalize()'s layout all-gather, and they end the job at once
 //   skip_grad_ready       rank 1 does not call grad_ready() for unit 0 (the last of its backward) in one
 //                         micro-batch: its step() throws, main's catch path ends the job
-//   skip_step             rank 1 skips its last micro-batch and step() and exits normally: the others
-//                         wait in that step's collectives until the timeout ends the job
+//   skip_step             rank 1 skips its last micro-batch and step() and returns normally: the others,
+//                         waiting in that step's collectives, learn it from its MpiRuntime and end the job
+//   hang                  rank 1 stops (sleeps) before finalize() without leaving: the others wait in
+//                         finalize()'s all-gather until comm::Mpi's timeout ends the job
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zero/comm/mpi.hpp"
@@ -46,7 +51,7 @@ void train(zero::comm::Mpi& comm, const std::string& scenario) {
     units[u] = opt.add_unit("layer" + std::to_string(u));
     opt.add_param(units[u], "layer" + std::to_string(u) + ".weight", sizes[u]);
   }
-  if (misbehaves && scenario == "throw") throw zero::InvalidArgument("rank 1 failed before finalize() (scenario throw)");
+  if (misbehaves && (scenario == "throw" || scenario == "throw_no_abort")) throw zero::InvalidArgument("rank 1 failed before finalize() (scenario throw)");
   if (misbehaves && scenario == "throw_caught") {
     try {
       throw zero::InvalidArgument("rank 1 failed before finalize() (scenario throw_caught)");
@@ -55,6 +60,7 @@ void train(zero::comm::Mpi& comm, const std::string& scenario) {
       return;
     }
   }
+  if (misbehaves && scenario == "hang") std::this_thread::sleep_for(std::chrono::minutes(10));
   opt.finalize();
   for (int s = 0; s < steps; ++s)
     for (int m = 0; m < micro_batches; ++m) {
@@ -84,7 +90,8 @@ int main(int argc, char** argv) {
     train(comm, argv[1]);
     return 0;
   } catch (const std::exception& e) {
-    zero::comm::abort_mpi_job(e.what());  // ends every rank: none waits for this one
+    // (scenario throw_no_abort: a catch path that forgets abort_mpi_job)
+    if (argc == 3 && std::string(argv[1]) != "throw_no_abort") zero::comm::abort_mpi_job(e.what());  // ends every rank: none waits for this one
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

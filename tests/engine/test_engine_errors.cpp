@@ -143,3 +143,133 @@ TEST_CASE("Stage 3 holds at most prefetch + 1 units at once", "[engine][errors]"
     REQUIRE_THROWS_WITH(opt.param_data(zero::ParamId{0}), Catch::Contains("acquire_unit('a') first"));
   });
 }
+
+TEST_CASE("Ranks in different collective calls get an error naming each rank's call", "[engine][errors][comm]") {
+  using Opt2 = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::Sgd, zero::stage<2>,
+                                   zero::offload::None, zero::backend::Host>;
+  std::vector<std::string> messages(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    Opt2 opt(c, {});
+    const auto u = opt.add_unit("layer0");
+    opt.add_param(u, "w", 1000);
+    opt.finalize();
+    try {
+      if (c.rank() == 0) {
+        std::vector<float> masters(opt.layout().padded_total());
+        opt.gather_masters(masters.data());
+      } else {
+        opt.grad_buffer(u);
+        opt.grad_ready(u);  // the unit's bucket is complete: reduce-scattered now
+      }
+    } catch (const zero::CommError& e) {
+      messages[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& m : messages)
+    CHECK_THAT(m, Catch::Contains("rank 1 called reduce_scatter(512 x fp32) in grad_ready() while rank 0 called "
+                                  "all_gather(512 x fp32) in gather_masters()"));
+}
+
+TEST_CASE("A rank that returns or throws fails the others' collectives at once, not after the timeout",
+          "[engine][errors][comm]") {
+  zero::comm::LocalGroup::Options o;
+  o.timeout = std::chrono::minutes(2);  // far longer than the test: the rank leaving is what ends the wait
+  zero::comm::LocalGroup group(3, o);
+  const auto started = std::chrono::steady_clock::now();
+  for (const bool throws : {false, true}) {
+    std::vector<std::string> messages(3);
+    auto run = [&] {
+      group.run([&](zero::comm::Local& c) {
+        Opt1 opt(c, {});
+        const auto u = opt.add_unit("layer0");
+        opt.add_param(u, "w", 100);
+        opt.finalize();
+        opt.grad_buffer(u);
+        opt.grad_ready(u);
+        if (c.rank() == 1) {
+          if (throws) throw zero::InvalidArgument("bad batch on rank 1");
+          return;  // skips the step
+        }
+        try {
+          opt.step();
+        } catch (const zero::CommError& e) {
+          messages[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+      });
+    };
+    if (throws) {
+      CHECK_THROWS_WITH(run(), "bad batch on rank 1");
+      CHECK_THAT(messages[0], Catch::Contains("rank 1 left (threw: bad batch on rank 1) while rank 0 waits in "));
+    } else {
+      CHECK_NOTHROW(run());
+      CHECK_THAT(messages[0], Catch::Contains("rank 1 returned while rank 0 waits in "));
+    }
+    CHECK_THAT(messages[0], Catch::Contains(" in step()"));
+    CHECK_THAT(messages[2], Catch::Contains(" in step()"));
+  }
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
+}
+
+TEST_CASE("Ranks whose layouts differ get the first differing parameter named, and how", "[engine][errors]") {
+  struct Param {
+    const char* unit;
+    const char* name;
+    std::size_t numel;
+    zero::Shape shape;
+  };
+  using Params = std::vector<Param>;
+  // Rank 0 registers `base`; rank 1 `other`.
+  const Params base = {{"a", "a.w", 10, {2, 5}}, {"a", "a.b", 5, {}}, {"b", "b.w", 20, {}}};
+  const struct {
+    Params other;
+    const char* expected;
+  } cases[] = {
+      {{{"a", "a.v", 10, {2, 5}}, {"a", "a.b", 5, {}}, {"b", "b.w", 20, {}}},
+       "parameter #0 of unit 'a' is 'a.w' on rank 0 and 'a.v' on rank 1 (a different name)"},
+      {{{"a", "a.b", 5, {}}, {"a", "a.w", 10, {2, 5}}, {"b", "b.w", 20, {}}},
+       "parameter 'a.w' is parameter #0 of unit 'a' on rank 0 but parameter #1 of unit 'a' on rank 1 (registered in "
+       "another order)"},
+      {{{"a", "a.w", 10, {2, 5}}, {"a", "a.b", 6, {}}, {"b", "b.w", 20, {}}},
+       "parameter 'a.b' has 5 elements on rank 0 and 6 on rank 1 (a different size)"},
+      {{{"a", "a.w", 10, {5, 2}}, {"a", "a.b", 5, {}}, {"b", "b.w", 20, {}}},
+       "parameter 'a.w' has shape [2, 5] on rank 0 and [5, 2] on rank 1 (a different shape)"},
+      {{{"a", "a.w", 10, {}}, {"a", "a.b", 5, {}}, {"b", "b.w", 20, {}}},
+       "parameter 'a.w' has shape [2, 5] on rank 0 and none (flat) on rank 1 (a different shape)"},
+      {{{"a", "a.w", 10, {2, 5}}, {"b", "a.b", 5, {}}, {"b", "b.w", 20, {}}},
+       "unit 'a' has 2 parameters on rank 0 and 1 on rank 1; parameter 'a.b' (#1 of the unit on rank 0) is "
+       "parameter #0 of unit 'b' on rank 1 (another unit)"},
+      {{{"a", "a.w", 10, {2, 5}}, {"a", "a.b", 5, {}}, {"c", "b.w", 20, {}}},
+       "unit #1 is 'b' on rank 0 and 'c' on rank 1 (a different unit name or order)"},
+      {{{"a", "a.w", 10, {2, 5}}, {"a", "a.b", 5, {}}},
+       "unit #1 'b' exists on rank 0, not on rank 1 (2 units on rank 0, 1 on rank 1)"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> messages(2);
+    zero::comm::LocalGroup group(2);
+    group.run([&](zero::comm::Local& comm) {
+      Opt1 opt(comm, {});
+      std::vector<std::string> units;
+      for (const Param& p : comm.rank() == 0 ? base : c.other) {
+        if (std::find(units.begin(), units.end(), p.unit) == units.end()) {
+          units.push_back(p.unit);
+          opt.add_unit(p.unit);
+        }
+        const auto u = static_cast<std::size_t>(std::find(units.begin(), units.end(), p.unit) - units.begin());
+        opt.add_param(zero::UnitId{u}, p.name, p.numel, p.shape);
+      }
+      try {
+        opt.finalize();
+      } catch (const zero::CommError& e) {
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    INFO(c.expected);
+    for (const auto& m : messages) {
+      CHECK_THAT(m, Catch::Contains("registered different parameter layouts"));
+      CHECK_THAT(m, Catch::Contains(std::string("the first difference in the layouts: ") + c.expected));
+    }
+    auto after_rank = [](const std::string& m) { return m.substr(std::min(m.size(), m.find(": the ranks"))); };
+    CHECK(after_rank(messages[0]) == after_rank(messages[1]));  // every rank says the same
+  }
+}

@@ -189,6 +189,7 @@ struct OptimizerIo {
   // Collective: the optimizer's state into `dir`; `extra` (the trainer's
   // epoch, data order, ...) is kept in the manifest for its resume.
   static void save(Opt& opt, const std::string& dir, SaveOptions options = {}) {
+    const comm::ApiCall api_call("save");  // names this call in communicator errors (zero/comm/communicator.hpp)
     write(opt, dir, std::nullopt, std::move(options));
   }
   static void save(Opt& opt, const std::string& dir, nlohmann::json extra) {
@@ -199,6 +200,7 @@ struct OptimizerIo {
   // with options.io.keep_last = K, only the K newest complete checkpoints
   // under root remain. A later load(root) finds the newest complete one.
   static std::filesystem::path save_step(Opt& opt, const std::string& root, SaveOptions options = {}) {
+    const comm::ApiCall api_call("save_step");
     const auto dir = step_directory(root, static_cast<std::uint64_t>(opt.step_count()));
     write(opt, dir, root, std::move(options));
     return dir;
@@ -212,6 +214,7 @@ struct OptimizerIo {
   // from the master; stages 1-2 then all-gather them. Returns the manifest (step,
   // `extra`) and what was read.
   static LoadResult load(Opt& opt, const std::string& path) {
+    const comm::ApiCall api_call("load");
     settle(opt, "load");
     refuse_acquired(opt, "load");
     Source source(opt);
@@ -240,6 +243,7 @@ struct OptimizerIo {
   // error on every rank with nothing changed; then one parameter at a time
   // (memory: one parameter in fp32) goes through set_param.
   static void load_hf(Opt& opt, const std::string& path) {
+    const comm::ApiCall api_call("load_hf");
     settle(opt, "load_hf");
     refuse_acquired(opt, "load_hf");
     const Collective c = collective(opt);

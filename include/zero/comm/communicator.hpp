@@ -56,6 +56,31 @@ inline std::string describe_collective(const char* kind, std::uint64_t call, std
                               per_rank ? " per rank" : "", ")");
 }
 
+// The library call (ZeroOptimizer::step, save, ...) this thread is in, so
+// that a communicator's error can say where each rank was: "all_gather #3
+// (...) in save()". A name in a scope: a thread-local pointer set and put
+// back, no allocation, nothing per collective. The outermost scope names the
+// call, i.e. the one the user made (load_hf() runs set_param(): "in load_hf()").
+class ApiCall {
+ public:
+  explicit ApiCall(const char* name) noexcept : outer_(current_) {
+    if (current_ == nullptr) current_ = name;
+  }
+  ApiCall(const ApiCall&) = delete;
+  ApiCall& operator=(const ApiCall&) = delete;
+  ~ApiCall() { current_ = outer_; }
+  // The call this thread is in, or nullptr outside every library call.
+  static const char* current() noexcept { return current_; }
+  // " in step()", or "" outside every library call: appended to a collective's description.
+  static std::string where(const char* name) {
+    return name != nullptr ? zero::detail::concat(" in ", name, "()") : std::string();
+  }
+
+ private:
+  const char* outer_;
+  static inline thread_local const char* current_ = nullptr;
+};
+
 struct ByteCounters {
   std::array<std::uint64_t, collective_kinds> sent{};
   std::array<std::uint64_t, collective_kinds> received{};

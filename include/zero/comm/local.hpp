@@ -2,10 +2,13 @@
 // runs them as threads of one process over host memory: real collectives with
 // real synchronisation (so ordering bugs deadlock or fail here as they would
 // with NCCL), deterministic results, and no MPI launcher. A rank that throws
-// or stops calling collectives aborts the group: the others get a CommError
-// naming the rank instead of hanging; ranks that make different calls at the
-// same point (kind, element count, type, operation or root) all get a
-// CommError naming both calls, before any rank touches another's buffer.
+// or returns while others wait for it fails their pending and later
+// collectives at once, with a CommError naming the rank, how it left, and
+// the collective and library call (comm::ApiCall) each waiter is in; one
+// that stops calling collectives without leaving fails them after the
+// timeout. Ranks that make different calls at the same point (kind, element
+// count, type, operation or root) all get a CommError naming both calls and
+// the library call each rank was in, before any rank touches another's buffer.
 //
 // Speed: the ranks move data in parallel, straight between the user's
 // buffers (no staging copies), so a collective runs near the memory bandwidth
@@ -62,15 +65,17 @@ class LocalGroup {
         options_(options),
         send_(static_cast<std::size_t>(ranks)),
         recv_(static_cast<std::size_t>(ranks)),
-        calls_(static_cast<std::size_t>(ranks)) {
+        calls_(static_cast<std::size_t>(ranks)),
+        api_calls_(static_cast<std::size_t>(ranks)) {
     require(ranks >= 1, "comm::LocalGroup needs at least 1 rank, got ", ranks);
   }
 
   int size() const { return ranks_; }
 
   // Runs fn(Local&) on `size()` threads, one per rank, and waits for all.
-  // If any rank throws, the others are released from their collectives with
-  // a CommError, and the first rank's exception is rethrown here.
+  // A rank whose fn throws or returns leaves the group: the others' pending
+  // and later collectives (which can no longer complete) fail at once with a
+  // CommError naming it. The first exception any rank threw is rethrown here.
   template <class Fn>
   void run(Fn&& fn);
 
@@ -105,19 +110,23 @@ class LocalGroup {
   // rank 0's (so no rank goes on to read a buffer of the wrong size).
   void check_same_call() const {
     for (int s = 1; s < ranks_; ++s) {
-      if (calls_[static_cast<std::size_t>(s)] == calls_[0]) continue;
-      throw CommError(zero::detail::concat("comm::Local: rank ", s, " called ", calls_[static_cast<std::size_t>(s)].describe(),
-                                           " while rank 0 called ", calls_[0].describe(),
+      const auto i = static_cast<std::size_t>(s);
+      if (calls_[i] == calls_[0]) continue;
+      throw CommError(zero::detail::concat("comm::Local: rank ", s, " called ", calls_[i].describe(),
+                                           ApiCall::where(api_calls_[i]), " while rank 0 called ", calls_[0].describe(),
+                                           ApiCall::where(api_calls_[0]),
                                            "; every rank must make the same collective calls (kind, element count, "
                                            "type, operation or root) in the same order"));
     }
   }
 
-  // Waits until all ranks arrive. Throws CommError if the group was aborted
-  // or the wait exceeds the timeout (then the group is aborted for all).
+  // Waits until all ranks arrive. Throws CommError if the group was aborted,
+  // a rank left (it can never arrive), or the wait exceeds the timeout (then
+  // the group is aborted for all).
   void arrive_and_wait(int rank, const char* what) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (aborted_) throw CommError(abort_message_);
+    if (left_rank_ >= 0) throw CommError(left_message(rank, what));
     const std::uint64_t generation = generation_;
     if (++arrived_ == ranks_) {
       arrived_ = 0;
@@ -127,13 +136,38 @@ class LocalGroup {
       cv_.notify_all();
       return;
     }
-    if (!cv_.wait_for(lock, options_.timeout, [&] { return generation_ != generation || aborted_; })) {
+    const bool woken = cv_.wait_for(lock, options_.timeout,
+                                    [&] { return generation_ != generation || aborted_ || left_rank_ >= 0; });
+    // Everyone arrived (a rank may have left or failed since: the next call reports it).
+    if (generation_ != generation) return;
+    if (!woken) {
       abort_locked(zero::detail::concat("comm::Local: rank ", rank, " waited more than ", options_.timeout.count(),
-                                  " ms in ", what,
-                                  " for the other ranks; every rank must make the same collective calls in the "
-                                  "same order"));
+                                        " ms in ", what, ApiCall::where(ApiCall::current()),
+                                        " for the other ranks; every rank must make the same collective calls in the "
+                                        "same order"));
     }
     if (aborted_) throw CommError(abort_message_);
+    throw CommError(left_message(rank, what));
+  }
+
+  // Rank r's fn returned or threw (`how`: "returned", "left (threw: ...)"):
+  // the collectives that wait for it, now and later, cannot complete.
+  void leave(int r, std::string how, bool threw = false) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (left_rank_ < 0) {
+      left_rank_ = r;
+      left_threw_ = threw;
+      left_how_ = std::move(how);
+    }
+    cv_.notify_all();
+  }
+  std::string left_message(int rank, const char* what) const {
+    return zero::detail::concat("comm::Local: rank ", left_rank_, " ", left_how_, " while rank ", rank, " waits in ",
+                                what, ApiCall::where(ApiCall::current()),
+                                left_threw_ ? "; the group was aborted"
+                                            : "; every rank must make the same collective calls in the same order (a "
+                                              "rank that skips a micro-batch, step() or save(), or returns early, "
+                                              "leaves the others waiting)");
   }
 
   void abort_locked(std::string message) {
@@ -143,15 +177,14 @@ class LocalGroup {
     }
     cv_.notify_all();
   }
-  void abort(std::string message) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    abort_locked(std::move(message));
-  }
   void reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     aborted_ = false;
     arrived_ = 0;
     abort_message_.clear();
+    left_rank_ = -1;
+    left_threw_ = false;
+    left_how_.clear();
   }
 
   int ranks_;
@@ -162,10 +195,14 @@ class LocalGroup {
   std::uint64_t generation_ = 0;
   bool aborted_ = false;
   std::string abort_message_;
+  int left_rank_ = -1;  // the first rank whose fn returned or threw, or -1
+  bool left_threw_ = false;
+  std::string left_how_;
   std::atomic<std::size_t> next_piece_{0};  // see Local::share_pieces
   std::vector<const void*> send_;
   std::vector<void*> recv_;
   std::vector<Call> calls_;
+  std::vector<const char*> api_calls_;  // the library call (ApiCall) each rank posted its call from
 };
 
 // One rank's handle. Host memory only; all calls are collective.
@@ -305,6 +342,7 @@ class Local {
   void publish(const Call& call, const void* send, void* recv, const char* what) {
     // The previous collective's last rendezvous guarantees nobody still reads the slots.
     group_->calls_[rank_] = call;
+    group_->api_calls_[rank_] = ApiCall::current();
     group_->send_[rank_] = send;
     group_->recv_[rank_] = recv;
     group_->arrive_and_wait(rank_, what);
@@ -336,6 +374,7 @@ void LocalGroup::run(Fn&& fn) {
     Local comm(*this, r);
     try {
       fn(comm);
+      leave(r, "returned");
     } catch (...) {
       errors[r] = std::current_exception();
       {
@@ -349,7 +388,7 @@ void LocalGroup::run(Fn&& fn) {
         what = e.what();
       } catch (...) {
       }
-      abort(zero::detail::concat("comm::Local: rank ", r, " failed (", what, "); the group was aborted"));
+      leave(r, zero::detail::concat("left (threw: ", what, ")"), true);
     }
   };
   std::vector<std::thread> threads;

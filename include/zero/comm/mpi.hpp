@@ -10,11 +10,23 @@
 // MPI_Iallgather, MPI_Ibcast, MPI_Ibarrier), awaited by polling MPI_Test
 // with a back-off that leaves the cores to ranks still computing; one not
 // complete after Options::timeout ends the job as PyTorch's NCCL watchdog
-// does: the collective (kind, call number, element count and type), the rank
-// and the time waited go to stderr, then MPI_Abort. A rank that fails with an
-// exception ends the job itself, from its catch path, with abort_mpi_job();
-// MpiRuntime does not finalise MPI while an exception unwinds past it, since
-// MPI_Finalize would wait for ranks that wait for this one.
+// does: the collective (kind, call number, element count and type), the
+// library call it was made in (comm::ApiCall), the rank and the time waited go
+// to stderr, then MPI_Abort. The timeout is for a rank that hangs; the common
+// cases end the job at once:
+//   - a rank that fails with an exception ends the job itself, from its catch
+//     path, with abort_mpi_job(); one whose catch path forgets to is ended at
+//     exit by MpiRuntime's atexit handler (MpiRuntime does not finalise MPI
+//     while an exception unwinds past it: MPI_Finalize waits for every rank);
+//   - a rank that returns from main while others still wait in a collective
+//     (a skipped micro-batch or step) tells them so as it leaves (MpiRuntime's
+//     destructor): a rank that waits on a communicator of every rank and finds
+//     such a notice ends the job naming the rank that left.
+// No rank enters MPI_Finalize before every rank is leaving (MpiRuntime meets
+// them in a polled barrier first): Open MPI 4.1's mpirun, aborting a job while
+// a rank waits inside MPI_Finalize, often hangs with its children unreaped or
+// crashes in PMIx_server_finalize (seen with 3 ranks, one in MPI_Finalize and
+// one or two calling MPI_Abort); a rank polling in MPI_Test is killed cleanly.
 #pragma once
 
 #include "zero/config.hpp"
@@ -22,6 +34,7 @@
 #include "zero/comm/mpi_c_api.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +44,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/reduce.hpp"
@@ -38,14 +52,35 @@
 
 namespace zero::comm {
 
+inline void abort_mpi_job(std::string_view reason, int exit_code = 1);
+
+namespace detail {
+// The duplicate of MPI_COMM_WORLD on which ranks tell each other that they
+// leave (MpiRuntime), or MPI_COMM_NULL where no MpiRuntime runs.
+inline MPI_Comm leave_comm = MPI_COMM_NULL;
+inline constexpr int leave_tag = 0x2e0;
+// Set when an exception unwound past an MpiRuntime: if the program then exits
+// with MPI still up (its catch path did not call abort_mpi_job), the atexit
+// handler ends the job instead of leaving the others waiting for this rank.
+inline std::atomic<bool> unwound_past_runtime{false};
+inline void abort_if_unwound_at_exit() {
+  if (unwound_past_runtime.load())
+    abort_mpi_job("this rank exits after an exception unwound past zero::comm::MpiRuntime, and its catch path did not "
+                  "end the job; call zero::comm::abort_mpi_job(e.what()) there to see the exception here");
+}
+}  // namespace detail
+
 // Initialises MPI for the process lifetime of this object (if the program
-// has not already), and finalises it at destruction if it initialised it,
-// except while an exception unwinds past it: MPI_Finalize waits for every
-// rank (Open MPI synchronises them there), and the others may be waiting in a
-// collective for this one. MPI stays up for the catch path's abort_mpi_job();
-// a catch path without it that returns a non-zero status still ends an Open
-// MPI job (mpirun aborts the others when a process exits with one), without
-// the message.
+// has not already), and finalises it at destruction if it initialised it.
+// At destruction the rank leaves: it tells every other rank (a zero-byte
+// message each, which comm::Mpi looks for while it waits: a rank still
+// waiting in a collective then ends the job at once, naming this one), and
+// waits, polling, until every rank leaves before MPI_Finalize (see the top of
+// this file for why not in MPI_Finalize). Not while an exception unwinds past
+// it: the others may be waiting in a collective for this one, and MPI stays up
+// for the catch path's abort_mpi_job(); a program that exits without calling
+// it has the job ended by an atexit handler. Collective: every rank of
+// MPI_COMM_WORLD constructs one (it duplicates MPI_COMM_WORLD for the notices).
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv) : unwinding_at_start_(std::uncaught_exceptions()) {
@@ -56,18 +91,56 @@ class MpiRuntime {
       MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
       owns_ = true;
     }
+    if (detail::leave_comm == MPI_COMM_NULL && MPI_Comm_dup(MPI_COMM_WORLD, &leave_comm_) == MPI_SUCCESS)
+      detail::leave_comm = leave_comm_;
+    static const bool registered = std::atexit(detail::abort_if_unwound_at_exit) == 0;
+    (void)registered;
   }
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
   ~MpiRuntime() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_ && !finalized && std::uncaught_exceptions() <= unwinding_at_start_) MPI_Finalize();
+    if (finalized) return;
+    if (std::uncaught_exceptions() > unwinding_at_start_) {
+      detail::unwound_past_runtime = true;
+      return;
+    }
+    leave();
+    if (owns_) MPI_Finalize();
   }
 
  private:
+  // Tells every other rank that this one leaves, then waits until all have.
+  // N(N-1) zero-byte messages once per job: nothing next to a training run.
+  void leave() {
+    if (leave_comm_ == MPI_COMM_NULL) return;
+    int rank = 0, size = 1;
+    MPI_Comm_rank(leave_comm_, &rank);
+    MPI_Comm_size(leave_comm_, &size);
+    std::vector<MPI_Request> sends;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      sends.emplace_back();
+      MPI_Isend(nullptr, 0, MPI_BYTE, r, detail::leave_tag, leave_comm_, &sends.back());
+    }
+    MPI_Request all_left = MPI_REQUEST_NULL;
+    MPI_Ibarrier(leave_comm_, &all_left);
+    for (int done = 0; !done;) {
+      MPI_Test(&all_left, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    // Every rank sent its notices before it entered the barrier.
+    for (int r = 0; r < size; ++r)
+      if (r != rank) MPI_Recv(nullptr, 0, MPI_BYTE, r, detail::leave_tag, leave_comm_, MPI_STATUS_IGNORE);
+    MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE);
+    detail::leave_comm = MPI_COMM_NULL;
+    MPI_Comm_free(&leave_comm_);
+  }
+
   bool owns_ = false;
   int unwinding_at_start_;  // exceptions in flight when constructed (inside a destructor run by unwinding)
+  MPI_Comm leave_comm_ = MPI_COMM_NULL;
 };
 
 // Ends every process of the MPI job: prints "comm::Mpi: rank r of n ends the
@@ -85,7 +158,7 @@ class MpiRuntime {
 //
 // Returns without doing anything when MPI is not running (never initialised,
 // or already finalised), so one catch path serves runs with and without MPI.
-inline void abort_mpi_job(std::string_view reason, int exit_code = 1) {
+inline void abort_mpi_job(std::string_view reason, int exit_code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   if (initialized) MPI_Finalized(&finalized);
@@ -127,6 +200,11 @@ class Mpi {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // A notice from a rank that left (MpiRuntime) means a collective of
+    // every rank cannot complete; on a smaller communicator it may not be in it.
+    int same = MPI_UNEQUAL;
+    MPI_Comm_compare(comm, MPI_COMM_WORLD, &same);
+    watch_leaves_ = same == MPI_IDENT || same == MPI_CONGRUENT;
     check(MPI_Type_contiguous(2, MPI_BYTE, &half_type_), "MPI_Type_contiguous");
     check(MPI_Type_commit(&half_type_), "MPI_Type_commit");
     check(MPI_Op_create(&sum_fp16, 1, &fp16_sum_), "MPI_Op_create");
@@ -217,12 +295,15 @@ class Mpi {
     DType dtype;
     std::uint64_t number;
     clock::time_point started;
+    const char* api;  // the library call it is made in (ApiCall), or nullptr
     MPI_Request request = MPI_REQUEST_NULL;
 
-    std::string describe() const { return describe_collective(kind, number, count, dtype); }
+    std::string describe() const { return describe_collective(kind, number, count, dtype) + ApiCall::where(api); }
   };
 
-  Call start(const char* kind, std::size_t count, DType t) { return Call{kind, count, t, ++calls_, clock::now()}; }
+  Call start(const char* kind, std::size_t count, DType t) {
+    return Call{kind, count, t, ++calls_, clock::now(), ApiCall::current()};
+  }
 
   // Waits for the call that an MPI_I* function (which returned `issued`)
   // started. MPI_Test also drives MPI's progress: a large collective moves
@@ -244,12 +325,45 @@ class Mpi {
       if (done) return;
       const auto waited = clock::now() - call.started;
       if (waited >= options_.timeout) time_out(call, waited);
-      if (waited < streaming)
+      if (waited < streaming) {
         std::this_thread::yield();
-      else
+      } else {
+        watch_for_leaves(call);
         std::this_thread::sleep_for(std::min<clock::duration>(waited / 16, std::chrono::milliseconds(1)));
+      }
     }
   }
+
+  // A rank that left (MpiRuntime's notice) takes part in no collective any
+  // more: once its notice is here, a collective of every rank that is still
+  // not complete after `leave_grace` (its last collective may have finished
+  // on its side a moment before this one's data arrives) never will. Not a
+  // broadcast: a receiver may complete and leave before the root has sent to
+  // a slower rank, which does not need the one that left.
+  void watch_for_leaves(const Call& call) {
+    if (!watch_leaves_ || detail::leave_comm == MPI_COMM_NULL || std::strcmp(call.kind, "broadcast") == 0) return;
+    if (left_rank_ < 0) {
+      int found = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, detail::leave_tag, detail::leave_comm, &found, &status);
+      if (found) {
+        left_rank_ = status.MPI_SOURCE;
+        left_seen_ = clock::now();
+      }
+      return;
+    }
+    if (clock::now() - left_seen_ < leave_grace) return;
+    std::fprintf(stderr,
+                 "comm::Mpi rank %d of %d: rank %d left (returned from main: its zero::comm::MpiRuntime was "
+                 "destroyed) while this rank waits in %s, which cannot complete without it. Every rank must make "
+                 "the same collective calls in the same order (a rank that skips a micro-batch, step() or save(), or "
+                 "returns early, leaves the others waiting). Ending the job with MPI_Abort.\n",
+                 rank_, size_, left_rank_, call.describe().c_str());
+    std::fflush(stderr);
+    MPI_Abort(comm_, 1);
+    std::_Exit(1);  // MPI_Abort does not return; this is for an implementation whose does
+  }
+  static constexpr auto leave_grace = std::chrono::seconds(1);
 
   // MPI cannot cancel a collective, and a rank that returned from this one
   // would wait in the next: as NCCL's watchdog in PyTorch, say what hung and
@@ -308,6 +422,9 @@ class Mpi {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::uint64_t calls_ = 0;  // collectives started, numbering them in messages
+  bool watch_leaves_ = false;  // a communicator of every rank: notices of leaving ranks concern it
+  int left_rank_ = -1;         // a rank whose notice of leaving arrived, and when
+  clock::time_point left_seen_{};
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
   MPI_Op fp16_sum_ = MPI_OP_NULL, bf16_sum_ = MPI_OP_NULL, fp16_max_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
   ByteCounters counters_;

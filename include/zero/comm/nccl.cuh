@@ -284,6 +284,7 @@ class Nccl {
       std::uint64_t call = 0;
       int group_size = 1;  // > 1: a group, described by its first collective
       clock::time_point enqueued{};
+      const char* api = nullptr;  // the library call it was made in (ApiCall), or nullptr
     };
 
     // `s`: the stream to use, unless `create_stream`; `own`: destroy `c` at the end.
@@ -386,6 +387,7 @@ class Nccl {
         now.count = count;
         now.dtype = t;
         now.call = ++calls;
+        now.api = ApiCall::current();
         follow_caller();
       }
     }
@@ -522,7 +524,7 @@ class Nccl {
       std::string d = describe_collective(r.kind, r.call, r.count, r.dtype);
       if (r.group_size > 1)
         d = zero::detail::concat("a group of ", r.group_size, " collectives starting with ", d);
-      return d;
+      return d + ApiCall::where(r.api);
     }
 
     void push(const Record& r) {
@@ -531,6 +533,7 @@ class Nccl {
       slot.count = r.count;
       slot.dtype = r.dtype;
       slot.call = r.call;
+      slot.api = r.api;
       slot.group_size = r.group_size < 1 ? 1 : r.group_size;
       slot.enqueued = clock::now();
       const cudaError_t recorded = cudaEventRecord(slot.event, stream);

@@ -8,10 +8,15 @@
 
 #include "zero/config.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/engine/agreement.hpp"
@@ -21,6 +26,12 @@
 #include "zero/precision/types.hpp"
 
 namespace zero::detail {
+
+inline std::string hex64(std::uint64_t v) {
+  char text[19];
+  std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
 
 // The type choices of one optimizer, as values.
 struct EngineIdentity {
@@ -38,16 +49,13 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
   auto real = [](std::uint64_t v) { return concat(std::bit_cast<double>(v)); };
   auto bits = [](double d) { return std::bit_cast<std::uint64_t>(d); };
   auto flag = [](std::uint64_t v) -> std::string { return v ? "true" : "false"; };
-  // Values that are hashes print this rank's text when they match it.
-  auto mine_or = [](std::uint64_t mine, std::string text, std::string other) {
-    return [=](std::uint64_t v) { return v == mine ? text : other; };
-  };
   const std::uint64_t layout_hash = layout.hash();
   const std::uint64_t precision = (id.mixed ? 0x100u : 0u) | static_cast<std::uint64_t>(id.param_dtype);
   const auto& ls = options.loss_scale;
   return {
+      // (the fingerprint: what differs is named by layout_disagreement)
       {"the parameter layout (ranks registered different parameter layouts)", layout_hash,
-       mine_or(layout_hash, concat(layout.units().size(), " units: ", layout.describe()), "another layout")},
+       [](std::uint64_t v) { return concat("fingerprint ", hex64(v)); }},
       {"the precision", precision,
        [](std::uint64_t v) {
          return concat(v & 0x100u ? "Mixed<" : "Full<", dtype_name(static_cast<DType>(v & 0xffu)), ">");
@@ -73,6 +81,162 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::delayed_update", options.delayed_update ? 1u : 0u, flag},
       {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options.delayed_update_warmup), number},
   };
+}
+
+// ---- Which parameter differs between two ranks' layouts ----------------------
+// The layout fingerprint says that ranks differ, not where. Only when it
+// differs (finalize() is about to fail) every rank all-gathers its whole
+// layout, words of 64 bits: per unit its name and parameters, per parameter
+// its name, size and shape; then rank 0's is compared with the first
+// differing rank's, and the first parameter that differs is named with how.
+
+// A layout as words: [units] then per unit [name][params] and per parameter
+// [name][numel][dims][d...]; a name is [bytes] then its bytes, 8 per word.
+inline std::vector<std::uint64_t> layout_words(const Layout& layout) {
+  std::vector<std::uint64_t> w{layout.units().size()};
+  auto text = [&](const std::string& s) {
+    w.push_back(s.size());
+    for (std::size_t i = 0; i < s.size(); i += 8) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, s.data() + i, std::min<std::size_t>(8, s.size() - i));
+      w.push_back(word);
+    }
+  };
+  for (const UnitInfo& u : layout.units()) {
+    text(u.name);
+    w.push_back(u.params.size());
+    for (std::size_t p : u.params) {
+      const ParamInfo& info = layout.params()[p];
+      text(info.name);
+      w.push_back(info.numel);
+      w.push_back(info.shape.size());
+      w.insert(w.end(), info.shape.begin(), info.shape.end());
+    }
+  }
+  return w;
+}
+
+// What layout_words() wrote, read back (what compare_layouts needs of a rank's layout).
+struct LayoutText {
+  struct Param {
+    std::string name;
+    std::uint64_t numel;
+    Shape shape;
+  };
+  struct Unit {
+    std::string name;
+    std::vector<Param> params;
+  };
+  std::vector<Unit> units;
+
+  static LayoutText read(const std::uint64_t* w, std::size_t n) {
+    std::size_t at = 0;
+    auto next = [&]() -> std::uint64_t { return at < n ? w[at++] : 0; };
+    auto text = [&] {
+      const std::uint64_t bytes = std::min<std::uint64_t>(next(), 8 * (n - std::min(at, n)));
+      std::string s(bytes, '\0');
+      for (std::size_t i = 0; i < bytes; i += 8) {
+        const std::uint64_t word = next();
+        std::memcpy(s.data() + i, &word, std::min<std::size_t>(8, bytes - i));
+      }
+      return s;
+    };
+    LayoutText t;
+    for (std::uint64_t units = next(); units-- > 0 && at < n;) {
+      Unit u{text(), {}};
+      for (std::uint64_t params = next(); params-- > 0 && at < n;) {
+        Param p{text(), next(), {}};
+        for (std::uint64_t dims = next(); dims-- > 0 && at < n;) p.shape.push_back(next());
+        u.params.push_back(std::move(p));
+      }
+      t.units.push_back(std::move(u));
+    }
+    return t;
+  }
+  // (unit index, position in it) of parameter `name`, or {-1, -1}.
+  std::pair<long, long> find(const std::string& name) const {
+    for (std::size_t u = 0; u < units.size(); ++u)
+      for (std::size_t p = 0; p < units[u].params.size(); ++p)
+        if (units[u].params[p].name == name) return {static_cast<long>(u), static_cast<long>(p)};
+    return {-1, -1};
+  }
+};
+
+// The first difference between rank 0's layout `a` and rank r's `b`, e.g.
+// "parameter 'w' has 100 elements on rank 0, 101 on rank 1 (a different size)".
+inline std::string compare_layouts(const LayoutText& a, const LayoutText& b, int r) {
+  const std::string on_r = concat(" on rank ", r);
+  auto shape = [](const Shape& s) { return s.empty() ? std::string("none (flat)") : shape_text(s); };
+  auto where = [&](const LayoutText& t, std::pair<long, long> at) {
+    return concat("parameter #", at.second, " of unit '", t.units[static_cast<std::size_t>(at.first)].name, "'");
+  };
+  for (std::size_t u = 0; u < std::max(a.units.size(), b.units.size()); ++u) {
+    if (u >= b.units.size())
+      return concat("unit #", u, " '", a.units[u].name, "' exists on rank 0, not", on_r, " (", a.units.size(),
+                    " units on rank 0, ", b.units.size(), on_r, ")");
+    if (u >= a.units.size())
+      return concat("unit #", u, " '", b.units[u].name, "' exists", on_r, ", not on rank 0 (", a.units.size(),
+                    " units on rank 0, ", b.units.size(), on_r, ")");
+    const LayoutText::Unit &ua = a.units[u], &ub = b.units[u];
+    if (ua.name != ub.name)
+      return concat("unit #", u, " is '", ua.name, "' on rank 0 and '", ub.name, "'", on_r, " (a different unit name or order)");
+    for (std::size_t p = 0; p < std::max(ua.params.size(), ub.params.size()); ++p) {
+      const long up = static_cast<long>(u), pp = static_cast<long>(p);
+      if (p >= ua.params.size() || p >= ub.params.size()) {
+        const bool on_a = p < ua.params.size();
+        const LayoutText::Param& extra = on_a ? ua.params[p] : ub.params[p];
+        const auto other = (on_a ? b : a).find(extra.name);
+        return concat("unit '", ua.name, "' has ", ua.params.size(), " parameters on rank 0 and ", ub.params.size(),
+                      on_r, "; parameter '", extra.name, "' (#", p, " of the unit ", on_a ? "on rank 0" : on_r.substr(1),
+                      ") is ",
+                      other.first < 0 ? std::string("missing") : where(on_a ? b : a, other),
+                      on_a ? on_r : std::string(" on rank 0"),
+                      other.first < 0 ? " (a missing parameter)" : " (another unit)");
+      }
+      const LayoutText::Param &pa = ua.params[p], &pb = ub.params[p];
+      if (pa.name != pb.name) {
+        const auto b_has_a = b.find(pa.name);
+        if (b_has_a.first >= 0)
+          return concat("parameter '", pa.name, "' is ", where(a, {up, pp}), " on rank 0 but ", where(b, b_has_a), on_r,
+                        b_has_a.first == up ? " (registered in another order)" : " (added to another unit)");
+        return concat(where(a, {up, pp}), " is '", pa.name, "' on rank 0 and '", pb.name, "'", on_r,
+                      " (a different name)");
+      }
+      if (pa.numel != pb.numel)
+        return concat("parameter '", pa.name, "' has ", pa.numel, " elements on rank 0 and ", pb.numel, on_r,
+                      " (a different size)");
+      if (pa.shape != pb.shape)
+        return concat("parameter '", pa.name, "' has shape ", shape(pa.shape), " on rank 0 and ", shape(pb.shape), on_r,
+                      " (a different shape)");
+    }
+  }
+  return "no difference in names, sizes, shapes or order";  // a hash collision of two different layouts' words
+}
+
+// At finalize(), after the settings' exchange (`all`, rank-major, k values
+// per rank, the layout fingerprint first: agreed_engine_settings): "" when
+// every rank's fingerprint matches rank 0's; otherwise (collective: every
+// rank sees the same fingerprints, so all take this path) the layouts are
+// all-gathered through `all_gather` (this rank's words in, every rank's out)
+// and the first difference between rank 0 and the first differing rank is described.
+inline std::string layout_disagreement(const Layout& layout, const std::vector<std::uint64_t>& all, std::size_t k,
+                                       int ranks,
+                                       const std::function<std::vector<std::uint64_t>(const std::vector<std::uint64_t>&)>&
+                                           all_gather) {
+  int first = -1;
+  for (int r = 1; r < ranks && first < 0; ++r)
+    if (all[static_cast<std::size_t>(r) * k] != all[0]) first = r;
+  if (first < 0) return "";
+  std::vector<std::uint64_t> mine = layout_words(layout);
+  const std::vector<std::uint64_t> sizes = all_gather({mine.size()});
+  std::uint64_t longest = 0;
+  for (std::uint64_t n : sizes) longest = std::max(longest, n);
+  mine.resize(longest, 0);
+  const std::vector<std::uint64_t> words = all_gather(mine);
+  auto of = [&](int r) {
+    return LayoutText::read(words.data() + static_cast<std::size_t>(r) * longest, sizes[static_cast<std::size_t>(r)]);
+  };
+  return concat("the first difference in the layouts: ", compare_layouts(of(0), of(first), first));
 }
 
 // The step's control all-reduce carries one report per rank, an integer

@@ -14,7 +14,8 @@
 // then opt.step(), which steps the optimizer every grad_accumulation_steps
 // micro-batches. Collective calls (finalize, set_param, acquire_unit at
 // stage 3, grad_ready, step, gather_*) must be made by every rank in the same
-// order.
+// order; each names itself (comm::ApiCall, a thread-local name in a scope),
+// so that a communicator's error says which call each rank was in.
 //
 // Ranks never silently disagree. finalize() compares the layout, precision,
 // optimizer, stage and every Options field across ranks; set_param() compares
@@ -165,6 +166,7 @@ class ZeroOptimizer {
   // one is what a resume finds. A destructor cannot throw: a failure is
   // printed to stderr; call wait_save() first to get it as an exception.
   ~ZeroOptimizer() {
+    const comm::ApiCall api_call("~ZeroOptimizer");
     if (!background_save_) return;
     try {
       if (std::uncaught_exceptions() <= unwinding_at_start_) wait_save();
@@ -244,6 +246,7 @@ class ZeroOptimizer {
   // model; gather_*, master_values, set_param and step() call it themselves.
   // Without a pending update it does nothing.
   void wait_update() {
+    const comm::ApiCall api_call("wait_update");
     require_finalized("wait_update");
     land_update();
   }
@@ -261,6 +264,7 @@ class ZeroOptimizer {
   // Collective. Completes a background save: waits for this rank's file,
   // confirms every rank's, writes the manifest. Nothing pending: nothing.
   void wait_save() {
+    const comm::ApiCall api_call("wait_save");
     if (!background_save_) return;
     auto pending = std::move(background_save_);  // a failure is reported once, not again by the destructor
     pending->finish();
@@ -459,6 +463,7 @@ class ZeroOptimizer {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::finalize() {
+  const comm::ApiCall api_call("finalize");  // names this call in communicator errors (as every collective call)
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
   layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
@@ -567,7 +572,12 @@ void ZeroOptimizer<P, O, S, F, B>::check_agreement() {
       layout_, options_, {stage, O::name, P::mixed, dtype_traits<param_type>::dtype, F::name});
   std::vector<std::uint64_t> mine;
   for (const auto& setting : settings) mine.push_back(setting.value);
-  const std::string differ = describe_disagreement(settings, all_gather_control(mine), ranks());
+  const std::vector<std::uint64_t> all = all_gather_control(mine);
+  std::string differ = describe_disagreement(settings, all, ranks());
+  // Which parameter differs: a second exchange, only when the layouts differ.
+  const std::string which = detail::layout_disagreement(layout_, all, mine.size(), ranks(),
+                                                        [this](const auto& v) { return all_gather_control(v); });
+  if (!which.empty()) differ += "; " + which;
   if (!differ.empty())
     throw CommError(detail::concat(
         "ZeroOptimizer::finalize() on rank ", rank(), ": the ranks were built or configured differently: ", differ,
@@ -608,6 +618,7 @@ void ZeroOptimizer<P, O, S, F, B>::account_memory() {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
+  const comm::ApiCall api_call("set_param");
   require_finalized("set_param");
   land_update();
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
@@ -654,6 +665,7 @@ void ZeroOptimizer<P, O, S, F, B>::set_param(ParamId id, const float* values) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_masters(float* out) {
+  const comm::ApiCall api_call("gather_masters");
   require_finalized("gather_masters");
   land_update();
   gather_units(out, [this](const UnitInfo& u, float* dst) { copy_master(u, dst); });
@@ -672,6 +684,7 @@ void ZeroOptimizer<P, O, S, F, B>::copy_master(const UnitInfo& u, float* dst) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::gather_params(param_type* out) {
+  const comm::ApiCall api_call("gather_params");
   require_finalized("gather_params");
   land_update();
   if constexpr (rules.params_whole()) {
@@ -698,6 +711,7 @@ void ZeroOptimizer<P, O, S, F, B>::gather_units(T* out, Fill fill) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 std::vector<float> ZeroOptimizer<P, O, S, F, B>::master_values(ParamId id) {
+  const comm::ApiCall api_call("master_values");
   std::vector<float> all(layout_.padded_total());
   gather_masters(all.data());
   const ParamInfo& p = layout_.param(id);
@@ -710,6 +724,7 @@ std::vector<float> ZeroOptimizer<P, O, S, F, B>::master_values(ParamId id) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 auto ZeroOptimizer<P, O, S, F, B>::acquire_unit(UnitId id) -> const param_type* {
+  const comm::ApiCall api_call("acquire_unit");
   require_finalized("acquire_unit");
   require_unit(id, "acquire_unit");
   const UnitInfo& u = layout_.units()[id.index];
@@ -747,6 +762,7 @@ auto ZeroOptimizer<P, O, S, F, B>::param_data(ParamId id) const -> const param_t
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
+  const comm::ApiCall api_call("grad_buffer");
   require_finalized("grad_buffer");
   require_unit(id, "grad_buffer");
   return reducer_.hand_out(id.index, first_micro(), last_micro());
@@ -754,6 +770,7 @@ auto ZeroOptimizer<P, O, S, F, B>::grad_buffer(UnitId id) -> grad_type* {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
+  const comm::ApiCall api_call("grad_ready");
   require_finalized("grad_ready");
   require_unit(id, "grad_ready");
   reducer_.ready(id.index, first_micro(), last_micro());
@@ -763,6 +780,7 @@ void ZeroOptimizer<P, O, S, F, B>::grad_ready(UnitId id) {
 
 template <PrecisionPolicy P, optim::Policy O, StagePolicy S, OffloadPolicy F, BackendPolicy B>
 StepResult ZeroOptimizer<P, O, S, F, B>::step() {
+  const comm::ApiCall api_call("step");
   require_finalized("step");
   const auto& units = layout_.units();
   reducer_.require_all_ready();
