@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -870,4 +871,70 @@ TEST_CASE("files for the independent reader", "[.python]") {
   HfExportOptions o;
   o.max_shard_bytes = 10000;
   hf_export(root / "hf", model, [&](std::size_t t, std::uint64_t f, std::uint64_t n, void* d) { hf_fill(model, t, f, n, d); }, o);
+}
+
+namespace {
+
+// A FakeRank whose read() fails on rank `failing` with an exception that is
+// not the library's (a std::filesystem or JSON error in a user's source).
+class ThrowingRank : public FakeRank {
+ public:
+  ThrowingRank(std::uint64_t rank, std::uint64_t ranks, std::uint64_t failing)
+      : FakeRank(model_units(), mixed_slots(), rank, ranks, true), throws_(rank == failing) {}
+  void read(std::size_t slot, const OwnedRange& r, void* dst) const override {
+    if (throws_) throw std::out_of_range("the source's own failure");
+    FakeRank::read(slot, r, dst);
+  }
+
+ private:
+  bool throws_;
+};
+
+// Each rank's zero::Error message; another exception is marked as such.
+template <class Fn>
+std::vector<std::string> any_errors(int ranks, Fn&& fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& comm) {
+    auto& error = errors[static_cast<std::size_t>(comm.rank())];
+    try {
+      fn(static_cast<std::uint64_t>(comm.rank()), make_collective(comm));
+    } catch (const zero::Error& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = std::string("not a zero::Error: ") + e.what();
+    }
+  });
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: an error that is not the library's becomes a zero::Error on every rank, naming the directory",
+          "[checkpoint][errors]") {
+  TempDir tmp;
+  for (const bool async : {false, true}) {
+    INFO("async " << async);
+    const auto errors = any_errors(2, [&](std::uint64_t r, Collective c) {
+      ThrowingRank m(r, 2, 1);
+      Checkpointer ck(c, small_chunks());
+      ck.save(tmp.path, m, async);
+      ck.finish();
+    });
+    CHECK(errors[1] == tmp.path.string() + ": " + (async ? "copying the state" : "writing the rank files") +
+                           " failed on rank 1: the source's own failure");
+    CHECK_THAT(errors[0], Catch::StartsWith(tmp.path.string()) && Catch::Contains("failed on rank(s) 1"));
+  }
+  // Names the files cannot hold, from a source that is not the engine's
+  // Layout: refused before anything is written (was: nlohmann's
+  // type_error.316 on rank 0 when the manifest was written).
+  auto units = model_units();
+  units[1].params[0].name = "layer1.\xC3";
+  const auto errors = any_errors(2, [&](std::uint64_t r, Collective c) {
+    FakeRank m(units, mixed_slots(), r, 2, true);
+    Checkpointer(c, small_chunks()).save(tmp.path / "names", m);
+  });
+  for (const auto& e : errors)
+    CHECK_THAT(e, Catch::Contains("the parameter name 'layer1.\\xC3' is not valid UTF-8 (byte 7)"));
+  CHECK_FALSE(fs::exists(tmp.path / "names" / manifest_file_name));
 }

@@ -533,3 +533,86 @@ TEST_CASE("keep_last keeps the newest complete step checkpoints only", "[checkpo
   CHECK_THROWS_WITH(zero::checkpoint::Checkpointer::remove_old_checkpoints(dir.path, 0),
                     Catch::Contains("keep must be at least 1"));
 }
+
+namespace {
+
+// Each rank's error from `save(opt)` on a fresh trained optimizer: "" when it
+// succeeded; any exception that is not a zero::Error is marked as such.
+template <class Save>
+std::vector<std::string> save_errors(Save&& save) {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
+  std::vector<std::string> errors(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    auto& error = errors[static_cast<std::size_t>(c.rank())];
+    try {
+      Opt opt(c, zero::test::test_hyper<zero::optim::Sgd>(), zero::Options{});
+      build(opt, true);
+      train_steps(opt, c.rank(), 1, 1);
+      save(opt);
+      opt.wait_save();
+    } catch (const zero::Error& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = std::string("not a zero::Error: ") + e.what();
+    }
+  });
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("a save where no directory can be created is a zero::Error naming it and the cause, on every rank",
+          "[checkpoint][errors][unwritable]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
+  using Io = zero::checkpoint::OptimizerIo<Opt>;
+  TempDir dir;
+  // A path under a regular file cannot be created (ENOTDIR), even by root,
+  // which a directory of mode 0555 would not stop; a read-only file system
+  // fails in the same call (EROFS).
+  const fs::path file = dir.path / "a-file";
+  std::ofstream(file) << "not a directory";
+  const std::string cause = "cannot create the checkpoint directory: Not a directory";
+  auto check_every_rank = [&](const std::vector<std::string>& errors, const fs::path& where) {
+    for (const auto& e : errors) {
+      INFO(e);
+      CHECK_THAT(e, Catch::StartsWith(where.string() + ": ") && Catch::Contains(cause) &&
+                        !Catch::Contains("not a zero::Error"));
+    }
+  };
+  check_every_rank(save_errors([&](Opt& opt) { opt.save((file / "ckpt").string()); }), file / "ckpt");
+  check_every_rank(save_errors([&](Opt& opt) { opt.save((file / "async").string(), {.async = true}); }),
+                   file / "async");
+  check_every_rank(save_errors([&](Opt& opt) { Io::save_step(opt, (file / "root").string(), Io::SaveOptions{}); }),
+                   file / "root" / "step-000000001");
+  // The step directory's name taken by a file.
+  fs::create_directories(dir.path / "taken");
+  std::ofstream(dir.path / "taken" / "step-000000001") << "x";
+  check_every_rank(save_errors([&](Opt& opt) { Io::save_step(opt, (dir.path / "taken").string(), Io::SaveOptions{}); }),
+                   dir.path / "taken" / "step-000000001");
+
+  // root/latest that cannot be replaced, an old checkpoint that cannot be
+  // removed, a rank file written in the background that cannot be renamed:
+  // the rank that meets it names the file and the cause, the other says
+  // which rank failed; both throw zero::Error.
+  auto check_named = [&](const std::vector<std::string>& errors, const std::string& rank0, const std::string& rank1) {
+    INFO(errors[0] << "\n" << errors[1]);
+    CHECK_THAT(errors[0], Catch::Contains(rank0));
+    CHECK_THAT(errors[1], Catch::Contains(rank1));
+  };
+  fs::create_directories(dir.path / "latest-dir" / "latest" / "in-the-way");
+  check_named(save_errors([&](Opt& opt) { Io::save_step(opt, (dir.path / "latest-dir").string(), Io::SaveOptions{}); }),
+              (dir.path / "latest-dir" / "latest").string() + ": rename from latest.tmp-",
+              "writing the manifest failed on rank(s) 0");
+  fs::create_directories(dir.path / "old" / "step-000000000" / "manifest.json" / "in-the-way");
+  Io::SaveOptions keep1;
+  keep1.io.keep_last = 1;
+  check_named(save_errors([&](Opt& opt) { Io::save_step(opt, (dir.path / "old").string(), keep1); }),
+              (dir.path / "old" / "step-000000000" / "manifest.json").string() +
+                  ": cannot remove it to retire the checkpoint",
+              "removing old checkpoints failed on rank(s) 0");
+  fs::create_directories(dir.path / "bg" / "rank-1-of-2.safetensors" / "in-the-way");
+  const auto background = save_errors([&](Opt& opt) { opt.save((dir.path / "bg").string(), {.async = true}); });
+  check_named({background[1], background[0]}, (dir.path / "bg" / "rank-1-of-2.safetensors").string() + ": rename from",
+              "writing the rank files failed on rank(s) 1");
+}

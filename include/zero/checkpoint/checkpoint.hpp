@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -38,6 +39,7 @@
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/error.hpp"
+#include "zero/names.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
@@ -150,11 +152,21 @@ inline std::optional<std::uint64_t> step_of(const std::string& name) {
 // a rank that failed rethrows its own error (naming file and problem), the
 // others throw one naming the ranks that failed, so no rank hangs in a later
 // collective and none goes on alone.
+// An error that is not the library's own (a std::filesystem or JSON
+// library error that slipped through) becomes a CheckpointError naming the
+// directory and the phase, so that every rank gets a zero::Error.
 template <class Fn>
 void on_every_rank(const Collective& c, const std::filesystem::path& dir, std::string_view phase, Fn&& fn) {
   std::exception_ptr error;
   try {
     fn();
+  } catch (const zero::Error&) {
+    error = std::current_exception();
+  } catch (const std::bad_alloc&) {
+    error = std::current_exception();
+  } catch (const std::exception& e) {
+    error = std::make_exception_ptr(
+        CheckpointError(zero::detail::concat(dir.string(), ": ", phase, " failed on rank ", c.rank, ": ", e.what())));
   } catch (...) {
     error = std::current_exception();
   }
@@ -220,10 +232,20 @@ inline std::vector<TensorRecord> plan_rank_file(const std::vector<SlotDesc>& slo
   return out;
 }
 
-inline void check_slot_names(const std::vector<SlotDesc>& slots) {
-  for (const auto& s : slots)
+// Names the files can hold, checked before anything is written (a source
+// other than the engine's Layout, which checks them at add_param, may
+// bring any): slots non-empty, without '/' (they start tensor names), UTF-8;
+// units UTF-8; parameters as require_saveable_name says.
+inline void check_names(const std::vector<SlotDesc>& slots, const std::vector<UnitDesc>& units) {
+  for (const auto& s : slots) {
     require(!s.name.empty() && s.name.find('/') == std::string::npos, "checkpoint: slot name '", s.name,
             "' must be non-empty and without '/'");
+    require_utf8_name("checkpoint", "state slot", s.name);
+  }
+  for (const auto& u : units) {
+    require_utf8_name("checkpoint", "unit", u.name);
+    for (const auto& p : u.params) require_saveable_name("checkpoint", "parameter", p.name);
+  }
 }
 
 }  // namespace detail
@@ -344,7 +366,9 @@ class Checkpointer {
     FileRecord record;
     record.name = path.filename().string();
     record.rank = rank;
-    record.bytes = std::filesystem::file_size(path);
+    std::error_code ec;
+    record.bytes = std::filesystem::file_size(path, ec);
+    if (ec) fail(path, "cannot read the size of the file just written: ", ec.message());
     record.tensors = std::move(plan);
     write_file_atomically(dir / rank_record_name(rank, size), file_record_to_json(record).dump());
   }
@@ -373,19 +397,20 @@ inline void Checkpointer::write(const std::filesystem::path& dir, std::optional<
     p.manifest.checksum_chunk_bytes = options_.checksum_chunk_bytes;
     p.manifest.units = source.units();
     slots = source.slots();
-    detail::check_slot_names(slots);
+    detail::check_names(slots, p.manifest.units);
     for (const auto& s : slots) p.manifest.slots.push_back({s.name, tensor_type_of(s.dtype)});
     ranges = source.save_ranges();
     plan = detail::plan_rank_file(slots, p.manifest.units, ranges);
+    // Every rank creates it (each sees why it cannot, a read-only file system
+    // or a parent that is a file); rank 0 retires the checkpoint there.
+    make_directories(dir, "the checkpoint directory");
     if (c_.rank == 0) {
-      std::filesystem::create_directories(dir);
       std::error_code ec;
       if (std::filesystem::remove(dir / manifest_file_name, ec)) fsync_directory(dir);
       if (ec) fail(dir / manifest_file_name, "cannot remove the old manifest: ", ec.message());
     }
   });
   detail::on_every_rank(c_, dir, "copying the state", [&] {
-    std::filesystem::create_directories(dir);
     if (async) {
       for (const auto& t : plan) {
         std::vector<char> bytes(t.count * dtype_bytes(slots[t.slot].dtype));
@@ -432,11 +457,16 @@ inline void Checkpointer::write(const std::filesystem::path& dir, std::optional<
 inline void Checkpointer::remove_old_checkpoints(const std::filesystem::path& root, std::uint64_t keep) {
   require(keep >= 1, "remove_old_checkpoints: keep must be at least 1 (the newest complete checkpoint stays)");
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> complete, incomplete;
-  for (const auto& e : std::filesystem::directory_iterator(root)) {
-    const auto step = detail::step_of(e.path().filename().string());
-    if (!step || !e.is_directory()) continue;
-    (std::filesystem::is_regular_file(e.path() / manifest_file_name) ? complete : incomplete).emplace_back(*step, e.path());
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto step = detail::step_of(it->path().filename().string());
+    const bool directory = step && it->is_directory(ec);
+    if (ec) break;  // (before the increment, which would clear it)
+    std::error_code absent;  // set when there is no manifest: not an error
+    const bool has_manifest = directory && std::filesystem::is_regular_file(it->path() / manifest_file_name, absent);
+    if (directory) (has_manifest ? complete : incomplete).emplace_back(*step, it->path());
   }
+  if (ec) fail(root, "cannot list the checkpoints to remove old ones: ", ec.message());
   if (complete.empty()) return;
   std::sort(complete.begin(), complete.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::filesystem::path> doomed;
@@ -445,7 +475,6 @@ inline void Checkpointer::remove_old_checkpoints(const std::filesystem::path& ro
   for (const auto& [step, dir] : incomplete)
     if (step < complete.front().first) doomed.push_back(dir);
   for (const auto& dir : doomed) {
-    std::error_code ec;
     if (std::filesystem::remove(dir / manifest_file_name, ec)) fsync_directory(dir);  // no longer a checkpoint
     if (ec) fail(dir / manifest_file_name, "cannot remove it to retire the checkpoint: ", ec.message());
     std::filesystem::remove_all(dir, ec);

@@ -90,7 +90,7 @@ inline HfExportResult hf_export(const std::filesystem::path& dir, const std::vec
     shard_bytes += *bytes;
     result.total_size += *bytes;
   }
-  std::filesystem::create_directories(dir);
+  make_directories(dir, "the export directory");
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   std::vector<char> buffer(options.buffer_bytes);
   for (std::size_t s = 0; s < shards.size(); ++s) {
