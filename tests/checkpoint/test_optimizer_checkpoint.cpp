@@ -616,3 +616,37 @@ TEST_CASE("a save where no directory can be created is a zero::Error naming it a
   check_named({background[1], background[0]}, (dir.path / "bg" / "rank-1-of-2.safetensors").string() + ": rename from",
               "writing the rank files failed on rank(s) 1");
 }
+
+TEST_CASE("save options as {} or designated initialisers are unambiguous; extra json still goes in",
+          "[checkpoint][options]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
+  using Io = zero::checkpoint::OptimizerIo<Opt>;
+  TempDir dir;
+  const auto root = dir.path.string();
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    Opt opt(c, zero::test::test_hyper<zero::optim::Sgd>(), zero::Options{});
+    build(opt, true);
+    // Each of these was ambiguous between the options and nlohmann::json.
+    Io::save_step(opt, root, {});
+    Io::save(opt, (dir.path / "a").string(), {});
+    Io::save(opt, (dir.path / "b").string(), {.async = true, .extra = {{"epoch", 3}}});
+    train_steps(opt, c.rank(), 1, 1);
+    Io::save_step(opt, root, {.async = true});
+    opt.save((dir.path / "c").string(), {});
+    // The json itself, as before.
+    Io::save(opt, (dir.path / "d").string(), nlohmann::json{{"epoch", 4}});
+    const nlohmann::json extra = {{"epoch", 5}};
+    Io::save_step(opt, (dir.path / "e").string(), extra);
+  });
+  auto extra_of = [&](const fs::path& d) {
+    return nlohmann::json::parse(file_bytes(d / zero::checkpoint::manifest_file_name))["extra"];
+  };
+  CHECK(extra_of(dir.path / "step-000000000") == nlohmann::json::object());
+  CHECK(extra_of(dir.path / "step-000000001") == nlohmann::json::object());
+  CHECK(extra_of(dir.path / "b") == nlohmann::json{{"epoch", 3}});
+  CHECK(extra_of(dir.path / "d") == nlohmann::json{{"epoch", 4}});
+  CHECK(extra_of(dir.path / "e" / "step-000000001") == nlohmann::json{{"epoch", 5}});
+  CHECK(fs::exists(dir.path / "a" / zero::checkpoint::manifest_file_name));
+  CHECK(fs::exists(dir.path / "c" / zero::checkpoint::manifest_file_name));
+}

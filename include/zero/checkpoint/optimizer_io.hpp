@@ -23,6 +23,7 @@
 #include "zero/config.hpp"
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -187,11 +188,15 @@ struct OptimizerIo {
   }
 
   // Collective: the optimizer's state into `dir`; `extra` (the trainer's
-  // epoch, data order, ...) is kept in the manifest for its resume.
+  // epoch, data order, ...) is kept in the manifest for its resume: pass it
+  // as {.extra = j} or as the json itself. (The json overloads are templates
+  // taking exactly nlohmann::json, so that `{}` and `{.async = true}` mean
+  // the options, not an empty json: unambiguous.)
   static void save(Opt& opt, const std::string& dir, SaveOptions options = {}) {
     write(opt, dir, std::nullopt, std::move(options));
   }
-  static void save(Opt& opt, const std::string& dir, nlohmann::json extra) {
+  template <std::same_as<nlohmann::json> Json>
+  static void save(Opt& opt, const std::string& dir, Json extra) {
     save(opt, dir, SaveOptions{.extra = std::move(extra)});
   }
 
@@ -203,7 +208,8 @@ struct OptimizerIo {
     write(opt, dir, root, std::move(options));
     return dir;
   }
-  static std::filesystem::path save_step(Opt& opt, const std::string& root, nlohmann::json extra) {
+  template <std::same_as<nlohmann::json> Json>
+  static std::filesystem::path save_step(Opt& opt, const std::string& root, Json extra) {
     return save_step(opt, root, SaveOptions{.extra = std::move(extra)});
   }
 
