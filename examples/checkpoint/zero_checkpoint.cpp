@@ -2,7 +2,8 @@
 // Everything here reads the manifest and the rank files' fp32 master ranges
 // (checksums verified); no ZeroOptimizer, no model code, any rank count.
 //
-//   zero_checkpoint inspect DIR                  what the checkpoint holds
+//   zero_checkpoint inspect DIR [--no-checksums] what the checkpoint holds, every rank file
+//                                                checked (present, size, header, checksums)
 //   zero_checkpoint export DIR OUT [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
 //                                                Hugging Face sharded safetensors, in bounded memory
 //   zero_checkpoint verify HF DIR                does the safetensors file set HF hold the
@@ -18,7 +19,8 @@
 // running program can also take the weights directly: opt.load_hf(path)
 // (zero/checkpoint/optimizer_io.hpp). Exit codes: 0 done (verify:
 // everything matches), 1 verify found a difference, 2 a bad command line or
-// an unusable input.
+// an unusable input (inspect: 1 when a rank file is missing, truncated or
+// corrupt, each named with what is wrong).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -101,7 +103,7 @@ std::unique_ptr<ck::CheckpointReader> open_checkpoint(const std::string& path) {
   }
 }
 
-int inspect(const std::string& path) {
+int inspect(const std::string& path, bool checksums) {
   const auto opened = open_checkpoint(path);
   const ck::CheckpointReader& reader = *opened;
   const ck::Manifest& m = reader.manifest();
@@ -136,10 +138,29 @@ int inspect(const std::string& path) {
       std::printf("  %-40s %-24s at %llu\n", p.name.c_str(), param_shape(p).c_str(),
                   static_cast<unsigned long long>(p.offset));
   }
-  for (const auto& f : m.files)
-    std::printf("file %s: rank %llu, %s, %zu tensors\n", f.name.c_str(), static_cast<unsigned long long>(f.rank),
-                bytes_text(f.bytes).c_str(), f.tensors.size());
-  return 0;
+  // What is on disk, checked as a load would (CheckpointReader::verify_file):
+  // a missing, truncated or corrupt rank file is reported, not the size the
+  // manifest recorded for it.
+  std::size_t damaged = 0;
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const ck::FileRecord& f = m.files[i];
+    try {
+      opened->verify_file(i, checksums);
+      std::printf("file %s: rank %llu, %s, %zu tensors, %s\n", f.name.c_str(), static_cast<unsigned long long>(f.rank),
+                  bytes_text(f.bytes).c_str(), f.tensors.size(),
+                  checksums ? "checksums verified" : "size and header checked (--no-checksums)");
+    } catch (const zero::CheckpointError& e) {
+      ++damaged;
+      std::printf("file %s: rank %llu: DAMAGED: %s\n", f.name.c_str(), static_cast<unsigned long long>(f.rank),
+                  e.what());
+    }
+  }
+  if (damaged == 0) return 0;
+  std::fprintf(stderr,
+               "zero_checkpoint: error: %zu of %zu rank file(s) of %s are missing, truncated or corrupt (above): the "
+               "checkpoint cannot be loaded; resume from an older one (a root's other step-* directories)\n",
+               damaged, m.files.size(), reader.directory().c_str());
+  return 1;
 }
 
 int export_hf(const std::string& path, const std::string& out, const std::string& dtype, std::uint64_t max_shard) {
@@ -325,6 +346,9 @@ int main(int argc, char** argv) {
 
   auto* inspect_cmd = app.add_subcommand("inspect", "print what a checkpoint holds: run, units, parameters and shapes");
   inspect_cmd->add_option("DIR", dir, "checkpoint directory, or a root of step-* checkpoints (the newest)")->required();
+  bool no_checksums = false;
+  inspect_cmd->add_flag("--no-checksums", no_checksums,
+                        "check each rank file's presence, size and header only, without reading its data");
 
   auto* export_cmd = app.add_subcommand(
       "export", "write the fp32 master as Hugging Face sharded safetensors (model-0000K-of-0000N.safetensors and "
@@ -366,7 +390,7 @@ int main(int argc, char** argv) {
 
   zero::examples::parse_or_exit(app, argc, argv);
   try {
-    if (*inspect_cmd) return inspect(dir);
+    if (*inspect_cmd) return inspect(dir, !no_checksums);
     if (*export_cmd) return export_hf(dir, out, dtype, max_shard);
     if (*import_cmd) return import_hf(hf, dir, out, keep_state);
     return verify(hf, dir);

@@ -580,6 +580,33 @@ class CheckpointReader {
   // Bytes read from rank files so far.
   std::uint64_t bytes_read() const { return bytes_read_; }
 
+  // Checks rank file `index` (into the manifest's files) as a load reads it,
+  // all of it: present, of the size the manifest recorded, its header holding
+  // every tensor with the recorded type and element count, and (with
+  // `checksums`) every chunk matching its checksum, reading through the I/O
+  // buffer. Throws CheckpointError naming the file and what is wrong.
+  void verify_file(std::size_t index, bool checksums = true) {
+    require(index < manifest_.files.size(), dir_.string(), ": verify_file(", index, "): the manifest lists ",
+            manifest_.files.size(), " files");
+    const FileRecord& f = manifest_.files[index];
+    const SafetensorsReader& r = file(f);
+    std::vector<char> piece;
+    for (const TensorRecord& t : f.tensors) {
+      entry(r, t);
+      if (!checksums) continue;
+      const DType type = storage_type_of(manifest_.slots[t.slot].dtype);
+      // Whole checksum chunks at a time (chunk_bytes is a multiple of 8, so
+      // of every element size): no chunk is read twice.
+      const std::uint64_t chunk = manifest_.checksum_chunk_bytes;
+      const std::uint64_t per_piece = std::max<std::uint64_t>(chunk, io_buffer_bytes_ / chunk * chunk) / dtype_bytes(type);
+      for (std::uint64_t first = 0; first < t.count; first += per_piece) {
+        const std::uint64_t n = std::min(per_piece, t.count - first);
+        piece.resize(static_cast<std::size_t>(n * dtype_bytes(type)));
+        read_tensor(f, t, first, n, piece.data(), type);
+      }
+    }
+  }
+
   // Elements [begin, begin + count) of unit `unit` in slot `slot` (indices
   // into the manifest's units and slots) into dst, converted to `to`.
   void read(std::size_t slot, std::size_t unit, std::uint64_t begin, std::uint64_t count, void* dst, DType to) {
@@ -610,16 +637,24 @@ class CheckpointReader {
     return open_.emplace(f.name, SafetensorsReader(path)).first->second;
   }
 
+  // Tensor t's entry in its file's header, with the type and element count
+  // the manifest recorded.
+  const TensorEntry& entry(const SafetensorsReader& r, const TensorRecord& t) const {
+    const TensorType type = manifest_.slots[t.slot].dtype;
+    const TensorEntry& e = r.at(t.name);
+    if (e.dtype != type || e.shape != std::vector<std::uint64_t>{t.count})
+      fail(r.path(), "tensor '", t.name, "' is ", tensor_type_name(e.dtype), " of ", e.end - e.begin,
+           " bytes, the manifest says ", tensor_type_name(type), " of ", t.count, " elements");
+    return e;
+  }
+
   // Elements [first, first + n) of tensor t into dst (type `to`), reading
   // whole checksum chunks and verifying each.
   void read_tensor(const FileRecord& f, const TensorRecord& t, std::uint64_t first, std::uint64_t n, void* dst,
                    DType to) {
     const SafetensorsReader& r = file(f);
     const TensorType type = manifest_.slots[t.slot].dtype;
-    const TensorEntry& e = r.at(t.name);
-    if (e.dtype != type || e.shape != std::vector<std::uint64_t>{t.count})
-      fail(r.path(), "tensor '", t.name, "' is ", tensor_type_name(e.dtype), " of ", e.end - e.begin,
-           " bytes, the manifest says ", tensor_type_name(type), " of ", t.count, " elements");
+    const TensorEntry& e = entry(r, t);
     const std::uint64_t es = tensor_type_bytes(type), total = t.count * es, chunk = manifest_.checksum_chunk_bytes;
     const std::uint64_t a = first * es, b = (first + n) * es;
     const std::uint64_t piece = std::max<std::uint64_t>(chunk, io_buffer_bytes_ / chunk * chunk);
