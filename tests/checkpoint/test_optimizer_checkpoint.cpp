@@ -650,3 +650,84 @@ TEST_CASE("save options as {} or designated initialisers are unambiguous; extra 
   CHECK(fs::exists(dir.path / "a" / zero::checkpoint::manifest_file_name));
   CHECK(fs::exists(dir.path / "c" / zero::checkpoint::manifest_file_name));
 }
+
+namespace {
+
+// A checkpoint as saved before slots were named after the optimizer's
+// state: the source's slots as "state0".."stateK-1".
+class NumberedSlots final : public zero::checkpoint::StateSource {
+ public:
+  explicit NumberedSlots(const zero::checkpoint::StateSource& inner) : inner_(inner) {}
+  std::vector<zero::checkpoint::UnitDesc> units() const override { return inner_.units(); }
+  std::vector<zero::checkpoint::SlotDesc> slots() const override {
+    auto s = inner_.slots();
+    for (std::size_t k = 1; k + 1 < s.size(); ++k) s[k] = {"state" + std::to_string(k - 1), s[k].dtype, true};
+    return s;
+  }
+  std::vector<zero::checkpoint::OwnedRange> owned() const override { return inner_.owned(); }
+  std::vector<zero::checkpoint::OwnedRange> save_ranges() const override { return inner_.save_ranges(); }
+  void read(std::size_t slot, const zero::checkpoint::OwnedRange& r, void* dst) const override {
+    inner_.read(slot, r, dst);
+  }
+  void write(std::size_t, const zero::checkpoint::OwnedRange&, const void*) override {}
+  zero::checkpoint::RunState run_state() const override { return inner_.run_state(); }
+
+ private:
+  const zero::checkpoint::StateSource& inner_;
+};
+
+std::vector<std::string> slot_names(const fs::path& dir) {
+  const auto m = nlohmann::json::parse(file_bytes(dir / zero::checkpoint::manifest_file_name));
+  std::vector<std::string> names;
+  for (const auto& s : m["slots"]) names.push_back(s["name"]);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("state slots are saved by the optimizer's state names; checkpoints saying state0, state1 still load",
+          "[checkpoint][slots]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<2>>;
+  using Io = zero::checkpoint::OptimizerIo<Opt>;
+  TempDir dir;
+  const zero::Options options = options_for<Opt>();
+  const auto hyper = zero::test::test_hyper<zero::optim::AdamW>();
+  std::vector<Final> uninterrupted(2), resumed(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    {
+      Opt opt(c, hyper, options);
+      build(opt, true);
+      train_steps(opt, c.rank(), 1, 3);
+      opt.save((dir.path / "named").string());
+      const Io::Source source(opt);
+      const NumberedSlots numbered(source);
+      zero::checkpoint::Checkpointer(Io::collective(opt)).save(dir.path / "numbered", numbered);
+      train_steps(opt, c.rank(), 4, 5);
+      uninterrupted[r] = final_state(opt);
+    }
+    Opt fresh(c, hyper, options);
+    build(fresh, false);
+    fresh.load((dir.path / "numbered").string());
+    train_steps(fresh, c.rank(), 4, 5);
+    resumed[r] = final_state(fresh);
+  });
+  using V = std::vector<std::string>;
+  CHECK(slot_names(dir.path / "named") == V{"master", "exp_avg", "exp_avg_sq", "param"});
+  CHECK(slot_names(dir.path / "numbered") == V{"master", "state0", "state1", "param"});
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(resumed[r].masters == uninterrupted[r].masters);  // exp_avg and exp_avg_sq came from state0, state1
+    CHECK(resumed[r].params == uninterrupted[r].params);
+  }
+  // SGD's buffer is "momentum" (its keep_last test saves with it).
+  zero::comm::LocalGroup one(1);
+  one.run([&](zero::comm::Local& c) {
+    zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>> sgd(c, zero::test::test_hyper<zero::optim::Sgd>(),
+                                                                           zero::Options{});
+    build(sgd, true);
+    sgd.save((dir.path / "sgd").string());
+  });
+  CHECK(slot_names(dir.path / "sgd") == V{"master", "momentum"});
+}

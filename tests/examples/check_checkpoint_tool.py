@@ -213,15 +213,15 @@ def main():
         manifest = json.load(open(os.path.join(fresh, "manifest.json")))
         expect(manifest["step"] == 0 and manifest["world_size"] == 1,
                f"import: step {manifest['step']}, world size {manifest['world_size']}")
-        for slot in ("state0", "state1"):  # AdamW: exp_avg, exp_avg_sq
+        for slot in ("exp_avg", "exp_avg_sq"):  # AdamW's state, by its names
             expect(all(not v[1].any() for v in read_master(fresh, slot).values()), f"import: {slot} is not zero")
         run([tool, "verify", weights, fresh])
         kept = os.path.join(tmp, "kept")
         run([tool, "import", weights, root, kept, "--keep-state"])
         expect(json.load(open(os.path.join(kept, "manifest.json")))["step"] == 234, "--keep-state: not step 234")
-        saved_m = read_master(ckpt, "state0")
-        expect(all(torch.equal(t, saved_m[n][1]) for n, (_, t) in read_master(kept, "state0").items()),
-               "--keep-state: state0 is not the checkpoint's")
+        saved_m = read_master(ckpt, "exp_avg")
+        expect(all(torch.equal(t, saved_m[n][1]) for n, (_, t) in read_master(kept, "exp_avg").items()),
+               "--keep-state: exp_avg is not the checkpoint's")
         resumed = run([trainer, "--epochs", "1", "--ranks", "4", "--stage", "1", "--precision", "fp32", "--seed", "5",
                        "--resume", fresh]).stdout
         expect("at step 0" in resumed and re.search(r"^test_accuracy=", resumed, re.M) is not None,

@@ -237,10 +237,14 @@ inline std::vector<TensorRecord> plan_rank_file(const std::vector<SlotDesc>& slo
 // bring any): slots non-empty, without '/' (they start tensor names), UTF-8;
 // units UTF-8; parameters as require_saveable_name says.
 inline void check_names(const std::vector<SlotDesc>& slots, const std::vector<UnitDesc>& units) {
-  for (const auto& s : slots) {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const auto& s = slots[i];
     require(!s.name.empty() && s.name.find('/') == std::string::npos, "checkpoint: slot name '", s.name,
             "' must be non-empty and without '/'");
     require_utf8_name("checkpoint", "state slot", s.name);
+    for (std::size_t k = 0; k < i; ++k)
+      require(slots[k].name != s.name, "checkpoint: two state slots are named '", s.name,
+              "' (an optimizer's state_names must differ from each other and from \"master\" and \"param\")");
   }
   for (const auto& u : units) {
     require_utf8_name("checkpoint", "unit", u.name);
@@ -705,7 +709,8 @@ inline LoadResult load_checkpoint(const std::filesystem::path& path, StateSource
     detail::check_compatible(result.manifest, source, file);
     slots = source.slots();
     for (const SlotDesc& s : slots) {
-      const std::size_t i = result.manifest.slot_index(s.name);
+      std::size_t i = result.manifest.slot_index(s.name);
+      if (i == result.manifest.slots.size() && !s.saved_as.empty()) i = result.manifest.slot_index(s.saved_as);
       if (i == result.manifest.slots.size()) {
         if (s.required)
           fail(file, "has no state slot '", s.name, "' (it has ", [&] {

@@ -71,13 +71,18 @@ struct UnitDesc {
 };
 
 // A state slot: one value per element of every unit ("master", "exp_avg",
-// "exp_avg_sq", "momentum", "param"). A slot that is not `required` may be
+// "exp_avg_sq", "momentum", "param"; "state<k>" for an optimizer without
+// state_names). A slot that is not `required` may be
 // absent from a checkpoint (the 16-bit "param" copy when resuming a run saved
 // in fp32: the caller derives it from the master).
 struct SlotDesc {
   std::string name;
   DType dtype = DType::f32;
   bool required = true;
+  // Another name a checkpoint may give the slot, loaded when `name` is not
+  // there: "state0" for "exp_avg" (what checkpoints said before slots were
+  // named after the optimizer's state).
+  std::string saved_as = {};
 };
 
 struct LossScalerState {

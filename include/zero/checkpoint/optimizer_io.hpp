@@ -14,10 +14,12 @@
 //   opt.load("ckpt");            // collective: the newest complete checkpoint under ckpt/
 //   opt.load_hf("hf/");          // collective: parameters from Hugging Face safetensors, by name
 //
-// Slots: "master" (fp32; the parameters themselves in fp32 training),
-// "state0".."stateK-1" (the optimizer's fp32 state), and "param" (the 16-bit
-// copy, so stochastic rounding resumes bit for bit; optional: a run in
-// another precision derives it from the master).
+// Slots: "master" (fp32; the parameters themselves in fp32 training), the
+// optimizer's fp32 state by its state_names ("exp_avg", "exp_avg_sq";
+// "momentum"; "state0".."stateK-1" for a policy without names, which is
+// also what checkpoints before names say, and still load), and "param" (the
+// 16-bit copy, so stochastic rounding resumes bit for bit; optional: a run
+// in another precision derives it from the master).
 #pragma once
 
 #include "zero/config.hpp"
@@ -27,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +58,19 @@ nlohmann::json hyper_json(const Hyper& h) {
   if constexpr (requires { h.weight_decay; }) j["weight_decay"] = h.weight_decay;
   if constexpr (requires { h.nesterov; }) j["nesterov"] = h.nesterov;
   return j;
+}
+// State slot k of the optimizer policy P: P::state_names[k] when it has
+// names, else "state<k>" (the name every checkpoint had before names).
+inline std::string numbered_state_name(int k) { return "state" + std::to_string(k); }
+template <class P>
+std::string state_name(int k) {
+  if constexpr (requires { P::state_names[0]; }) {
+    static_assert(std::size(P::state_names) == static_cast<std::size_t>(P::state_slots),
+                  "an optimizer's state_names must name each of its state_slots slots, in order");
+    return P::state_names[k];
+  } else {
+    return numbered_state_name(k);
+  }
 }
 // The layout's units and parameters as the checkpoint layer describes them
 // (plain functions: one copy for every optimizer type, not one each).
@@ -112,7 +128,9 @@ struct OptimizerIo {
     std::vector<UnitDesc> units() const override { return detail::unit_descs(opt_.layout_); }
     std::vector<SlotDesc> slots() const override {
       std::vector<SlotDesc> s{{"master", DType::f32, true}};
-      for (int k = 0; k < state_slots; ++k) s.push_back({"state" + std::to_string(k), DType::f32, true});
+      for (int k = 0; k < state_slots; ++k)
+        s.push_back({detail::state_name<typename Opt::optimizer_policy>(k), DType::f32, true,
+                     detail::numbered_state_name(k)});
       if constexpr (mixed) s.push_back({"param", dtype_traits<param_type>::dtype, false});
       return s;
     }
