@@ -938,3 +938,16 @@ TEST_CASE("checkpoint: an error that is not the library's becomes a zero::Error 
     CHECK_THAT(e, Catch::Contains("the parameter name 'layer1.\\xC3' is not valid UTF-8 (byte 7)"));
   CHECK_FALSE(fs::exists(tmp.path / "names" / manifest_file_name));
 }
+
+TEST_CASE("checkpoint: two state slots of one name are refused before anything is written", "[checkpoint][errors]") {
+  TempDir tmp;
+  // An optimizer policy whose state_names repeat, or name "master".
+  const std::vector<SlotDesc> slots = {{"master", DType::f32, true}, {"exp_avg", DType::f32, true},
+                                       {"master", DType::f32, true}};
+  const auto errors = any_errors(2, [&](std::uint64_t r, Collective c) {
+    FakeRank m(model_units(), slots, r, 2, true);
+    Checkpointer(c, small_chunks()).save(tmp.path / "dup", m);
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("two state slots are named 'master'"));
+  CHECK_FALSE(fs::exists(tmp.path / "dup"));
+}
