@@ -82,10 +82,10 @@ std::optional<std::uint64_t> parse_size(const std::string& text) {
   return std::nullopt;
 }
 
-ck::TensorType dtype_of(const std::string& name) {
-  if (name == "bf16") return ck::TensorType::BF16;
-  if (name == "fp16") return ck::TensorType::F16;
-  return ck::TensorType::F32;
+zero::DType dtype_of(const std::string& name) {
+  if (name == "bf16") return zero::DType::bf16;
+  if (name == "fp16") return zero::DType::f16;
+  return zero::DType::f32;
 }
 
 std::string param_shape(const ck::ParamDesc& p) {
@@ -120,7 +120,8 @@ int inspect(const std::string& path, bool checksums) {
               run.rounding_seed ? std::to_string(*run.rounding_seed).c_str() : "none");
   if (!run.extra.empty()) std::printf("extra %s\n", run.extra.dump().c_str());
   std::string slots;
-  for (const auto& s : m.slots) slots += (slots.empty() ? "" : ", ") + s.name + " " + ck::tensor_type_name(s.dtype);
+  for (const auto& s : m.slots)
+    slots += (slots.empty() ? "" : ", ") + s.name + " " + ck::tensor_type_name(ck::tensor_type_of(s.dtype));
   std::printf("slots: %s\n", slots.c_str());
   std::uint64_t params = 0, elements = 0, file_bytes = 0;
   for (const auto& u : m.units)
@@ -226,9 +227,10 @@ int verify(const std::string& hf_path, const std::string& path) {
         file_values.resize(n);
         saved.resize(n);
         rounded.resize(n * ck::tensor_type_bytes(t.dtype));
-        hf.read(p.name, first, n, ck::TensorType::F32, file_values.data());
+        hf.read(p.name, first, n, zero::DType::f32, file_values.data());
         reader.read(master, u, p.offset + first, n, rounded.data(), ck::storage_type_of(t.dtype));
-        zero::checkpoint::detail::convert_elements(rounded.data(), t.dtype, saved.data(), zero::DType::f32, n);
+        zero::checkpoint::detail::convert_elements(rounded.data(), ck::storage_type_of(t.dtype), saved.data(),
+                                                   zero::DType::f32, n);
         for (std::uint64_t i = 0; i < n; ++i)
           if (std::memcmp(&file_values[i], &saved[i], sizeof(float)) != 0) {
             ++differ;
@@ -264,7 +266,7 @@ class ImportSource final : public ck::StateSource {
       : checkpoint_(checkpoint), hf_(hf), keep_state_(keep_state) {
     const ck::Manifest& m = checkpoint.manifest();
     for (const ck::SavedSlot& slot : m.slots)
-      if (slot.name != "param") slots_.push_back({slot.name, ck::storage_type_of(slot.dtype), true});
+      if (slot.name != "param") slots_.push_back({slot.name, slot.dtype, true});
     master_slot(checkpoint);
     // Every parameter there, with its shape, before anything is written.
     for (const ck::UnitDesc& u : m.units)
@@ -307,7 +309,7 @@ class ImportSource final : public ck::StateSource {
     const std::uint64_t end = r.begin + r.count;
     for (const ck::ParamDesc& p : checkpoint_.manifest().units[r.unit].params) {
       const std::uint64_t from = std::max(r.begin, p.offset), to = std::min(end, p.offset + p.numel);
-      if (from < to) hf_.read(p.name, from - p.offset, to - from, ck::TensorType::F32, dst + (from - r.begin));
+      if (from < to) hf_.read(p.name, from - p.offset, to - from, zero::DType::f32, dst + (from - r.begin));
     }
   }
 

@@ -694,15 +694,15 @@ TEST_CASE("checkpoint: ranks that pass different directories all stop", "[checkp
 }
 
 namespace {
-std::vector<HfTensor> hf_model(std::uint64_t scale, TensorType t = TensorType::F32) {
+std::vector<HfTensor> hf_model(std::uint64_t scale, DType t = DType::f32) {
   return {{"embed.weight", {50 * scale, 40}, t}, {"h.0.bias", {40}, t}, {"h.0.weight", {40, 40 * scale}, t},
-          {"head.weight", {7, 40}, TensorType::BF16}};
+          {"head.weight", {7, 40}, DType::bf16}};
 }
 float hf_value(std::size_t tensor, std::uint64_t i) { return static_cast<float>(tensor) * 100.0f + static_cast<float>(i % 1000) * 0.125f; }
 void hf_fill(const std::vector<HfTensor>& ts, std::size_t t, std::uint64_t first, std::uint64_t n, void* dst) {
   for (std::uint64_t i = 0; i < n; ++i) {
     const float v = hf_value(t, first + i);
-    if (ts[t].dtype == TensorType::BF16) {
+    if (ts[t].dtype == DType::bf16) {
       const auto b = zero::from_float<zero::bf16>(v);
       std::memcpy(static_cast<char*>(dst) + 2 * i, &b, 2);
     } else {
@@ -712,7 +712,7 @@ void hf_fill(const std::vector<HfTensor>& ts, std::size_t t, std::uint64_t first
 }
 std::uint64_t hf_bytes(const std::vector<HfTensor>& ts) {
   std::uint64_t b = 0;
-  for (const auto& t : ts) b += TensorSpec{t.name, t.dtype, t.shape}.bytes();
+  for (const auto& t : ts) b += TensorSpec{t.name, zero::checkpoint::tensor_type_of(t.dtype), t.shape}.bytes();
   return b;
 }
 }  // namespace
@@ -724,7 +724,7 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
   o.max_shard_bytes = 13000;
   o.buffer_bytes = 1000;
   const auto res = hf_export(tmp.path, model, [&](std::size_t t, std::uint64_t f, std::uint64_t n, void* d) {
-    REQUIRE(n * tensor_type_bytes(model[t].dtype) <= 1000);
+    REQUIRE(n * zero::dtype_bytes(model[t].dtype) <= 1000);
     hf_fill(model, t, f, n, d);
   }, o);
   REQUIRE(res.files.size() == 3);  // 16000 | 160 + 12800 | 560 bytes
@@ -737,14 +737,14 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
 
   // Import every tensor as fp32 (head.weight converted from bf16) and compare.
   auto want = model;
-  for (auto& t : want) t.dtype = TensorType::F32;
+  for (auto& t : want) t.dtype = DType::f32;
   std::uint64_t checked = 0, bad = 0;
   hf_import(tmp.path, want, [&](std::size_t t, std::uint64_t first, std::uint64_t n, const void* src) {
     for (std::uint64_t i = 0; i < n; ++i) {
       float v;
       std::memcpy(&v, static_cast<const char*>(src) + 4 * i, 4);
       float ref = hf_value(t, first + i);
-      if (model[t].dtype == TensorType::BF16) ref = zero::to_float(zero::from_float<zero::bf16>(ref));
+      if (model[t].dtype == DType::bf16) ref = zero::to_float(zero::from_float<zero::bf16>(ref));
       bad += v != ref;
       ++checked;
     }
@@ -775,7 +775,7 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
   HfReader r(one.path / "model-00001-of-00001.safetensors");
   REQUIRE(r.names().size() == 4);
   float v = 0;
-  r.read("h.0.weight", 123, 1, TensorType::F32, &v);
+  r.read("h.0.weight", 123, 1, DType::f32, &v);
   REQUIRE(v == hf_value(2, 123));
 }
 
@@ -813,7 +813,7 @@ TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][me
   // set by far less than the model.
   TempDir tmp;
   CHECK(child_peak_growth_below(16 * 1024, "hf_export of 128 MiB through a 4 MiB buffer", [&] {
-    const std::vector<HfTensor> model = {{"a", {16 << 20}, TensorType::F32}, {"b", {16 << 20}, TensorType::F32}};
+    const std::vector<HfTensor> model = {{"a", {16 << 20}, DType::f32}, {"b", {16 << 20}, DType::f32}};
     HfExportOptions o;
     o.buffer_bytes = 4 << 20;
     o.max_shard_bytes = 48 << 20;
@@ -842,7 +842,7 @@ TEST_CASE("hugging face: a checkpoint exports in bounded memory, without the pro
   CHECK(child_peak_growth_below(16 * 1024, "hf_export_checkpoint of a 64 MiB master through 4 MiB buffers", [&] {
     HfExportOptions o;
     o.buffer_bytes = 4 << 20;
-    hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "hf", TensorType::F32, o);
+    hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "hf", DType::f32, o);
   }));
   // Every parameter, named and shaped as registered, holds its master values.
   HfReader hf(tmp.path / "hf");
@@ -852,7 +852,7 @@ TEST_CASE("hugging face: a checkpoint exports in bounded memory, without the pro
       INFO(p.name);
       CHECK(hf.tensor(p.name).shape == (p.shape.empty() ? zero::Shape{p.numel} : p.shape));
       v.resize(p.numel);
-      hf.read(p.name, 0, p.numel, TensorType::F32, v.data());
+      hf.read(p.name, 0, p.numel, DType::f32, v.data());
       std::uint64_t bad = 0;
       for (std::uint64_t i = 0; i < p.numel; ++i) bad += v[i] != formula(0, u, p.offset + i);
       CHECK(bad == 0);
@@ -950,4 +950,27 @@ TEST_CASE("checkpoint: two state slots of one name are refused before anything i
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("two state slots are named 'master'"));
   CHECK_FALSE(fs::exists(tmp.path / "dup"));
+}
+
+TEST_CASE("one element type for values: zero::DType in slots, exports and reads; file tags compare to it",
+          "[checkpoint][dtype]") {
+  static_assert(TensorType::BF16 == DType::bf16 && DType::f32 == TensorType::F32 && TensorType::I64 != DType::u64);
+  static_assert(std::is_same_v<decltype(zero::checkpoint::SavedSlot::dtype), DType>);
+  static_assert(std::is_same_v<decltype(HfTensor::dtype), DType>);
+  TempDir tmp;
+  save_model(tmp.path / "ckpt", 2);
+  CheckpointReader reader(tmp.path / "ckpt");
+  // A slot's type goes straight into a read and an export: no conversion.
+  const auto& slot = reader.manifest().slots[reader.manifest().slot_index("param")];
+  CHECK(slot.dtype == DType::bf16);
+  std::vector<zero::bf16> low(4);
+  reader.read(reader.manifest().slot_index("param"), 0, 0, 4, low.data(), slot.dtype);
+  hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "hf", DType::bf16);
+  const HfReader hf(tmp.path / "hf");
+  CHECK(hf.tensor("layer0.w0").dtype == DType::bf16);
+  std::vector<float> v(4);
+  hf.read("layer0.w0", 0, 4, DType::f32, v.data());
+  CHECK(v[0] == zero::to_float(zero::from_float<zero::bf16>(formula(0, 0, 0))));
+  CHECK_THROWS_WITH(hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "x", DType::u64),
+                    Catch::Contains("export as fp32, bf16 or fp16, not u64"));
 }

@@ -263,7 +263,7 @@ std::vector<std::vector<float>> param_masters(Opt& opt) {
 std::vector<float> hf_values(const zero::checkpoint::HfReader& r, const std::string& name) {
   const auto& t = r.tensor(name);
   std::vector<float> v(t.numel());
-  r.read(name, 0, v.size(), zero::checkpoint::TensorType::F32, v.data());
+  r.read(name, 0, v.size(), zero::DType::f32, v.data());
   return v;
 }
 
@@ -313,10 +313,10 @@ TEST_CASE("shapes given at add_param: checked, kept in the manifest, exported an
   zero::checkpoint::HfExportOptions small;
   small.max_shard_bytes = 3000;  // w0 (2800 bytes) alone, then w1 (5204 bytes) alone, then w2
   small.buffer_bytes = 1000;
-  const auto result = zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf", TensorType::F32, small);
+  const auto result = zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf", zero::DType::f32, small);
   CHECK(result.files.size() == 3);
   CHECK(result.total_size == 4 * (700 + 1301 + 257));
-  zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf-bf16", TensorType::BF16);
+  zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf-bf16", zero::DType::bf16);
   zero::checkpoint::HfReader hf(dir.path / "hf"), hf16(dir.path / "hf-bf16");
   const zero::Shape exported[] = {{7, 4, 25}, {1301}, {257}};
   for (std::size_t p = 0; p < 3; ++p) {

@@ -184,8 +184,7 @@ inline std::size_t element_bytes(DType t) { return dtype_bytes(t); }
 
 // n elements from a file's type to a slot's type (exact, or rounded to
 // nearest even when narrowing fp32 to 16 bits).
-inline void convert_elements(const void* src, TensorType from, void* dst, DType to, std::uint64_t n) {
-  const DType f = storage_type_of(from);
+inline void convert_elements(const void* src, DType f, void* dst, DType to, std::uint64_t n) {
   if (f == to) {
     std::memcpy(dst, src, n * dtype_bytes(to));
     return;
@@ -402,7 +401,7 @@ inline void Checkpointer::write(const std::filesystem::path& dir, std::optional<
     p.manifest.units = source.units();
     slots = source.slots();
     detail::check_names(slots, p.manifest.units);
-    for (const auto& s : slots) p.manifest.slots.push_back({s.name, tensor_type_of(s.dtype)});
+    for (const auto& s : slots) p.manifest.slots.push_back({s.name, s.dtype});
     ranges = source.save_ranges();
     plan = detail::plan_rank_file(slots, p.manifest.units, ranges);
     // Every rank creates it (each sees why it cannot, a read-only file system
@@ -598,7 +597,7 @@ class CheckpointReader {
     for (const TensorRecord& t : f.tensors) {
       entry(r, t);
       if (!checksums) continue;
-      const DType type = storage_type_of(manifest_.slots[t.slot].dtype);
+      const DType type = manifest_.slots[t.slot].dtype;
       // Whole checksum chunks at a time (chunk_bytes is a multiple of 8, so
       // of every element size): no chunk is read twice.
       const std::uint64_t chunk = manifest_.checksum_chunk_bytes;
@@ -644,11 +643,11 @@ class CheckpointReader {
   // Tensor t's entry in its file's header, with the type and element count
   // the manifest recorded.
   const TensorEntry& entry(const SafetensorsReader& r, const TensorRecord& t) const {
-    const TensorType type = manifest_.slots[t.slot].dtype;
+    const DType type = manifest_.slots[t.slot].dtype;
     const TensorEntry& e = r.at(t.name);
     if (e.dtype != type || e.shape != std::vector<std::uint64_t>{t.count})
       fail(r.path(), "tensor '", t.name, "' is ", tensor_type_name(e.dtype), " of ", e.end - e.begin,
-           " bytes, the manifest says ", tensor_type_name(type), " of ", t.count, " elements");
+           " bytes, the manifest says ", tensor_type_name(tensor_type_of(type)), " of ", t.count, " elements");
     return e;
   }
 
@@ -657,9 +656,9 @@ class CheckpointReader {
   void read_tensor(const FileRecord& f, const TensorRecord& t, std::uint64_t first, std::uint64_t n, void* dst,
                    DType to) {
     const SafetensorsReader& r = file(f);
-    const TensorType type = manifest_.slots[t.slot].dtype;
+    const DType type = manifest_.slots[t.slot].dtype;
     const TensorEntry& e = entry(r, t);
-    const std::uint64_t es = tensor_type_bytes(type), total = t.count * es, chunk = manifest_.checksum_chunk_bytes;
+    const std::uint64_t es = dtype_bytes(type), total = t.count * es, chunk = manifest_.checksum_chunk_bytes;
     const std::uint64_t a = first * es, b = (first + n) * es;
     const std::uint64_t piece = std::max<std::uint64_t>(chunk, io_buffer_bytes_ / chunk * chunk);
     for (std::uint64_t at = a / chunk * chunk; at < b; at += piece) {

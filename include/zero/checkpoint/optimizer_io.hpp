@@ -275,7 +275,7 @@ struct OptimizerIo {
       reader.emplace(path);
       std::vector<HfTensor> wanted;
       for (const ParamInfo& p : params) {
-        HfTensor t{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, TensorType::F32};
+        HfTensor t{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, DType::f32};
         // Registered flat: any shape of its element count (a PyTorch
         // state dict's [out, in] into a flat parameter).
         if (p.shape.empty() && reader->contains(p.name)) {
@@ -293,7 +293,7 @@ struct OptimizerIo {
     for (std::size_t p = 0; p < params.size(); ++p) {
       detail::on_every_rank(c, path, "reading parameter '" + params[p].name + "'", [&] {
         values.resize(params[p].numel);
-        reader->read(params[p].name, 0, params[p].numel, TensorType::F32, values.data());
+        reader->read(params[p].name, 0, params[p].numel, DType::f32, values.data());
       });
       opt.set_param(ParamId{p}, values.data());
     }
