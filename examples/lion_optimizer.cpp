@@ -15,6 +15,7 @@
 struct Lion {
   static constexpr const char* name = "lion";
   static constexpr int state_slots = 1;  // the momentum m
+  static constexpr const char* state_names[] = {"exp_avg"};  // its name in checkpoints (lion-pytorch's)
 
   struct Hyper {
     double lr = 1e-4;

@@ -2,7 +2,8 @@
 // Everything here reads the manifest and the rank files' fp32 master ranges
 // (checksums verified); no ZeroOptimizer, no model code, any rank count.
 //
-//   zero_checkpoint inspect DIR                  what the checkpoint holds
+//   zero_checkpoint inspect DIR [--no-checksums] what the checkpoint holds, every rank file
+//                                                checked (present, size, header, checksums)
 //   zero_checkpoint export DIR OUT [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
 //                                                Hugging Face sharded safetensors, in bounded memory
 //   zero_checkpoint verify HF DIR                does the safetensors file set HF hold the
@@ -18,7 +19,8 @@
 // running program can also take the weights directly: opt.load_hf(path)
 // (zero/checkpoint/optimizer_io.hpp). Exit codes: 0 done (verify:
 // everything matches), 1 verify found a difference, 2 a bad command line or
-// an unusable input.
+// an unusable input (inspect: 1 when a rank file is missing, truncated or
+// corrupt, each named with what is wrong).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -80,10 +82,10 @@ std::optional<std::uint64_t> parse_size(const std::string& text) {
   return std::nullopt;
 }
 
-ck::TensorType dtype_of(const std::string& name) {
-  if (name == "bf16") return ck::TensorType::BF16;
-  if (name == "fp16") return ck::TensorType::F16;
-  return ck::TensorType::F32;
+zero::DType dtype_of(const std::string& name) {
+  if (name == "bf16") return zero::DType::bf16;
+  if (name == "fp16") return zero::DType::f16;
+  return zero::DType::f32;
 }
 
 std::string param_shape(const ck::ParamDesc& p) {
@@ -101,7 +103,7 @@ std::unique_ptr<ck::CheckpointReader> open_checkpoint(const std::string& path) {
   }
 }
 
-int inspect(const std::string& path) {
+int inspect(const std::string& path, bool checksums) {
   const auto opened = open_checkpoint(path);
   const ck::CheckpointReader& reader = *opened;
   const ck::Manifest& m = reader.manifest();
@@ -118,7 +120,8 @@ int inspect(const std::string& path) {
               run.rounding_seed ? std::to_string(*run.rounding_seed).c_str() : "none");
   if (!run.extra.empty()) std::printf("extra %s\n", run.extra.dump().c_str());
   std::string slots;
-  for (const auto& s : m.slots) slots += (slots.empty() ? "" : ", ") + s.name + " " + ck::tensor_type_name(s.dtype);
+  for (const auto& s : m.slots)
+    slots += (slots.empty() ? "" : ", ") + s.name + " " + ck::tensor_type_name(ck::tensor_type_of(s.dtype));
   std::printf("slots: %s\n", slots.c_str());
   std::uint64_t params = 0, elements = 0, file_bytes = 0;
   for (const auto& u : m.units)
@@ -136,10 +139,29 @@ int inspect(const std::string& path) {
       std::printf("  %-40s %-24s at %llu\n", p.name.c_str(), param_shape(p).c_str(),
                   static_cast<unsigned long long>(p.offset));
   }
-  for (const auto& f : m.files)
-    std::printf("file %s: rank %llu, %s, %zu tensors\n", f.name.c_str(), static_cast<unsigned long long>(f.rank),
-                bytes_text(f.bytes).c_str(), f.tensors.size());
-  return 0;
+  // What is on disk, checked as a load would (CheckpointReader::verify_file):
+  // a missing, truncated or corrupt rank file is reported, not the size the
+  // manifest recorded for it.
+  std::size_t damaged = 0;
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const ck::FileRecord& f = m.files[i];
+    try {
+      opened->verify_file(i, checksums);
+      std::printf("file %s: rank %llu, %s, %zu tensors, %s\n", f.name.c_str(), static_cast<unsigned long long>(f.rank),
+                  bytes_text(f.bytes).c_str(), f.tensors.size(),
+                  checksums ? "checksums verified" : "size and header checked (--no-checksums)");
+    } catch (const zero::CheckpointError& e) {
+      ++damaged;
+      std::printf("file %s: rank %llu: DAMAGED: %s\n", f.name.c_str(), static_cast<unsigned long long>(f.rank),
+                  e.what());
+    }
+  }
+  if (damaged == 0) return 0;
+  std::fprintf(stderr,
+               "zero_checkpoint: error: %zu of %zu rank file(s) of %s are missing, truncated or corrupt (above): the "
+               "checkpoint cannot be loaded; resume from an older one (a root's other step-* directories)\n",
+               damaged, m.files.size(), reader.directory().c_str());
+  return 1;
 }
 
 int export_hf(const std::string& path, const std::string& out, const std::string& dtype, std::uint64_t max_shard) {
@@ -205,9 +227,10 @@ int verify(const std::string& hf_path, const std::string& path) {
         file_values.resize(n);
         saved.resize(n);
         rounded.resize(n * ck::tensor_type_bytes(t.dtype));
-        hf.read(p.name, first, n, ck::TensorType::F32, file_values.data());
+        hf.read(p.name, first, n, zero::DType::f32, file_values.data());
         reader.read(master, u, p.offset + first, n, rounded.data(), ck::storage_type_of(t.dtype));
-        zero::checkpoint::detail::convert_elements(rounded.data(), t.dtype, saved.data(), zero::DType::f32, n);
+        zero::checkpoint::detail::convert_elements(rounded.data(), ck::storage_type_of(t.dtype), saved.data(),
+                                                   zero::DType::f32, n);
         for (std::uint64_t i = 0; i < n; ++i)
           if (std::memcmp(&file_values[i], &saved[i], sizeof(float)) != 0) {
             ++differ;
@@ -243,7 +266,7 @@ class ImportSource final : public ck::StateSource {
       : checkpoint_(checkpoint), hf_(hf), keep_state_(keep_state) {
     const ck::Manifest& m = checkpoint.manifest();
     for (const ck::SavedSlot& slot : m.slots)
-      if (slot.name != "param") slots_.push_back({slot.name, ck::storage_type_of(slot.dtype), true});
+      if (slot.name != "param") slots_.push_back({slot.name, slot.dtype, true});
     master_slot(checkpoint);
     // Every parameter there, with its shape, before anything is written.
     for (const ck::UnitDesc& u : m.units)
@@ -286,7 +309,7 @@ class ImportSource final : public ck::StateSource {
     const std::uint64_t end = r.begin + r.count;
     for (const ck::ParamDesc& p : checkpoint_.manifest().units[r.unit].params) {
       const std::uint64_t from = std::max(r.begin, p.offset), to = std::min(end, p.offset + p.numel);
-      if (from < to) hf_.read(p.name, from - p.offset, to - from, ck::TensorType::F32, dst + (from - r.begin));
+      if (from < to) hf_.read(p.name, from - p.offset, to - from, zero::DType::f32, dst + (from - r.begin));
     }
   }
 
@@ -325,6 +348,9 @@ int main(int argc, char** argv) {
 
   auto* inspect_cmd = app.add_subcommand("inspect", "print what a checkpoint holds: run, units, parameters and shapes");
   inspect_cmd->add_option("DIR", dir, "checkpoint directory, or a root of step-* checkpoints (the newest)")->required();
+  bool no_checksums = false;
+  inspect_cmd->add_flag("--no-checksums", no_checksums,
+                        "check each rank file's presence, size and header only, without reading its data");
 
   auto* export_cmd = app.add_subcommand(
       "export", "write the fp32 master as Hugging Face sharded safetensors (model-0000K-of-0000N.safetensors and "
@@ -366,7 +392,7 @@ int main(int argc, char** argv) {
 
   zero::examples::parse_or_exit(app, argc, argv);
   try {
-    if (*inspect_cmd) return inspect(dir);
+    if (*inspect_cmd) return inspect(dir, !no_checksums);
     if (*export_cmd) return export_hf(dir, out, dtype, max_shard);
     if (*import_cmd) return import_hf(hf, dir, out, keep_state);
     return verify(hf, dir);

@@ -56,15 +56,17 @@ struct None {
   static constexpr bool to_host = false;
   static constexpr const char* name = "none";
 };
-// ZeRO-Offload (planned; rejected with a static_assert until it lands): fp32
-// master and state will live in pinned host memory, updated by the CPU (the
-// host fused step) while the GPU computes.
+// ZeRO-Offload: the fp32 master and optimizer state live in page-locked host
+// memory, updated by the CPU (the host fused step) while the GPU computes
+// (backend::Cuda, stages 1-3; docs/offload.md).
 struct Cpu {
   static constexpr bool to_host = true;
   static constexpr const char* name = "cpu";
 };
-// ZeRO-Infinity (planned, likewise): as Cpu, with master and state streamed
-// from disk.
+// ZeRO-Infinity's disk tier: as Cpu, with the master and state in swap files
+// on a local disk (Options::nvme), streamed through a host window at each
+// step; #include "zero/offload/disk_state_store.hpp" (liburing, xxHash);
+// any backend, stages 1-3 (docs/offload-disk.md).
 struct Nvme {
   static constexpr bool to_host = true;
   static constexpr const char* name = "nvme";

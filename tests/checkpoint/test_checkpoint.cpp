@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -693,15 +694,15 @@ TEST_CASE("checkpoint: ranks that pass different directories all stop", "[checkp
 }
 
 namespace {
-std::vector<HfTensor> hf_model(std::uint64_t scale, TensorType t = TensorType::F32) {
+std::vector<HfTensor> hf_model(std::uint64_t scale, DType t = DType::f32) {
   return {{"embed.weight", {50 * scale, 40}, t}, {"h.0.bias", {40}, t}, {"h.0.weight", {40, 40 * scale}, t},
-          {"head.weight", {7, 40}, TensorType::BF16}};
+          {"head.weight", {7, 40}, DType::bf16}};
 }
 float hf_value(std::size_t tensor, std::uint64_t i) { return static_cast<float>(tensor) * 100.0f + static_cast<float>(i % 1000) * 0.125f; }
 void hf_fill(const std::vector<HfTensor>& ts, std::size_t t, std::uint64_t first, std::uint64_t n, void* dst) {
   for (std::uint64_t i = 0; i < n; ++i) {
     const float v = hf_value(t, first + i);
-    if (ts[t].dtype == TensorType::BF16) {
+    if (ts[t].dtype == DType::bf16) {
       const auto b = zero::from_float<zero::bf16>(v);
       std::memcpy(static_cast<char*>(dst) + 2 * i, &b, 2);
     } else {
@@ -711,7 +712,7 @@ void hf_fill(const std::vector<HfTensor>& ts, std::size_t t, std::uint64_t first
 }
 std::uint64_t hf_bytes(const std::vector<HfTensor>& ts) {
   std::uint64_t b = 0;
-  for (const auto& t : ts) b += TensorSpec{t.name, t.dtype, t.shape}.bytes();
+  for (const auto& t : ts) b += TensorSpec{t.name, zero::checkpoint::tensor_type_of(t.dtype), t.shape}.bytes();
   return b;
 }
 }  // namespace
@@ -723,7 +724,7 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
   o.max_shard_bytes = 13000;
   o.buffer_bytes = 1000;
   const auto res = hf_export(tmp.path, model, [&](std::size_t t, std::uint64_t f, std::uint64_t n, void* d) {
-    REQUIRE(n * tensor_type_bytes(model[t].dtype) <= 1000);
+    REQUIRE(n * zero::dtype_bytes(model[t].dtype) <= 1000);
     hf_fill(model, t, f, n, d);
   }, o);
   REQUIRE(res.files.size() == 3);  // 16000 | 160 + 12800 | 560 bytes
@@ -736,14 +737,14 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
 
   // Import every tensor as fp32 (head.weight converted from bf16) and compare.
   auto want = model;
-  for (auto& t : want) t.dtype = TensorType::F32;
+  for (auto& t : want) t.dtype = DType::f32;
   std::uint64_t checked = 0, bad = 0;
   hf_import(tmp.path, want, [&](std::size_t t, std::uint64_t first, std::uint64_t n, const void* src) {
     for (std::uint64_t i = 0; i < n; ++i) {
       float v;
       std::memcpy(&v, static_cast<const char*>(src) + 4 * i, 4);
       float ref = hf_value(t, first + i);
-      if (model[t].dtype == TensorType::BF16) ref = zero::to_float(zero::from_float<zero::bf16>(ref));
+      if (model[t].dtype == DType::bf16) ref = zero::to_float(zero::from_float<zero::bf16>(ref));
       bad += v != ref;
       ++checked;
     }
@@ -774,7 +775,7 @@ TEST_CASE("hugging face: sharded export, index, import by name", "[checkpoint][h
   HfReader r(one.path / "model-00001-of-00001.safetensors");
   REQUIRE(r.names().size() == 4);
   float v = 0;
-  r.read("h.0.weight", 123, 1, TensorType::F32, &v);
+  r.read("h.0.weight", 123, 1, DType::f32, &v);
   REQUIRE(v == hf_value(2, 123));
 }
 
@@ -812,7 +813,7 @@ TEST_CASE("hugging face: export streams in bounded memory", "[checkpoint][hf][me
   // set by far less than the model.
   TempDir tmp;
   CHECK(child_peak_growth_below(16 * 1024, "hf_export of 128 MiB through a 4 MiB buffer", [&] {
-    const std::vector<HfTensor> model = {{"a", {16 << 20}, TensorType::F32}, {"b", {16 << 20}, TensorType::F32}};
+    const std::vector<HfTensor> model = {{"a", {16 << 20}, DType::f32}, {"b", {16 << 20}, DType::f32}};
     HfExportOptions o;
     o.buffer_bytes = 4 << 20;
     o.max_shard_bytes = 48 << 20;
@@ -841,7 +842,7 @@ TEST_CASE("hugging face: a checkpoint exports in bounded memory, without the pro
   CHECK(child_peak_growth_below(16 * 1024, "hf_export_checkpoint of a 64 MiB master through 4 MiB buffers", [&] {
     HfExportOptions o;
     o.buffer_bytes = 4 << 20;
-    hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "hf", TensorType::F32, o);
+    hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "hf", DType::f32, o);
   }));
   // Every parameter, named and shaped as registered, holds its master values.
   HfReader hf(tmp.path / "hf");
@@ -851,7 +852,7 @@ TEST_CASE("hugging face: a checkpoint exports in bounded memory, without the pro
       INFO(p.name);
       CHECK(hf.tensor(p.name).shape == (p.shape.empty() ? zero::Shape{p.numel} : p.shape));
       v.resize(p.numel);
-      hf.read(p.name, 0, p.numel, TensorType::F32, v.data());
+      hf.read(p.name, 0, p.numel, DType::f32, v.data());
       std::uint64_t bad = 0;
       for (std::uint64_t i = 0; i < p.numel; ++i) bad += v[i] != formula(0, u, p.offset + i);
       CHECK(bad == 0);
@@ -870,4 +871,106 @@ TEST_CASE("files for the independent reader", "[.python]") {
   HfExportOptions o;
   o.max_shard_bytes = 10000;
   hf_export(root / "hf", model, [&](std::size_t t, std::uint64_t f, std::uint64_t n, void* d) { hf_fill(model, t, f, n, d); }, o);
+}
+
+namespace {
+
+// A FakeRank whose read() fails on rank `failing` with an exception that is
+// not the library's (a std::filesystem or JSON error in a user's source).
+class ThrowingRank : public FakeRank {
+ public:
+  ThrowingRank(std::uint64_t rank, std::uint64_t ranks, std::uint64_t failing)
+      : FakeRank(model_units(), mixed_slots(), rank, ranks, true), throws_(rank == failing) {}
+  void read(std::size_t slot, const OwnedRange& r, void* dst) const override {
+    if (throws_) throw std::out_of_range("the source's own failure");
+    FakeRank::read(slot, r, dst);
+  }
+
+ private:
+  bool throws_;
+};
+
+// Each rank's zero::Error message; another exception is marked as such.
+template <class Fn>
+std::vector<std::string> any_errors(int ranks, Fn&& fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& comm) {
+    auto& error = errors[static_cast<std::size_t>(comm.rank())];
+    try {
+      fn(static_cast<std::uint64_t>(comm.rank()), make_collective(comm));
+    } catch (const zero::Error& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = std::string("not a zero::Error: ") + e.what();
+    }
+  });
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: an error that is not the library's becomes a zero::Error on every rank, naming the directory",
+          "[checkpoint][errors]") {
+  TempDir tmp;
+  for (const bool async : {false, true}) {
+    INFO("async " << async);
+    const auto errors = any_errors(2, [&](std::uint64_t r, Collective c) {
+      ThrowingRank m(r, 2, 1);
+      Checkpointer ck(c, small_chunks());
+      ck.save(tmp.path, m, async);
+      ck.finish();
+    });
+    CHECK(errors[1] == tmp.path.string() + ": " + (async ? "copying the state" : "writing the rank files") +
+                           " failed on rank 1: the source's own failure");
+    CHECK_THAT(errors[0], Catch::StartsWith(tmp.path.string()) && Catch::Contains("failed on rank(s) 1"));
+  }
+  // Names the files cannot hold, from a source that is not the engine's
+  // Layout: refused before anything is written (was: nlohmann's
+  // type_error.316 on rank 0 when the manifest was written).
+  auto units = model_units();
+  units[1].params[0].name = "layer1.\xC3";
+  const auto errors = any_errors(2, [&](std::uint64_t r, Collective c) {
+    FakeRank m(units, mixed_slots(), r, 2, true);
+    Checkpointer(c, small_chunks()).save(tmp.path / "names", m);
+  });
+  for (const auto& e : errors)
+    CHECK_THAT(e, Catch::Contains("the parameter name 'layer1.\\xC3' is not valid UTF-8 (byte 7)"));
+  CHECK_FALSE(fs::exists(tmp.path / "names" / manifest_file_name));
+}
+
+TEST_CASE("checkpoint: two state slots of one name are refused before anything is written", "[checkpoint][errors]") {
+  TempDir tmp;
+  // An optimizer policy whose state_names repeat, or name "master".
+  const std::vector<SlotDesc> slots = {{"master", DType::f32, true}, {"exp_avg", DType::f32, true},
+                                       {"master", DType::f32, true}};
+  const auto errors = any_errors(2, [&](std::uint64_t r, Collective c) {
+    FakeRank m(model_units(), slots, r, 2, true);
+    Checkpointer(c, small_chunks()).save(tmp.path / "dup", m);
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("two state slots are named 'master'"));
+  CHECK_FALSE(fs::exists(tmp.path / "dup"));
+}
+
+TEST_CASE("one element type for values: zero::DType in slots, exports and reads; file tags compare to it",
+          "[checkpoint][dtype]") {
+  static_assert(TensorType::BF16 == DType::bf16 && DType::f32 == TensorType::F32 && TensorType::I64 != DType::u64);
+  static_assert(std::is_same_v<decltype(zero::checkpoint::SavedSlot::dtype), DType>);
+  static_assert(std::is_same_v<decltype(HfTensor::dtype), DType>);
+  TempDir tmp;
+  save_model(tmp.path / "ckpt", 2);
+  CheckpointReader reader(tmp.path / "ckpt");
+  // A slot's type goes straight into a read and an export: no conversion.
+  const auto& slot = reader.manifest().slots[reader.manifest().slot_index("param")];
+  CHECK(slot.dtype == DType::bf16);
+  std::vector<zero::bf16> low(4);
+  reader.read(reader.manifest().slot_index("param"), 0, 0, 4, low.data(), slot.dtype);
+  hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "hf", DType::bf16);
+  const HfReader hf(tmp.path / "hf");
+  CHECK(hf.tensor("layer0.w0").dtype == DType::bf16);
+  std::vector<float> v(4);
+  hf.read("layer0.w0", 0, 4, DType::f32, v.data());
+  CHECK(v[0] == zero::to_float(zero::from_float<zero::bf16>(formula(0, 0, 0))));
+  CHECK_THROWS_WITH(hf_export_checkpoint(tmp.path / "ckpt", tmp.path / "x", DType::u64),
+                    Catch::Contains("export as fp32, bf16 or fp16, not u64"));
 }

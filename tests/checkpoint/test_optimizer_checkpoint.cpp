@@ -210,7 +210,7 @@ std::vector<std::vector<float>> param_masters(Opt& opt) {
 std::vector<float> hf_values(const zero::checkpoint::HfReader& r, const std::string& name) {
   const auto& t = r.tensor(name);
   std::vector<float> v(t.numel());
-  r.read(name, 0, v.size(), zero::checkpoint::TensorType::F32, v.data());
+  r.read(name, 0, v.size(), zero::DType::f32, v.data());
   return v;
 }
 
@@ -260,10 +260,10 @@ TEST_CASE("shapes given at add_param: checked, kept in the manifest, exported an
   zero::checkpoint::HfExportOptions small;
   small.max_shard_bytes = 3000;  // w0 (2800 bytes) alone, then w1 (5204 bytes) alone, then w2
   small.buffer_bytes = 1000;
-  const auto result = zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf", TensorType::F32, small);
+  const auto result = zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf", zero::DType::f32, small);
   CHECK(result.files.size() == 3);
   CHECK(result.total_size == 4 * (700 + 1301 + 257));
-  zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf-bf16", TensorType::BF16);
+  zero::checkpoint::hf_export_checkpoint(dir.path / "ckpt", dir.path / "hf-bf16", zero::DType::bf16);
   zero::checkpoint::HfReader hf(dir.path / "hf"), hf16(dir.path / "hf-bf16");
   const zero::Shape exported[] = {{7, 4, 25}, {1301}, {257}};
   for (std::size_t p = 0; p < 3; ++p) {
@@ -512,4 +512,202 @@ TEST_CASE("save or load on one rank only: the error names the call each rank was
                                     std::string(loading ? "load()" : "save()")));
     }
   }
+}
+
+namespace {
+
+// Each rank's error from `save(opt)` on a fresh trained optimizer: "" when it
+// succeeded; any exception that is not a zero::Error is marked as such.
+template <class Save>
+std::vector<std::string> save_errors(Save&& save) {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
+  std::vector<std::string> errors(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    auto& error = errors[static_cast<std::size_t>(c.rank())];
+    try {
+      Opt opt(c, zero::test::test_hyper<zero::optim::Sgd>(), zero::Options{});
+      build(opt, true);
+      train_steps(opt, c.rank(), 1, 1);
+      save(opt);
+      opt.wait_save();
+    } catch (const zero::Error& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = std::string("not a zero::Error: ") + e.what();
+    }
+  });
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("a save where no directory can be created is a zero::Error naming it and the cause, on every rank",
+          "[checkpoint][errors][unwritable]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
+  using Io = zero::checkpoint::OptimizerIo<Opt>;
+  TempDir dir;
+  // A path under a regular file cannot be created (ENOTDIR), even by root,
+  // which a directory of mode 0555 would not stop; a read-only file system
+  // fails in the same call (EROFS).
+  const fs::path file = dir.path / "a-file";
+  std::ofstream(file) << "not a directory";
+  const std::string cause = "cannot create the checkpoint directory: Not a directory";
+  auto check_every_rank = [&](const std::vector<std::string>& errors, const fs::path& where) {
+    for (const auto& e : errors) {
+      INFO(e);
+      CHECK_THAT(e, Catch::StartsWith(where.string() + ": ") && Catch::Contains(cause) &&
+                        !Catch::Contains("not a zero::Error"));
+    }
+  };
+  check_every_rank(save_errors([&](Opt& opt) { opt.save((file / "ckpt").string()); }), file / "ckpt");
+  check_every_rank(save_errors([&](Opt& opt) { opt.save((file / "async").string(), {.async = true}); }),
+                   file / "async");
+  check_every_rank(save_errors([&](Opt& opt) { Io::save_step(opt, (file / "root").string(), Io::SaveOptions{}); }),
+                   file / "root" / "step-000000001");
+  // The step directory's name taken by a file.
+  fs::create_directories(dir.path / "taken");
+  std::ofstream(dir.path / "taken" / "step-000000001") << "x";
+  check_every_rank(save_errors([&](Opt& opt) { Io::save_step(opt, (dir.path / "taken").string(), Io::SaveOptions{}); }),
+                   dir.path / "taken" / "step-000000001");
+
+  // root/latest that cannot be replaced, an old checkpoint that cannot be
+  // removed, a rank file written in the background that cannot be renamed:
+  // the rank that meets it names the file and the cause, the other says
+  // which rank failed; both throw zero::Error.
+  auto check_named = [&](const std::vector<std::string>& errors, const std::string& rank0, const std::string& rank1) {
+    INFO(errors[0] << "\n" << errors[1]);
+    CHECK_THAT(errors[0], Catch::Contains(rank0));
+    CHECK_THAT(errors[1], Catch::Contains(rank1));
+  };
+  fs::create_directories(dir.path / "latest-dir" / "latest" / "in-the-way");
+  check_named(save_errors([&](Opt& opt) { Io::save_step(opt, (dir.path / "latest-dir").string(), Io::SaveOptions{}); }),
+              (dir.path / "latest-dir" / "latest").string() + ": rename from latest.tmp-",
+              "writing the manifest failed on rank(s) 0");
+  fs::create_directories(dir.path / "old" / "step-000000000" / "manifest.json" / "in-the-way");
+  Io::SaveOptions keep1;
+  keep1.io.keep_last = 1;
+  check_named(save_errors([&](Opt& opt) { Io::save_step(opt, (dir.path / "old").string(), keep1); }),
+              (dir.path / "old" / "step-000000000" / "manifest.json").string() +
+                  ": cannot remove it to retire the checkpoint",
+              "removing old checkpoints failed on rank(s) 0");
+  fs::create_directories(dir.path / "bg" / "rank-1-of-2.safetensors" / "in-the-way");
+  const auto background = save_errors([&](Opt& opt) { opt.save((dir.path / "bg").string(), {.async = true}); });
+  check_named({background[1], background[0]}, (dir.path / "bg" / "rank-1-of-2.safetensors").string() + ": rename from",
+              "writing the rank files failed on rank(s) 1");
+}
+
+TEST_CASE("save options as {} or designated initialisers are unambiguous; extra json still goes in",
+          "[checkpoint][options]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
+  using Io = zero::checkpoint::OptimizerIo<Opt>;
+  TempDir dir;
+  const auto root = dir.path.string();
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    Opt opt(c, zero::test::test_hyper<zero::optim::Sgd>(), zero::Options{});
+    build(opt, true);
+    // Each of these was ambiguous between the options and nlohmann::json.
+    Io::save_step(opt, root, {});
+    Io::save(opt, (dir.path / "a").string(), {});
+    Io::save(opt, (dir.path / "b").string(), {.async = true, .extra = {{"epoch", 3}}});
+    train_steps(opt, c.rank(), 1, 1);
+    Io::save_step(opt, root, {.async = true});
+    opt.save((dir.path / "c").string(), {});
+    // The json itself, as before.
+    Io::save(opt, (dir.path / "d").string(), nlohmann::json{{"epoch", 4}});
+    const nlohmann::json extra = {{"epoch", 5}};
+    Io::save_step(opt, (dir.path / "e").string(), extra);
+  });
+  auto extra_of = [&](const fs::path& d) {
+    return nlohmann::json::parse(file_bytes(d / zero::checkpoint::manifest_file_name))["extra"];
+  };
+  CHECK(extra_of(dir.path / "step-000000000") == nlohmann::json::object());
+  CHECK(extra_of(dir.path / "step-000000001") == nlohmann::json::object());
+  CHECK(extra_of(dir.path / "b") == nlohmann::json{{"epoch", 3}});
+  CHECK(extra_of(dir.path / "d") == nlohmann::json{{"epoch", 4}});
+  CHECK(extra_of(dir.path / "e" / "step-000000001") == nlohmann::json{{"epoch", 5}});
+  CHECK(fs::exists(dir.path / "a" / zero::checkpoint::manifest_file_name));
+  CHECK(fs::exists(dir.path / "c" / zero::checkpoint::manifest_file_name));
+}
+
+namespace {
+
+// A checkpoint as saved before slots were named after the optimizer's
+// state: the source's slots as "state0".."stateK-1".
+class NumberedSlots final : public zero::checkpoint::StateSource {
+ public:
+  explicit NumberedSlots(const zero::checkpoint::StateSource& inner) : inner_(inner) {}
+  std::vector<zero::checkpoint::UnitDesc> units() const override { return inner_.units(); }
+  std::vector<zero::checkpoint::SlotDesc> slots() const override {
+    auto s = inner_.slots();
+    for (std::size_t k = 1; k + 1 < s.size(); ++k) s[k] = {"state" + std::to_string(k - 1), s[k].dtype, true};
+    return s;
+  }
+  std::vector<zero::checkpoint::OwnedRange> owned() const override { return inner_.owned(); }
+  std::vector<zero::checkpoint::OwnedRange> save_ranges() const override { return inner_.save_ranges(); }
+  void read(std::size_t slot, const zero::checkpoint::OwnedRange& r, void* dst) const override {
+    inner_.read(slot, r, dst);
+  }
+  void write(std::size_t, const zero::checkpoint::OwnedRange&, const void*) override {}
+  zero::checkpoint::RunState run_state() const override { return inner_.run_state(); }
+
+ private:
+  const zero::checkpoint::StateSource& inner_;
+};
+
+std::vector<std::string> slot_names(const fs::path& dir) {
+  const auto m = nlohmann::json::parse(file_bytes(dir / zero::checkpoint::manifest_file_name));
+  std::vector<std::string> names;
+  for (const auto& s : m["slots"]) names.push_back(s["name"]);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("state slots are saved by the optimizer's state names; checkpoints saying state0, state1 still load",
+          "[checkpoint][slots]") {
+  using Opt = zero::ZeroOptimizer<Mixed<bf16>, zero::optim::AdamW, zero::stage<2>>;
+  using Io = zero::checkpoint::OptimizerIo<Opt>;
+  TempDir dir;
+  const zero::Options options = options_for<Opt>();
+  const auto hyper = zero::test::test_hyper<zero::optim::AdamW>();
+  std::vector<Final> uninterrupted(2), resumed(2);
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    {
+      Opt opt(c, hyper, options);
+      build(opt, true);
+      train_steps(opt, c.rank(), 1, 3);
+      opt.save((dir.path / "named").string());
+      const Io::Source source(opt);
+      const NumberedSlots numbered(source);
+      zero::checkpoint::Checkpointer(Io::collective(opt)).save(dir.path / "numbered", numbered);
+      train_steps(opt, c.rank(), 4, 5);
+      uninterrupted[r] = final_state(opt);
+    }
+    Opt fresh(c, hyper, options);
+    build(fresh, false);
+    fresh.load((dir.path / "numbered").string());
+    train_steps(fresh, c.rank(), 4, 5);
+    resumed[r] = final_state(fresh);
+  });
+  using V = std::vector<std::string>;
+  CHECK(slot_names(dir.path / "named") == V{"master", "exp_avg", "exp_avg_sq", "param"});
+  CHECK(slot_names(dir.path / "numbered") == V{"master", "state0", "state1", "param"});
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(resumed[r].masters == uninterrupted[r].masters);  // exp_avg and exp_avg_sq came from state0, state1
+    CHECK(resumed[r].params == uninterrupted[r].params);
+  }
+  // SGD's buffer is "momentum" (its keep_last test saves with it).
+  zero::comm::LocalGroup one(1);
+  one.run([&](zero::comm::Local& c) {
+    zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>> sgd(c, zero::test::test_hyper<zero::optim::Sgd>(),
+                                                                           zero::Options{});
+    build(sgd, true);
+    sgd.save((dir.path / "sgd").string());
+  });
+  CHECK(slot_names(dir.path / "sgd") == V{"master", "momentum"});
 }

@@ -273,3 +273,34 @@ TEST_CASE("Ranks whose layouts differ get the first differing parameter named, a
     CHECK(after_rank(messages[0]) == after_rank(messages[1]));  // every rank says the same
   }
 }
+
+TEST_CASE("Names a checkpoint or a safetensors file cannot hold are refused at add_param and add_unit",
+          "[engine][errors][names]") {
+  zero::Layout layout(2);
+  const auto u = layout.add_unit("layer");
+  using zero::InvalidArgument;
+  using Catch::Matchers::Message;
+  // Before, each was accepted and failed at the first save or export (the
+  // invalid UTF-8 with the JSON library's type_error.316, naming nothing).
+  REQUIRE_THROWS_MATCHES(layout.add_param(u, "", 4), InvalidArgument,
+                         Message("add_param: the parameter name is empty; checkpoints and Hugging Face exports find "
+                                 "each parameter by its name: give it one (e.g. \"fc1.weight\")"));
+  REQUIRE_THROWS_MATCHES(layout.add_param(u, "__metadata__", 4), InvalidArgument,
+                         Message("add_param: the parameter name '__metadata__' is reserved by safetensors (its "
+                                 "header's metadata entry): rename the parameter"));
+  REQUIRE_THROWS_MATCHES(layout.add_param(u, "fc\xff.weight", 4), InvalidArgument,
+                         Message("add_param: the parameter name 'fc\\xFF.weight' is not valid UTF-8 (byte 2): "
+                                 "checkpoints and safetensors files store names as JSON strings, which must be "
+                                 "UTF-8; rename the parameter (or convert the name to UTF-8)"));
+  // UTF-8's forms JSON writers refuse: overlong, a surrogate, past U+10FFFF, cut short.
+  for (const char* bad : {"\xC0\xAF", "\xE0\x80\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "w\xE2\x82"})
+    CHECK_THROWS_WITH(layout.add_param(u, bad, 4), Catch::Contains("is not valid UTF-8"));
+  REQUIRE_THROWS_WITH(layout.add_unit("block\x80"), Catch::Contains("add_unit: the unit name 'block\\x80' is not "
+                                                                     "valid UTF-8 (byte 5)"));
+  CHECK(layout.params().empty());
+  CHECK(layout.units().size() == 1);
+  // Any UTF-8 is a name: accented, CJK, 4-byte characters, '/' and spaces.
+  for (const char* good : {"caf\xC3\xA9.w", "\xE5\xB1\x82.bias", "emoji\xF0\x9F\x98\x80", "a/b c", "__metadata__x"})
+    CHECK_NOTHROW(layout.add_param(u, good, 4));
+  CHECK_NOTHROW(layout.add_unit("__metadata__"));  // a unit name is only part of a tensor's name
+}

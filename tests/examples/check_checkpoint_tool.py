@@ -13,7 +13,9 @@ trainer's test_accuracy. A bf16 export is the master rounded to nearest even
 checkpoint of the run: that master, zero optimizer state, step 0 (or the
 run's state with --keep-state), which the trainer resumes on 4 ranks; a
 run with --save-async writes the same bytes as the synchronous one; bad
-input exits 2 with a message naming the problem. Skips (77) without the data.
+input exits 2 with a message naming the problem; `inspect` of a checkpoint
+whose rank file is missing, truncated or corrupt names it and exits 1.
+Skips (77) without the data.
 
     check_checkpoint_tool.py TRAINER ZERO_CHECKPOINT
 """
@@ -149,7 +151,8 @@ def main():
 
         info = run([tool, "inspect", root]).stdout
         for want in ["step-000000234", "saved by 2 rank(s) at ZeRO stage 3, precision fp32, optimizer adamw",
-                     "step 234,", "fc0.weight", "[256, 784]", "fc2.bias", "[10]"]:
+                     "step 234,", "fc0.weight", "[256, 784]", "fc2.bias", "[10]",
+                     "file rank-1-of-2.safetensors: rank 1, ", "tensors, checksums verified"]:
             expect(want in info, f"inspect does not print {want!r}")
 
         hf = os.path.join(tmp, "hf")
@@ -210,15 +213,15 @@ def main():
         manifest = json.load(open(os.path.join(fresh, "manifest.json")))
         expect(manifest["step"] == 0 and manifest["world_size"] == 1,
                f"import: step {manifest['step']}, world size {manifest['world_size']}")
-        for slot in ("state0", "state1"):  # AdamW: exp_avg, exp_avg_sq
+        for slot in ("exp_avg", "exp_avg_sq"):  # AdamW's state, by its names
             expect(all(not v[1].any() for v in read_master(fresh, slot).values()), f"import: {slot} is not zero")
         run([tool, "verify", weights, fresh])
         kept = os.path.join(tmp, "kept")
         run([tool, "import", weights, root, kept, "--keep-state"])
         expect(json.load(open(os.path.join(kept, "manifest.json")))["step"] == 234, "--keep-state: not step 234")
-        saved_m = read_master(ckpt, "state0")
-        expect(all(torch.equal(t, saved_m[n][1]) for n, (_, t) in read_master(kept, "state0").items()),
-               "--keep-state: state0 is not the checkpoint's")
+        saved_m = read_master(ckpt, "exp_avg")
+        expect(all(torch.equal(t, saved_m[n][1]) for n, (_, t) in read_master(kept, "exp_avg").items()),
+               "--keep-state: exp_avg is not the checkpoint's")
         resumed = run([trainer, "--epochs", "1", "--ranks", "4", "--stage", "1", "--precision", "fp32", "--seed", "5",
                        "--resume", fresh]).stdout
         expect("at step 0" in resumed and re.search(r"^test_accuracy=", resumed, re.M) is not None,
@@ -261,8 +264,43 @@ def main():
             text = r.stdout + r.stderr
             print("$", " ".join(cmd), "->", r.returncode, text.strip().splitlines()[-1] if text.strip() else "")
             expect(r.returncode == 2 and message in text, f"{' '.join(cmd[1:])}: exit {r.returncode}, {text[-300:]!r}")
+
+        # inspect checks what is on disk: a missing, truncated or corrupt rank file is named with what is wrong,
+        # and the exit code is 1 (it printed the manifest's record and exited 0 before).
+        def damaged(name, change):
+            d = os.path.join(tmp, name)
+            shutil.copytree(ckpt, d)
+            change(os.path.join(d, "rank-1-of-2.safetensors"))
+            return d
+
+        def truncate(path):
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) - 100)
+
+        def flip(path):
+            with open(path, "r+b") as f:
+                f.seek(-8, os.SEEK_END)  # inside the last tensor's data
+                b = f.read(1)
+                f.seek(-8, os.SEEK_END)
+                f.write(bytes([b[0] ^ 0x01]))
+
+        for d, flags, problem in [(damaged("missing", os.remove), [], "the file does not exist"),
+                                  (damaged("truncated", truncate), [], "(truncated)"),
+                                  (damaged("flipped", flip), [], "checksum mismatch in tensor"),
+                                  (os.path.join(tmp, "truncated"), ["--no-checksums"], "(truncated)")]:
+            r = subprocess.run([tool, "inspect", d] + flags, capture_output=True, text=True, timeout=60)
+            print("$ inspect", d, *flags, "->", r.returncode)
+            line = next((x for x in r.stdout.splitlines() if x.startswith("file rank-1-of-2.safetensors")), "")
+            expect(r.returncode == 1 and "rank 1: DAMAGED: " in line and problem in line and
+                   "1 of 2 rank file(s)" in r.stderr and "file rank-0-of-2.safetensors: rank 0, " in r.stdout,
+                   f"inspect {d} {flags}: exit {r.returncode}, {line!r}, {r.stderr[-300:]!r}")
+        # --no-checksums reads no data: a flipped byte passes, as the header and size still match.
+        r = subprocess.run([tool, "inspect", os.path.join(tmp, "flipped"), "--no-checksums"], capture_output=True,
+                           text=True, timeout=60)
+        expect(r.returncode == 0 and "size and header checked (--no-checksums)" in r.stdout,
+               f"inspect --no-checksums of a flipped byte: exit {r.returncode}")
     print("checked: export bit for bit, shapes, accuracy, bf16 rounding, verify, import, --save-async, --keep-last, "
-          "errors")
+          "errors, inspect of damaged rank files")
     return 1 if failures else 0
 
 

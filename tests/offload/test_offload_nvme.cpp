@@ -276,3 +276,43 @@ TEST_CASE("offload::Nvme: disk faults are errors naming the file, and training s
   }
   CHECK(dir.files() == 0);
 }
+
+TEST_CASE("offload::Nvme: option errors name Options::nvme, and the window's minimum is the one checked",
+          "[offload][nvme][errors]") {
+  TempDir dir;
+  zero::Options options;
+  options.nvme.directory = dir.path.string();
+  // The disk options are checked by the swap file's own code, which named
+  // them zero::offload::DiskOptions::..., a struct the engine's users never set.
+  options.nvme.block_bytes = 1000;
+  auto errors = run_with_fault(options, [] {});
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0], Catch::StartsWith("Options::nvme.block_bytes = 1000 is not a positive multiple of 4096") &&
+                            !Catch::Contains("DiskOptions"));
+  options.nvme.block_bytes = std::size_t{1} << 20;
+  options.nvme.queue_depth = 0;
+  errors = run_with_fault(options, [] {});
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0], Catch::StartsWith("Options::nvme.queue_depth = 0 is outside 1..4096"));
+  options.nvme.queue_depth = 16;
+  options.nvme.directory = (dir.path / "missing").string();
+  errors = run_with_fault(options, [] {});
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0], Catch::Contains("or set Options::nvme.directory to an existing directory"));
+  options.nvme.directory = dir.path.string();
+  // The window: 12 KiB passes the options' check (no optimizer has fewer
+  // arrays), AdamW's three arrays need 36 KiB, and the message says so
+  // (it asked for "64 MiB or more" while accepting 12 KiB).
+  options.nvme.window_bytes = std::size_t{3} * 4096 - 1;
+  CHECK_THROWS_WITH(options.validate(), Catch::Contains("it must be at least 12 KiB x (1 + the optimizer's state slots)"));
+  options.nvme.window_bytes = std::size_t{3} * 4096;
+  CHECK_NOTHROW(options.validate());
+  errors = run_with_fault(options, [] {});
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == "offload::Nvme: Options::nvme.window_bytes is 12288; the window holds three chunks of at least "
+                     "4 KiB for each of the 3 arrays (the master and 2 state slot(s) of adamw): it must be at least "
+                     "36864 bytes; 64 MiB (the default) streams well");
+  options.nvme.window_bytes = std::size_t{3} * 4096 * 3;
+  CHECK(run_with_fault(options, [] {}).empty());
+  CHECK(dir.files() == 0);
+}

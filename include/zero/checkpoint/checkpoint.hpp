@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -38,6 +39,7 @@
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/error.hpp"
+#include "zero/names.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
@@ -150,11 +152,21 @@ inline std::optional<std::uint64_t> step_of(const std::string& name) {
 // a rank that failed rethrows its own error (naming file and problem), the
 // others throw one naming the ranks that failed, so no rank hangs in a later
 // collective and none goes on alone.
+// An error that is not the library's own (a std::filesystem or JSON
+// library error that slipped through) becomes a CheckpointError naming the
+// directory and the phase, so that every rank gets a zero::Error.
 template <class Fn>
 void on_every_rank(const Collective& c, const std::filesystem::path& dir, std::string_view phase, Fn&& fn) {
   std::exception_ptr error;
   try {
     fn();
+  } catch (const zero::Error&) {
+    error = std::current_exception();
+  } catch (const std::bad_alloc&) {
+    error = std::current_exception();
+  } catch (const std::exception& e) {
+    error = std::make_exception_ptr(
+        CheckpointError(zero::detail::concat(dir.string(), ": ", phase, " failed on rank ", c.rank, ": ", e.what())));
   } catch (...) {
     error = std::current_exception();
   }
@@ -172,8 +184,7 @@ inline std::size_t element_bytes(DType t) { return dtype_bytes(t); }
 
 // n elements from a file's type to a slot's type (exact, or rounded to
 // nearest even when narrowing fp32 to 16 bits).
-inline void convert_elements(const void* src, TensorType from, void* dst, DType to, std::uint64_t n) {
-  const DType f = storage_type_of(from);
+inline void convert_elements(const void* src, DType f, void* dst, DType to, std::uint64_t n) {
   if (f == to) {
     std::memcpy(dst, src, n * dtype_bytes(to));
     return;
@@ -220,10 +231,24 @@ inline std::vector<TensorRecord> plan_rank_file(const std::vector<SlotDesc>& slo
   return out;
 }
 
-inline void check_slot_names(const std::vector<SlotDesc>& slots) {
-  for (const auto& s : slots)
+// Names the files can hold, checked before anything is written (a source
+// other than the engine's Layout, which checks them at add_param, may
+// bring any): slots non-empty, without '/' (they start tensor names), UTF-8;
+// units UTF-8; parameters as require_saveable_name says.
+inline void check_names(const std::vector<SlotDesc>& slots, const std::vector<UnitDesc>& units) {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const auto& s = slots[i];
     require(!s.name.empty() && s.name.find('/') == std::string::npos, "checkpoint: slot name '", s.name,
             "' must be non-empty and without '/'");
+    require_utf8_name("checkpoint", "state slot", s.name);
+    for (std::size_t k = 0; k < i; ++k)
+      require(slots[k].name != s.name, "checkpoint: two state slots are named '", s.name,
+              "' (an optimizer's state_names must differ from each other and from \"master\" and \"param\")");
+  }
+  for (const auto& u : units) {
+    require_utf8_name("checkpoint", "unit", u.name);
+    for (const auto& p : u.params) require_saveable_name("checkpoint", "parameter", p.name);
+  }
 }
 
 }  // namespace detail
@@ -344,7 +369,9 @@ class Checkpointer {
     FileRecord record;
     record.name = path.filename().string();
     record.rank = rank;
-    record.bytes = std::filesystem::file_size(path);
+    std::error_code ec;
+    record.bytes = std::filesystem::file_size(path, ec);
+    if (ec) fail(path, "cannot read the size of the file just written: ", ec.message());
     record.tensors = std::move(plan);
     write_file_atomically(dir / rank_record_name(rank, size), file_record_to_json(record).dump());
   }
@@ -373,19 +400,20 @@ inline void Checkpointer::write(const std::filesystem::path& dir, std::optional<
     p.manifest.checksum_chunk_bytes = options_.checksum_chunk_bytes;
     p.manifest.units = source.units();
     slots = source.slots();
-    detail::check_slot_names(slots);
-    for (const auto& s : slots) p.manifest.slots.push_back({s.name, tensor_type_of(s.dtype)});
+    detail::check_names(slots, p.manifest.units);
+    for (const auto& s : slots) p.manifest.slots.push_back({s.name, s.dtype});
     ranges = source.save_ranges();
     plan = detail::plan_rank_file(slots, p.manifest.units, ranges);
+    // Every rank creates it (each sees why it cannot, a read-only file system
+    // or a parent that is a file); rank 0 retires the checkpoint there.
+    make_directories(dir, "the checkpoint directory");
     if (c_.rank == 0) {
-      std::filesystem::create_directories(dir);
       std::error_code ec;
       if (std::filesystem::remove(dir / manifest_file_name, ec)) fsync_directory(dir);
       if (ec) fail(dir / manifest_file_name, "cannot remove the old manifest: ", ec.message());
     }
   });
   detail::on_every_rank(c_, dir, "copying the state", [&] {
-    std::filesystem::create_directories(dir);
     if (async) {
       for (const auto& t : plan) {
         std::vector<char> bytes(t.count * dtype_bytes(slots[t.slot].dtype));
@@ -432,11 +460,16 @@ inline void Checkpointer::write(const std::filesystem::path& dir, std::optional<
 inline void Checkpointer::remove_old_checkpoints(const std::filesystem::path& root, std::uint64_t keep) {
   require(keep >= 1, "remove_old_checkpoints: keep must be at least 1 (the newest complete checkpoint stays)");
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> complete, incomplete;
-  for (const auto& e : std::filesystem::directory_iterator(root)) {
-    const auto step = detail::step_of(e.path().filename().string());
-    if (!step || !e.is_directory()) continue;
-    (std::filesystem::is_regular_file(e.path() / manifest_file_name) ? complete : incomplete).emplace_back(*step, e.path());
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto step = detail::step_of(it->path().filename().string());
+    const bool directory = step && it->is_directory(ec);
+    if (ec) break;  // (before the increment, which would clear it)
+    std::error_code absent;  // set when there is no manifest: not an error
+    const bool has_manifest = directory && std::filesystem::is_regular_file(it->path() / manifest_file_name, absent);
+    if (directory) (has_manifest ? complete : incomplete).emplace_back(*step, it->path());
   }
+  if (ec) fail(root, "cannot list the checkpoints to remove old ones: ", ec.message());
   if (complete.empty()) return;
   std::sort(complete.begin(), complete.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::filesystem::path> doomed;
@@ -445,7 +478,6 @@ inline void Checkpointer::remove_old_checkpoints(const std::filesystem::path& ro
   for (const auto& [step, dir] : incomplete)
     if (step < complete.front().first) doomed.push_back(dir);
   for (const auto& dir : doomed) {
-    std::error_code ec;
     if (std::filesystem::remove(dir / manifest_file_name, ec)) fsync_directory(dir);  // no longer a checkpoint
     if (ec) fail(dir / manifest_file_name, "cannot remove it to retire the checkpoint: ", ec.message());
     std::filesystem::remove_all(dir, ec);
@@ -551,6 +583,33 @@ class CheckpointReader {
   // Bytes read from rank files so far.
   std::uint64_t bytes_read() const { return bytes_read_; }
 
+  // Checks rank file `index` (into the manifest's files) as a load reads it,
+  // all of it: present, of the size the manifest recorded, its header holding
+  // every tensor with the recorded type and element count, and (with
+  // `checksums`) every chunk matching its checksum, reading through the I/O
+  // buffer. Throws CheckpointError naming the file and what is wrong.
+  void verify_file(std::size_t index, bool checksums = true) {
+    require(index < manifest_.files.size(), dir_.string(), ": verify_file(", index, "): the manifest lists ",
+            manifest_.files.size(), " files");
+    const FileRecord& f = manifest_.files[index];
+    const SafetensorsReader& r = file(f);
+    std::vector<char> piece;
+    for (const TensorRecord& t : f.tensors) {
+      entry(r, t);
+      if (!checksums) continue;
+      const DType type = manifest_.slots[t.slot].dtype;
+      // Whole checksum chunks at a time (chunk_bytes is a multiple of 8, so
+      // of every element size): no chunk is read twice.
+      const std::uint64_t chunk = manifest_.checksum_chunk_bytes;
+      const std::uint64_t per_piece = std::max<std::uint64_t>(chunk, io_buffer_bytes_ / chunk * chunk) / dtype_bytes(type);
+      for (std::uint64_t first = 0; first < t.count; first += per_piece) {
+        const std::uint64_t n = std::min(per_piece, t.count - first);
+        piece.resize(static_cast<std::size_t>(n * dtype_bytes(type)));
+        read_tensor(f, t, first, n, piece.data(), type);
+      }
+    }
+  }
+
   // Elements [begin, begin + count) of unit `unit` in slot `slot` (indices
   // into the manifest's units and slots) into dst, converted to `to`.
   void read(std::size_t slot, std::size_t unit, std::uint64_t begin, std::uint64_t count, void* dst, DType to) {
@@ -581,17 +640,25 @@ class CheckpointReader {
     return open_.emplace(f.name, SafetensorsReader(path)).first->second;
   }
 
+  // Tensor t's entry in its file's header, with the type and element count
+  // the manifest recorded.
+  const TensorEntry& entry(const SafetensorsReader& r, const TensorRecord& t) const {
+    const DType type = manifest_.slots[t.slot].dtype;
+    const TensorEntry& e = r.at(t.name);
+    if (e.dtype != type || e.shape != std::vector<std::uint64_t>{t.count})
+      fail(r.path(), "tensor '", t.name, "' is ", tensor_type_name(e.dtype), " of ", e.end - e.begin,
+           " bytes, the manifest says ", tensor_type_name(tensor_type_of(type)), " of ", t.count, " elements");
+    return e;
+  }
+
   // Elements [first, first + n) of tensor t into dst (type `to`), reading
   // whole checksum chunks and verifying each.
   void read_tensor(const FileRecord& f, const TensorRecord& t, std::uint64_t first, std::uint64_t n, void* dst,
                    DType to) {
     const SafetensorsReader& r = file(f);
-    const TensorType type = manifest_.slots[t.slot].dtype;
-    const TensorEntry& e = r.at(t.name);
-    if (e.dtype != type || e.shape != std::vector<std::uint64_t>{t.count})
-      fail(r.path(), "tensor '", t.name, "' is ", tensor_type_name(e.dtype), " of ", e.end - e.begin,
-           " bytes, the manifest says ", tensor_type_name(type), " of ", t.count, " elements");
-    const std::uint64_t es = tensor_type_bytes(type), total = t.count * es, chunk = manifest_.checksum_chunk_bytes;
+    const DType type = manifest_.slots[t.slot].dtype;
+    const TensorEntry& e = entry(r, t);
+    const std::uint64_t es = dtype_bytes(type), total = t.count * es, chunk = manifest_.checksum_chunk_bytes;
     const std::uint64_t a = first * es, b = (first + n) * es;
     const std::uint64_t piece = std::max<std::uint64_t>(chunk, io_buffer_bytes_ / chunk * chunk);
     for (std::uint64_t at = a / chunk * chunk; at < b; at += piece) {
@@ -641,7 +708,8 @@ inline LoadResult load_checkpoint(const std::filesystem::path& path, StateSource
     detail::check_compatible(result.manifest, source, file);
     slots = source.slots();
     for (const SlotDesc& s : slots) {
-      const std::size_t i = result.manifest.slot_index(s.name);
+      std::size_t i = result.manifest.slot_index(s.name);
+      if (i == result.manifest.slots.size() && !s.saved_as.empty()) i = result.manifest.slot_index(s.saved_as);
       if (i == result.manifest.slots.size()) {
         if (s.required)
           fail(file, "has no state slot '", s.name, "' (it has ", [&] {

@@ -74,6 +74,17 @@ inline void fsync_directory(const std::filesystem::path& dir) {
   if (::fsync(fd.get()) != 0) fail(dir, "fsync of the directory failed: ", detail::errno_text(errno));
 }
 
+// Creates `dir` and its missing parents. A failure (a read-only file system,
+// a parent that is a file, no permission) is a CheckpointError naming `dir`,
+// `what` it is and the cause, not a std::filesystem::filesystem_error.
+inline void make_directories(const std::filesystem::path& dir, std::string_view what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    fail(dir, "cannot create ", what, ": ", ec.message(), " (errno ", ec.value(),
+         "); choose a directory on a writable file system, whose parents are directories you may write into");
+}
+
 // A file opened for reading at offsets. Every read is exact: a file shorter
 // than the range asked for is "truncated", naming both sizes.
 class ReadFile {

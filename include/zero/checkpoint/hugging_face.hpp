@@ -35,12 +35,13 @@ namespace zero::checkpoint {
 
 inline constexpr const char* hf_index_file_name = "model.safetensors.index.json";
 
-// A named tensor of the exported or imported model. For import, `dtype` is
-// the type the sink receives (the file's values are converted to it).
+// A named tensor of the exported or imported model: fp32, fp16 or bf16. For
+// import, `dtype` is the type the sink receives (the file's values are
+// converted to it).
 struct HfTensor {
   std::string name;
   std::vector<std::uint64_t> shape;
-  TensorType dtype = TensorType::F32;
+  DType dtype = DType::f32;
 };
 
 struct HfExportOptions {
@@ -79,8 +80,9 @@ inline HfExportResult hf_export(const std::filesystem::path& dir, const std::vec
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const HfTensor& t = tensors[i];
     require(names.insert(t.name).second, "hf_export: two tensors are named '", t.name, "'");
-    require(t.dtype != TensorType::I64, "hf_export: tensor '", t.name, "' must be F32, F16 or BF16");
-    const auto bytes = TensorSpec{t.name, t.dtype, t.shape}.checked_bytes();
+    require(is_stored_type(t.dtype), "hf_export: tensor '", t.name, "' is ", dtype_name(t.dtype),
+            ": export fp32, fp16 or bf16");
+    const auto bytes = TensorSpec{t.name, tensor_type_of(t.dtype), t.shape}.checked_bytes();
     require(bytes.has_value(), "hf_export: tensor '", t.name, "' has more bytes than fit in 64 bits");
     if (shards.empty() || (shard_bytes > 0 && shard_bytes + *bytes > options.max_shard_bytes)) {
       shards.emplace_back();
@@ -90,25 +92,25 @@ inline HfExportResult hf_export(const std::filesystem::path& dir, const std::vec
     shard_bytes += *bytes;
     result.total_size += *bytes;
   }
-  std::filesystem::create_directories(dir);
+  make_directories(dir, "the export directory");
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   std::vector<char> buffer(options.buffer_bytes);
   for (std::size_t s = 0; s < shards.size(); ++s) {
     // Larger elements first: every tensor starts aligned to its type.
     auto& order = shards[s];
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return tensor_type_bytes(tensors[a].dtype) > tensor_type_bytes(tensors[b].dtype);
+      return dtype_bytes(tensors[a].dtype) > dtype_bytes(tensors[b].dtype);
     });
     const std::string name = hf_shard_name(s, shards.size());
     std::vector<TensorSpec> specs;
     for (std::size_t i : order) {
-      specs.push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape});
+      specs.push_back({tensors[i].name, tensor_type_of(tensors[i].dtype), tensors[i].shape});
       weight_map[tensors[i].name] = name;
     }
     SafetensorsWriter out(dir / name, specs, {{"format", "pt"}}, 0);
     for (std::size_t k = 0; k < order.size(); ++k) {
       const std::size_t i = order[k];
-      const std::uint64_t es = tensor_type_bytes(tensors[i].dtype);
+      const std::uint64_t es = dtype_bytes(tensors[i].dtype);
       const std::uint64_t numel = specs[k].numel();
       const std::uint64_t per_piece = buffer.size() / es;
       for (std::uint64_t first = 0; first < numel; first += per_piece) {
@@ -175,11 +177,12 @@ class HfReader {
   const TensorEntry& tensor(std::string_view name) const { return file_of(name).at(name); }
 
   // Elements [first, first + count) of `name`, converted to `to`.
-  void read(std::string_view name, std::uint64_t first, std::uint64_t count, TensorType to, void* dst) const {
+  void read(std::string_view name, std::uint64_t first, std::uint64_t count, DType to, void* dst) const {
     const SafetensorsReader& f = file_of(name);
     const TensorEntry& t = f.at(name);
-    require(to != TensorType::I64 && t.dtype != TensorType::I64, f.path().string(), ": tensor '", name,
+    require(t.dtype != TensorType::I64, f.path().string(), ": tensor '", name,
             "' is I64: only floating-point tensors are imported");
+    require(is_stored_type(to), "HfReader::read of '", name, "' as ", dtype_name(to), ": read as fp32, fp16 or bf16");
     const std::uint64_t es = tensor_type_bytes(t.dtype);
     require(first <= t.numel() && count <= t.numel() - first, f.path().string(), ": elements [", first, ", +", count,
             ") of tensor '", name, "' which has ", t.numel());
@@ -189,7 +192,7 @@ class HfReader {
     }
     scratch_.resize(static_cast<std::size_t>(count * es));
     f.read(t, first * es, count * es, scratch_.data());
-    detail::convert_elements(scratch_.data(), t.dtype, dst, storage_type_of(to), count);
+    detail::convert_elements(scratch_.data(), storage_type_of(t.dtype), dst, to, count);
   }
 
   const std::filesystem::path& origin() const { return origin_; }
@@ -239,7 +242,7 @@ inline void hf_import(const std::filesystem::path& path, const std::vector<HfTen
   std::vector<char> buffer(buffer_bytes);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::uint64_t numel = reader.tensor(tensors[i].name).numel();
-    const std::uint64_t per_piece = buffer.size() / tensor_type_bytes(tensors[i].dtype);
+    const std::uint64_t per_piece = buffer.size() / dtype_bytes(tensors[i].dtype);
     for (std::uint64_t first = 0; first < numel; first += per_piece) {
       const std::uint64_t n = std::min(per_piece, numel - first);
       reader.read(tensors[i].name, first, n, tensors[i].dtype, buffer.data());
@@ -250,7 +253,7 @@ inline void hf_import(const std::filesystem::path& path, const std::vector<HfTen
 
 // The model's tensors as exported: every parameter of `units`, in order,
 // with the shape it was registered with, or flat ([numel]).
-inline std::vector<HfTensor> hf_tensors(const std::vector<UnitDesc>& units, TensorType dtype = TensorType::F32) {
+inline std::vector<HfTensor> hf_tensors(const std::vector<UnitDesc>& units, DType dtype = DType::f32) {
   std::vector<HfTensor> out;
   for (const UnitDesc& u : units)
     for (const ParamDesc& p : u.params) out.push_back({p.name, p.shape.empty() ? Shape{p.numel} : p.shape, dtype});
@@ -260,12 +263,12 @@ inline std::vector<HfTensor> hf_tensors(const std::vector<UnitDesc>& units, Tens
 // Exports the fp32 master of the checkpoint at `checkpoint` (a checkpoint
 // directory, or a root: its newest complete one) as a Hugging Face file set
 // in `out`, without the program that saved it: parameters named and shaped
-// as registered, in `dtype` (F32, or BF16/F16 rounded to nearest even).
+// as registered, in `dtype` (fp32, or bf16/fp16 rounded to nearest even).
 // Memory: the export buffer plus the reader's I/O buffer, whatever the
 // model size; every chunk read is checked against its checksum.
 inline HfExportResult hf_export_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
-                                           TensorType dtype = TensorType::F32, const HfExportOptions& options = {}) {
-  require(dtype != TensorType::I64, "hf_export_checkpoint: export as F32, BF16 or F16, not I64");
+                                           DType dtype = DType::f32, const HfExportOptions& options = {}) {
+  require(is_stored_type(dtype), "hf_export_checkpoint: export as fp32, bf16 or fp16, not ", dtype_name(dtype));
   CheckpointReader reader(checkpoint, options.buffer_bytes);
   const Manifest& m = reader.manifest();
   const std::size_t master = m.slot_index("master");
@@ -278,7 +281,7 @@ inline HfExportResult hf_export_checkpoint(const std::filesystem::path& checkpoi
   return hf_export(
       out, hf_tensors(m.units, dtype),
       [&](std::size_t t, std::uint64_t first, std::uint64_t count, void* dst) {
-        reader.read(master, where[t].first, where[t].second->offset + first, count, dst, storage_type_of(dtype));
+        reader.read(master, where[t].first, where[t].second->offset + first, count, dst, dtype);
       },
       options);
 }

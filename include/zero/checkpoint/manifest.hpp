@@ -71,13 +71,18 @@ struct UnitDesc {
 };
 
 // A state slot: one value per element of every unit ("master", "exp_avg",
-// "exp_avg_sq", "momentum", "param"). A slot that is not `required` may be
+// "exp_avg_sq", "momentum", "param"; "state<k>" for an optimizer without
+// state_names). A slot that is not `required` may be
 // absent from a checkpoint (the 16-bit "param" copy when resuming a run saved
 // in fp32: the caller derives it from the master).
 struct SlotDesc {
   std::string name;
   DType dtype = DType::f32;
   bool required = true;
+  // Another name a checkpoint may give the slot, loaded when `name` is not
+  // there: "state0" for "exp_avg" (what checkpoints said before slots were
+  // named after the optimizer's state).
+  std::string saved_as = {};
 };
 
 struct LossScalerState {
@@ -120,7 +125,7 @@ struct FileRecord {
 
 struct SavedSlot {
   std::string name;
-  TensorType dtype = TensorType::F32;
+  DType dtype = DType::f32;  // fp32, fp16 or bf16 (the header says "F32", "F16", "BF16")
 };
 
 struct Manifest {
@@ -272,7 +277,7 @@ inline void validate_manifest(const Manifest& m, const std::filesystem::path& fi
       if (t.count == 0 || t.begin > u.numel || t.count > u.numel - t.begin)
         fail(file, "file '", f.name, "': tensor '", t.name, "' holds elements [", t.begin, ", +", t.count, ") of unit '",
              u.name, "', which has ", u.numel);
-      const std::uint64_t bytes = t.count * tensor_type_bytes(m.slots[t.slot].dtype);  // count <= 2^56: no overflow
+      const std::uint64_t bytes = t.count * dtype_bytes(m.slots[t.slot].dtype);  // count <= 2^56: no overflow
       if (t.chunk_xxh3.size() != chunks_of(bytes, m.checksum_chunk_bytes))
         fail(file, "file '", f.name, "': tensor '", t.name, "' has ", t.chunk_xxh3.size(), " checksums for ",
              chunks_of(bytes, m.checksum_chunk_bytes), " chunks");
@@ -351,7 +356,7 @@ inline nlohmann::json manifest_to_json(const Manifest& m) {
   j["extra"] = m.run.extra;
   j["checksum"] = {{"algorithm", checksum_algorithm}, {"chunk_bytes", m.checksum_chunk_bytes}};
   json slots = json::array();
-  for (const auto& s : m.slots) slots.push_back({{"name", s.name}, {"dtype", tensor_type_name(s.dtype)}});
+  for (const auto& s : m.slots) slots.push_back({{"name", s.name}, {"dtype", tensor_type_name(tensor_type_of(s.dtype))}});
   j["slots"] = slots;
   json units = json::array();
   for (const auto& u : m.units) {
@@ -410,7 +415,7 @@ inline Manifest parse_manifest(std::string_view text, const std::filesystem::pat
     const std::string type = f.str(slots[i], w, "dtype");
     const auto t = parse_tensor_type(type);
     if (!t || *t == TensorType::I64) fail(file, "field '", w, ".dtype' is \"", type, "\", not one of F32, F16, BF16");
-    s.dtype = *t;
+    s.dtype = storage_type_of(*t);
     m.slots.push_back(std::move(s));
   }
   const auto& units = f.array(j, "", "units");

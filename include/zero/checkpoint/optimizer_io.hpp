@@ -14,18 +14,22 @@
 //   opt.load("ckpt");            // collective: the newest complete checkpoint under ckpt/
 //   opt.load_hf("hf/");          // collective: parameters from Hugging Face safetensors, by name
 //
-// Slots: "master" (fp32; the parameters themselves in fp32 training),
-// "state0".."stateK-1" (the optimizer's fp32 state), and "param" (the 16-bit
-// copy, so stochastic rounding resumes bit for bit; optional: a run in
-// another precision derives it from the master).
+// Slots: "master" (fp32; the parameters themselves in fp32 training), the
+// optimizer's fp32 state by its state_names ("exp_avg", "exp_avg_sq";
+// "momentum"; "state0".."stateK-1" for a policy without names, which is
+// also what checkpoints before names say, and still load), and "param" (the
+// 16-bit copy, so stochastic rounding resumes bit for bit; optional: a run
+// in another precision derives it from the master).
 #pragma once
 
 #include "zero/config.hpp"
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +58,19 @@ nlohmann::json hyper_json(const Hyper& h) {
   if constexpr (requires { h.weight_decay; }) j["weight_decay"] = h.weight_decay;
   if constexpr (requires { h.nesterov; }) j["nesterov"] = h.nesterov;
   return j;
+}
+// State slot k of the optimizer policy P: P::state_names[k] when it has
+// names, else "state<k>" (the name every checkpoint had before names).
+inline std::string numbered_state_name(int k) { return "state" + std::to_string(k); }
+template <class P>
+std::string state_name(int k) {
+  if constexpr (requires { P::state_names[0]; }) {
+    static_assert(std::size(P::state_names) == static_cast<std::size_t>(P::state_slots),
+                  "an optimizer's state_names must name each of its state_slots slots, in order");
+    return P::state_names[k];
+  } else {
+    return numbered_state_name(k);
+  }
 }
 // The layout's units and parameters as the checkpoint layer describes them
 // (plain functions: one copy for every optimizer type, not one each).
@@ -111,7 +128,9 @@ struct OptimizerIo {
     std::vector<UnitDesc> units() const override { return detail::unit_descs(opt_.layout_); }
     std::vector<SlotDesc> slots() const override {
       std::vector<SlotDesc> s{{"master", DType::f32, true}};
-      for (int k = 0; k < state_slots; ++k) s.push_back({"state" + std::to_string(k), DType::f32, true});
+      for (int k = 0; k < state_slots; ++k)
+        s.push_back({detail::state_name<typename Opt::optimizer_policy>(k), DType::f32, true,
+                     detail::numbered_state_name(k)});
       if constexpr (mixed) s.push_back({"param", dtype_traits<param_type>::dtype, false});
       return s;
     }
@@ -187,12 +206,16 @@ struct OptimizerIo {
   }
 
   // Collective: the optimizer's state into `dir`; `extra` (the trainer's
-  // epoch, data order, ...) is kept in the manifest for its resume.
+  // epoch, data order, ...) is kept in the manifest for its resume: pass it
+  // as {.extra = j} or as the json itself. (The json overloads are templates
+  // taking exactly nlohmann::json, so that `{}` and `{.async = true}` mean
+  // the options, not an empty json: unambiguous.)
   static void save(Opt& opt, const std::string& dir, SaveOptions options = {}) {
     const comm::ApiCall api_call("save");  // names this call in communicator errors (zero/comm/communicator.hpp)
     write(opt, dir, std::nullopt, std::move(options));
   }
-  static void save(Opt& opt, const std::string& dir, nlohmann::json extra) {
+  template <std::same_as<nlohmann::json> Json>
+  static void save(Opt& opt, const std::string& dir, Json extra) {
     save(opt, dir, SaveOptions{.extra = std::move(extra)});
   }
 
@@ -205,7 +228,8 @@ struct OptimizerIo {
     write(opt, dir, root, std::move(options));
     return dir;
   }
-  static std::filesystem::path save_step(Opt& opt, const std::string& root, nlohmann::json extra) {
+  template <std::same_as<nlohmann::json> Json>
+  static std::filesystem::path save_step(Opt& opt, const std::string& root, Json extra) {
     return save_step(opt, root, SaveOptions{.extra = std::move(extra)});
   }
 
@@ -253,7 +277,7 @@ struct OptimizerIo {
       reader.emplace(path);
       std::vector<HfTensor> wanted;
       for (const ParamInfo& p : params) {
-        HfTensor t{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, TensorType::F32};
+        HfTensor t{p.name, p.shape.empty() ? Shape{p.numel} : p.shape, DType::f32};
         // Registered flat: any shape of its element count (a PyTorch
         // state dict's [out, in] into a flat parameter).
         if (p.shape.empty() && reader->contains(p.name)) {
@@ -271,7 +295,7 @@ struct OptimizerIo {
     for (std::size_t p = 0; p < params.size(); ++p) {
       detail::on_every_rank(c, path, "reading parameter '" + params[p].name + "'", [&] {
         values.resize(params[p].numel);
-        reader->read(params[p].name, 0, params[p].numel, TensorType::F32, values.data());
+        reader->read(params[p].name, 0, params[p].numel, DType::f32, values.data());
       });
       opt.set_param(ParamId{p}, values.data());
     }

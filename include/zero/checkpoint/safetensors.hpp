@@ -36,7 +36,13 @@
 
 namespace zero::checkpoint {
 
-// The element types the files hold, spelled as safetensors spells them.
+// The element types a safetensors header may declare, spelled as it spells
+// them: what a file holds, I64 included (Hugging Face files keep integer
+// buffers such as position_ids, which the reader must parse past). Values
+// the library reads or writes are typed zero::DType everywhere (slots,
+// exports, reads); a TensorType compares equal to the DType it stores
+// (TensorType::BF16 == DType::bf16), and tensor_type_of/storage_type_of
+// convert.
 enum class TensorType : std::uint8_t { F32, F16, BF16, I64 };
 
 inline constexpr const char* tensor_type_name(TensorType t) {
@@ -81,6 +87,19 @@ inline DType storage_type_of(TensorType t) {
     case TensorType::I64: break;
   }
   throw InvalidArgument("safetensors: I64 tensors hold no floating-point state");
+}
+
+// The floating-point storage types, the ones files hold values of.
+inline constexpr bool is_stored_type(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+
+inline constexpr bool operator==(TensorType a, DType b) {
+  switch (a) {
+    case TensorType::F32: return b == DType::f32;
+    case TensorType::F16: return b == DType::f16;
+    case TensorType::BF16: return b == DType::bf16;
+    case TensorType::I64: return false;
+  }
+  return false;
 }
 
 // A tensor as declared to the writer.

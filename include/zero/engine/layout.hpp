@@ -20,6 +20,7 @@
 
 #include "zero/engine/agreement.hpp"
 #include "zero/error.hpp"
+#include "zero/names.hpp"
 #include "zero/shape.hpp"
 
 namespace zero {
@@ -64,13 +65,16 @@ class Layout {
   UnitId add_unit(std::string name) {
     require(!finalized_, "add_unit('", name, "') after finalize(): register every unit and parameter first");
     require(!name.empty(), "add_unit: the unit name is empty; give each unit a name (e.g. the layer's)");
+    require_utf8_name("add_unit", "unit", name);  // unit names are part of every checkpoint tensor's name
     require(unit_names_.insert(name).second, "add_unit: a unit named '", name, "' already exists");
     units_.push_back(UnitInfo{std::move(name), {}, 0, 0, 0, 0, 0, {}});
     return UnitId{units_.size() - 1};
   }
 
-  // `shape`, when given, must hold exactly `numel` elements.
+  // `shape`, when given, must hold exactly `numel` elements. `name` must be
+  // one a checkpoint and a Hugging Face export can hold (require_saveable_name).
   ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape = {}) {
+    require_saveable_name("add_param", "parameter", name);
     require(!finalized_, "add_param('", name, "') after finalize(): register every parameter first");
     require(unit.index < units_.size(), "add_param('", name, "'): unit id ", unit.index, " does not exist (",
             units_.size(), " units registered)");

@@ -97,8 +97,12 @@ struct Options {
             "; page-locked host memory is locked in pieces of at least one 4 KiB page: use 1 GiB (the default)");
     require(delayed_update_warmup >= 0, "Options::delayed_update_warmup is ", delayed_update_warmup,
             "; it must be >= 0 (steps updated in place before the update is delayed)");
+    // The least any optimizer needs (no state slots); offload::Nvme checks
+    // its own optimizer's (12 KiB per array) at finalize().
     require(nvme.window_bytes >= (std::size_t{3} << 12), "Options::nvme.window_bytes is ", nvme.window_bytes,
-            "; the window holds three chunks of at least 4 KiB per array: give it 64 MiB or more");
+            "; the window holds three chunks of at least 4 KiB for each array (the master and every state slot): "
+            "it must be at least 12 KiB x (1 + the optimizer's state slots), 36 KiB for Adam; 64 MiB (the "
+            "default) streams well");
     const auto& ls = loss_scale;
     require(std::isfinite(ls.initial_scale) && ls.initial_scale >= 1, "Options::loss_scale.initial_scale is ",
             ls.initial_scale, "; it must be >= 1");

@@ -79,6 +79,18 @@ namespace checkpoint {
 // (needs nlohmann-json and xxHash), included only by programs that checkpoint.
 template <class Opt>
 struct OptimizerIo;
+// The Io of save/load/load_hf once its header is included; without it, this
+// static_assert instead of "invalid use of incomplete type". (Named through
+// the member template's parameter: checked where a call is compiled.)
+template <class Io>
+struct IncludedIo {
+  static_assert(requires { sizeof(Io); },
+                "opt.save, opt.load and opt.load_hf need #include \"zero/checkpoint/optimizer_io.hpp\" (which needs "
+                "nlohmann-json and xxHash: apt install nlohmann-json3-dev libxxhash-dev)");
+  using type = Io;
+};
+template <class Io>
+using Included = typename IncludedIo<Io>::type;
 // A save still being written in the background (save(dir, {.async = true})):
 // the optimizer completes it (collective) at wait_save(), at the next save
 // or load, and when it is destroyed.
@@ -258,7 +270,7 @@ class ZeroOptimizer {
   // memory and writes in the background; the checkpoint exists once
   // wait_save(), the next save or load, or the destructor completes it.
   template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
-  void save(const std::string& dir, typename Io::SaveOptions options = {}) {
+  void save(const std::string& dir, typename checkpoint::Included<Io>::SaveOptions options = {}) {
     Io::save(*this, dir, std::move(options));
   }
   // Collective. Completes a background save: waits for this rank's file,
@@ -274,7 +286,7 @@ class ZeroOptimizer {
   // directory or a root holding step-* checkpoints (the newest complete one).
   template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
   auto load(const std::string& path) {
-    return Io::load(*this, path);
+    return checkpoint::Included<Io>::load(*this, path);
   }
   // Collective. Sets every parameter from a Hugging Face safetensors file set
   // (a .safetensors file, a model.safetensors.index.json, or a directory
@@ -284,7 +296,7 @@ class ZeroOptimizer {
   // optimizer state and the step counter are left as they are.
   template <class Io = checkpoint::OptimizerIo<ZeroOptimizer>>
   void load_hf(const std::string& path) {
-    Io::load_hf(*this, path);
+    checkpoint::Included<Io>::load_hf(*this, path);
   }
 
   double loss_scale() const { return control_.scaler().scale(); }

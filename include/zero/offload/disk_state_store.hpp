@@ -63,6 +63,13 @@ class DiskStateStore {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
             "files of the master weights and optimizer state");
+    // Three chunks of at least one 4 KiB block per array; a smaller window
+    // would be silently exceeded.
+    const std::size_t least = std::size_t{window_slots} * disk_alignment * arrays;
+    require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
+            "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
+            state_slots, " state slot(s) of ", Optimizer::name, "): it must be at least ", least,
+            " bytes; 64 MiB (the default) streams well");
     owned_ = owned;
     chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned);
     chunks_ = (owned + chunk_ - 1) / chunk_;
@@ -72,6 +79,7 @@ class DiskStateStore {
     disk.block_bytes = options_.block_bytes;
     disk.queue_depth = options_.queue_depth;
     disk.direct = options_.direct;
+    disk.option_names = "Options::nvme.";  // what the engine's users set
     swap_ = std::make_unique<DiskSwap>(checked_mul(std::max<std::size_t>(chunks_, 1), record_bytes(), "the swap file"),
                                        disk, rank_);
     window_ = AlignedBuffer<float>(record_floats_ * window_slots);

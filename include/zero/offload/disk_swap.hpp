@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -62,19 +63,23 @@ struct DiskOptions {
   std::size_t block_bytes = std::size_t{1} << 20;  // bytes per request (a multiple of 4096)
   unsigned queue_depth = 16;                      // requests in flight per file
   bool direct = true;                             // O_DIRECT (falls back to buffered where refused)
+  // How error messages name these fields: the engine's disk tier sets
+  // "Options::nvme.", the options its users set.
+  const char* option_names = "zero::offload::DiskOptions::";
+
+  std::string option(const char* field) const { return std::string(option_names) + field; }
 
   void validate() const {
-    require(!directory.empty(),
-            "zero::offload::DiskOptions::directory is empty: name a directory on a fast local disk (NVMe) for the "
-            "swap files");
-    require(block_bytes >= disk_alignment && block_bytes % disk_alignment == 0,
-            "zero::offload::DiskOptions::block_bytes = ", block_bytes,
+    require(!directory.empty(), option("directory"),
+            " is empty: name a directory on a fast local disk (NVMe) for the swap files");
+    require(block_bytes >= disk_alignment && block_bytes % disk_alignment == 0, option("block_bytes"), " = ",
+            block_bytes,
             " is not a positive multiple of 4096 (O_DIRECT moves whole 4 KiB blocks); use a power of two such as "
             "1048576 (1 MiB)");
-    require(block_bytes <= max_block_bytes, "zero::offload::DiskOptions::block_bytes = ", block_bytes,
+    require(block_bytes <= max_block_bytes, option("block_bytes"), " = ", block_bytes,
             " is above 1 GiB, more than one request can carry; use 1 MiB to 4 MiB");
-    require(queue_depth >= 1 && queue_depth <= max_queue_depth, "zero::offload::DiskOptions::queue_depth = ",
-            queue_depth, " is outside 1..", max_queue_depth, "; 8 to 32 requests in flight suit an NVMe drive");
+    require(queue_depth >= 1 && queue_depth <= max_queue_depth, option("queue_depth"), " = ", queue_depth,
+            " is outside 1..", max_queue_depth, "; 8 to 32 requests in flight suit an NVMe drive");
   }
 };
 
@@ -102,10 +107,11 @@ inline std::atomic<bool>& buffered_notice_printed() {
   return printed;
 }
 
-[[noreturn]] inline void throw_create_error(const std::string& path, int e) {
+// `directory_option`: the option that names the directory, as the caller set it.
+[[noreturn]] inline void throw_create_error(const std::string& path, int e, std::string_view directory_option) {
   throw IoError(zero::detail::concat("zero::offload::DiskSwap: cannot create the swap file ", path, ": ",
-                                     errno_text(e),
-                                     ". Set DiskOptions::directory to a directory that exists and that this "
+                                     errno_text(e), ". Set ", directory_option,
+                                     " to a directory that exists and that this "
                                      "process can write, on a local disk with room for the optimizer state"));
 }
 
@@ -114,16 +120,17 @@ inline std::atomic<bool>& buffered_notice_printed() {
 // is refused with EINVAL (tmpfs before Linux 6.6, ramfs, some network
 // filesystems) the file is opened for buffered I/O instead, with a one-line
 // notice on stderr, once per process.
-inline OpenedFile open_swap_file(const std::string& path, bool want_direct, OpenFunction open_fn = open_file) {
+inline OpenedFile open_swap_file(const std::string& path, bool want_direct, OpenFunction open_fn = open_file,
+                                 std::string_view directory_option = "zero::offload::DiskOptions::directory") {
   const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
   if (want_direct) {
     const int fd = open_fn(path.c_str(), flags | O_DIRECT, 0600);
     if (fd >= 0) return {fd, true};
-    if (errno != EINVAL) throw_create_error(path, errno);
+    if (errno != EINVAL) throw_create_error(path, errno, directory_option);
     // Some filesystems create the file before they refuse O_DIRECT; the name
     // is this process's own (pid and counter), so no O_EXCL the second time.
     const int buffered = open_fn(path.c_str(), flags & ~O_EXCL, 0600);
-    if (buffered < 0) throw_create_error(path, errno);
+    if (buffered < 0) throw_create_error(path, errno, directory_option);
     if (!buffered_notice_printed().exchange(true))
       std::fprintf(stderr,
                    "zero::offload: the filesystem of %s refuses O_DIRECT; its swap files use buffered I/O through "
@@ -132,7 +139,7 @@ inline OpenedFile open_swap_file(const std::string& path, bool want_direct, Open
     return {buffered, false};
   }
   const int fd = open_fn(path.c_str(), flags, 0600);
-  if (fd < 0) throw_create_error(path, errno);
+  if (fd < 0) throw_create_error(path, errno, directory_option);
   return {fd, false};
 }
 
@@ -152,10 +159,10 @@ inline std::atomic<std::uint64_t>& swap_file_counter() {
 }
 
 // What to do about an errno from a read or write of a swap file.
-inline const char* io_advice(int e) {
+inline std::string io_advice(int e, std::string_view directory_option) {
   switch (e) {
     case ENOSPC:
-      return "free space on that disk or set DiskOptions::directory to one with room";
+      return zero::detail::concat("free space on that disk or set ", directory_option, " to one with room");
     case EFBIG:
       return "the file-size limit (ulimit -f, RLIMIT_FSIZE) or the filesystem's largest file is below the swap "
              "file's size; raise the limit or use another filesystem";
@@ -190,7 +197,8 @@ class DiskSwap {
     path_ = zero::detail::concat(options_.directory, options_.directory.back() == '/' ? "" : "/", "zero-swap-r",
                                  rank, "-", ::getpid(), "-", detail::swap_file_counter().fetch_add(1), ".bin");
     detail::ignore_file_size_signal();
-    const detail::OpenedFile file = detail::open_swap_file(path_, options_.direct);
+    const detail::OpenedFile file =
+        detail::open_swap_file(path_, options_.direct, detail::open_file, options_.option("directory"));
     fd_ = file.fd;
     direct_ = file.direct;
     try {
@@ -199,7 +207,7 @@ class DiskSwap {
       if (::fstat(fd_, &st) != 0) throw_errno("fstat", 0, 0, errno);
       device_ = st.st_dev;
       inode_ = st.st_ino;
-      ring_ = std::make_unique<detail::Uring>(options_.queue_depth);
+      ring_ = std::make_unique<detail::Uring>(options_.queue_depth, options_.option("queue_depth"));
     } catch (...) {
       ::close(fd_);
       ::unlink(path_.c_str());
@@ -438,7 +446,8 @@ class DiskSwap {
     }
     if (result <= 0) {
       if (result < 0)
-        error = describe(op, at, left, detail::errno_text(-result), detail::io_advice(-result));
+        error = describe(op, at, left, detail::errno_text(-result),
+                         detail::io_advice(-result, options_.option("directory")));
       else if (r.write)
         error = describe(op, at, left, "the write made no progress (0 bytes written)",
                          "check the disk's free space and the file-size limit (ulimit -f)");
@@ -529,26 +538,29 @@ class DiskSwap {
   }
 
   std::string describe(const char* op, std::size_t offset, std::size_t bytes, const std::string& cause,
-                       const char* advice) const {
+                       std::string_view advice) const {
     return zero::detail::concat("zero::offload::DiskSwap: ", op, " of ", bytes, " bytes at byte offset ", offset,
                                 " of ", path_, " failed: ", cause, ". What to do: ", advice);
   }
 
   [[noreturn]] void throw_errno(const char* call, std::size_t offset, std::size_t bytes, int e) const {
-    throw IoError(describe(call, offset, bytes, detail::errno_text(e), detail::io_advice(e)));
+    throw IoError(
+        describe(call, offset, bytes, detail::errno_text(e), detail::io_advice(e, options_.option("directory"))));
   }
 
   void check_directory() const {
     struct stat st {};
     const std::string& dir = options_.directory;
-    if (::stat(dir.c_str(), &st) != 0)
+    if (::stat(dir.c_str(), &st) != 0) {
+      const int e = errno;
       throw IoError(zero::detail::concat(
-          "zero::offload::DiskSwap: the swap directory ", dir, " cannot be used: ", detail::errno_text(errno),
-          errno == ENOENT ? ". Create it (mkdir -p) or set DiskOptions::directory to an existing directory"
-                          : ". Set DiskOptions::directory to a directory on a local disk that this process can write"));
+          "zero::offload::DiskSwap: the swap directory ", dir, " cannot be used: ", detail::errno_text(e),
+          e == ENOENT ? ". Create it (mkdir -p) or set " : ". Set ", options_.option("directory"),
+          e == ENOENT ? " to an existing directory" : " to a directory on a local disk that this process can write"));
+    }
     if (!S_ISDIR(st.st_mode))
-      throw IoError("zero::offload::DiskSwap: the swap directory " + dir +
-                    " is not a directory. Set DiskOptions::directory to a directory on a local disk");
+      throw IoError(zero::detail::concat("zero::offload::DiskSwap: the swap directory ", dir, " is not a directory. Set ",
+                                         options_.option("directory"), " to a directory on a local disk"));
   }
 
   // Reserves the file's blocks now, so a disk too small fails here and not
@@ -558,8 +570,8 @@ class DiskSwap {
     if (e == EOPNOTSUPP) e = ::posix_fallocate(fd_, 0, static_cast<off_t>(size_));
     if (e != 0)
       throw IoError(describe("preallocation", 0, size_, detail::errno_text(e),
-                             e == ENOSPC || e == EFBIG ? detail::io_advice(e)
-                                                       : "choose a directory on a local disk (ext4, xfs)"));
+                             e == ENOSPC || e == EFBIG ? detail::io_advice(e, options_.option("directory"))
+                                                       : std::string("choose a directory on a local disk (ext4, xfs)")));
   }
 
   // The file at path_ is still this file (not removed or replaced) and has

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include "zero/error.hpp"
@@ -27,13 +28,14 @@ inline std::string errno_text(int e) { return std::error_code(e, std::generic_ca
 // Not thread-safe: one thread drives it.
 class Uring {
  public:
-  explicit Uring(unsigned entries) {
+  // `queue_depth_option`: the option that set `entries`, as the caller named it.
+  explicit Uring(unsigned entries, std::string_view queue_depth_option = "zero::offload::DiskOptions::queue_depth") {
     const int rc = io_uring_queue_init(entries, &ring_, 0);
     if (rc < 0)
       throw IoError(zero::detail::concat(
           "zero::offload: io_uring_queue_init(", entries, ") failed: ", errno_text(-rc),
           ". The disk tier needs io_uring (Linux 5.6 or newer, not disabled by sysctl kernel.io_uring_disabled "
-          "or a container's seccomp profile); lower DiskOptions::queue_depth if the cause is ENOMEM"));
+          "or a container's seccomp profile); lower ", queue_depth_option, " if the cause is ENOMEM"));
   }
   Uring(const Uring&) = delete;
   Uring& operator=(const Uring&) = delete;

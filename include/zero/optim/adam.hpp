@@ -86,7 +86,8 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE void adam_moments_and_step(const AdamScalars&
 // Adam (Kingma & Ba), with optional L2 weight decay added to the gradient.
 struct Adam {
   static constexpr const char* name = "adam";
-  static constexpr int state_slots = 2;  // exp_avg, exp_avg_sq
+  static constexpr int state_slots = 2;
+  static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};  // torch.optim.Adam's
   using Hyper = AdamHyper;
   using Scalars = AdamScalars;
 
@@ -105,6 +106,7 @@ struct Adam {
 struct AdamW {
   static constexpr const char* name = "adamw";
   static constexpr int state_slots = 2;
+  static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};
   struct Hyper : AdamHyper {
     Hyper() { weight_decay = 1e-2; }  // torch.optim.AdamW's default
   };

@@ -18,9 +18,11 @@ namespace zero::optim {
 template <class Opt>
 concept Policy = requires(const typename Opt::Hyper& hyper, const typename Opt::Scalars& scalars, float& w,
                           const float& g, float* state, std::int64_t step) {
-  // A short lower-case name for reports (and the planned checkpoints): "adamw".
+  // A short lower-case name for reports and checkpoints: "adamw".
   { Opt::name } -> std::convertible_to<const char*>;
   // fp32 values kept per parameter (Adam: m and v; Sgd: the momentum buffer).
+  // Optional: `static constexpr const char* state_names[]`, one per slot,
+  // names them in checkpoints ("exp_avg"); without it they are "state0"...
   { Opt::state_slots } -> std::convertible_to<int>;
   // Runtime hyper-parameters; validate() throws zero::InvalidArgument naming the field.
   hyper.validate();

@@ -18,6 +18,7 @@ struct Sgd {
   // The momentum buffer. It is kept (and counted in memory reports) even when
   // momentum is 0, so that the state layout does not depend on a runtime value.
   static constexpr int state_slots = 1;
+  static constexpr const char* state_names[] = {"momentum"};
 
   struct Hyper {  // doubles, like the Python floats torch.optim receives
     double lr = 1e-2;
