@@ -26,9 +26,10 @@ train_packages=(meson ninja-build g++ pkg-config libopenblas-dev zlib1g-dev libc
                 dataset-fashion-mnist python3 liburing-dev nlohmann-json3-dev libxxhash-dev)
 # What the whole test suite needs beyond that: Catch2, Open MPI for the MPI
 # communicator tests, CMake for the CMake-consumer test, clang (with its OpenMP
-# runtime) for the second compiler CI builds with and the fuzzers, and The
-# Devil's Dictionary, the GPT trainer's corpus.
-test_packages=(catch2 libopenmpi-dev openmpi-bin cmake clang libomp-dev dict-devil)
+# runtime) for the second compiler CI builds with and the fuzzers, The
+# Devil's Dictionary, the GPT trainer's corpus, and PyTorch, which evaluates
+# the checkpoint tool's Hugging Face export as an independent reference.
+test_packages=(catch2 libopenmpi-dev openmpi-bin cmake clang libomp-dev dict-devil python3-torch)
 
 say() { printf 'zero.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
