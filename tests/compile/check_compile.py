@@ -81,8 +81,9 @@ OLD_STANDARD_CASES = [
 
 # Headers that need something g++ alone does not have.
 SKIP = {"zero/comm/mpi.hpp", "zero/comm/mpi_c_api.hpp"}  # need mpi.h: compiled by the MPI tests
-# The disk tier needs liburing.h and xxhash.h: checked where they are installed.
-DISK_TIER = {"zero/offload/uring.hpp", "zero/offload/disk_swap.hpp", "zero/offload/disk_state_store.hpp"}
+# The disk tier needs liburing.h and xxhash.h (as zero/xxhash.hpp does): checked where they are installed.
+DISK_TIER = {"zero/offload/uring.hpp", "zero/offload/disk_swap.hpp", "zero/offload/disk_state_store.hpp",
+             "zero/xxhash.hpp"}
 DISK_TIER_PROBE = "#include <liburing.h>\n#include <xxhash.h>\nint main() {}\n"
 
 

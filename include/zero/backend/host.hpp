@@ -1,6 +1,6 @@
 // Why: the engine is written once against a small set of buffer operations;
-// this is the host implementation (CI runs the whole engine on it; the
-// planned ZeRO-Offload will run its CPU side on it too). Buffers are 64-byte
+// this is the host implementation (CI runs the whole engine on it, and
+// ZeRO-Offload runs its CPU side on it). Buffers (host_buffer.hpp) are 64-byte
 // aligned and allocated only when the optimizer is finalized; the allocation
 // counter lets tests prove that steady-state steps allocate nothing.
 #pragma once
@@ -15,6 +15,7 @@
 #include <new>
 #include <utility>
 
+#include "zero/backend/host_buffer.hpp"
 #include "zero/backend/ops.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/kernels/host_convert.hpp"
@@ -23,52 +24,6 @@
 #include "zero/precision/convert.hpp"
 
 namespace zero::backend {
-
-namespace detail {
-inline std::atomic<std::uint64_t>& host_allocations() {
-  static std::atomic<std::uint64_t> n{0};
-  return n;
-}
-}  // namespace detail
-
-// Owning, aligned, zero-initialised host array.
-template <class T>
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  explicit HostBuffer(std::size_t n) : n_(n) {
-    if (n == 0) return;
-    if (n > (static_cast<std::size_t>(-1) - 63) / sizeof(T)) throw std::bad_alloc();  // bytes would wrap
-    const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
-    if (data_ == nullptr) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
-    detail::host_allocations().fetch_add(1, std::memory_order_relaxed);
-  }
-  HostBuffer(HostBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  HostBuffer& operator=(HostBuffer&& o) noexcept {
-    if (this != &o) {
-      std::free(data_);
-      data_ = std::exchange(o.data_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer() { std::free(data_); }
-
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  std::size_t size() const { return n_; }
-  std::size_t bytes() const { return n_ * sizeof(T); }
-  // As a backend's PinnedBuffer: host memory is all the host backend has.
-  bool page_locked() const { return true; }
-
- private:
-  T* data_ = nullptr;
-  std::size_t n_ = 0;
-};
 
 template <>
 struct Ops<Host> {

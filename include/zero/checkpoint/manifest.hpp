@@ -10,18 +10,7 @@
 
 #include "zero/config.hpp"
 
-// xxHash compiled into the including program (no -lxxhash for a header-only
-// library); XXH_INLINE_ALL gives its symbols private names, so a program that
-// also links libxxhash sees no clash.
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#define ZERO_DEFINED_XXH_INLINE_ALL
-#endif
-#include <xxhash.h>
-#ifdef ZERO_DEFINED_XXH_INLINE_ALL
-#undef XXH_INLINE_ALL
-#undef ZERO_DEFINED_XXH_INLINE_ALL
-#endif
+#include "zero/xxhash.hpp"  // (xxHash compiled in, header only)
 
 #include <algorithm>
 #include <cstdint>

@@ -38,15 +38,7 @@
 #include <utility>
 #include <vector>
 
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#define ZERO_DEFINED_XXH_INLINE_ALL
-#endif
-#include <xxhash.h>
-#ifdef ZERO_DEFINED_XXH_INLINE_ALL
-#undef XXH_INLINE_ALL
-#undef ZERO_DEFINED_XXH_INLINE_ALL
-#endif
+#include "zero/xxhash.hpp"  // (xxHash compiled in, header only)
 
 #include "zero/error.hpp"
 #include "zero/offload/aligned_buffer.hpp"
