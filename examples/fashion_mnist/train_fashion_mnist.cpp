@@ -233,6 +233,27 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
                 ranks, args.launch.comm.c_str(), args.zero.stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(), args.batch,
                 args.epochs, model.num_params());
 
+  // This rank's correct test predictions: each rank predicts a slice, the
+  // caller sums the counts.
+  auto count_correct = [&] {
+    const std::size_t per_rank = (data.test.count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+    const std::size_t begin = std::min(data.test.count, per_rank * static_cast<std::size_t>(comm.rank()));
+    const std::size_t end = std::min(data.test.count, begin + per_rank);
+    double correct = 0;
+    for (std::size_t b = begin; b < data.test.count && b < per_rank * static_cast<std::size_t>(comm.rank() + 1);) {
+      const int n = static_cast<int>(std::min<std::size_t>(1000, end - b));
+      predicted.resize(static_cast<std::size_t>(n));
+      model.predict(data.test.image(b), n, params, predicted.data());
+      for (int i = 0; i < n; ++i) correct += predicted[static_cast<std::size_t>(i)] == data.test.labels[b + static_cast<std::size_t>(i)];
+      b += static_cast<std::size_t>(n);
+    }
+    // Ranks run the same number of predict calls (stage 3 gathers are collective).
+    const int my_batches = static_cast<int>((end - begin + 999) / 1000);
+    const int max_batches = static_cast<int>((per_rank + 999) / 1000);
+    for (int extra = my_batches; extra < max_batches; ++extra) model.predict(data.test.image(0), 1, params, predicted.data());
+    return correct;
+  };
+
   // Checkpoints: where the run is (its step count is the optimizer's), what
   // must match to continue it, and the epoch's loss so far.
   std::size_t start_step = 0;
@@ -252,9 +273,12 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
                     "; resume with the same --batch, --epochs, --seed and --lr");
     start_step = static_cast<std::size_t>(opt.step_count());
     resumed_loss_mean_sum = extra.value("epoch_loss_mean_sum", 0.0);
-    if (lead)
+    if (lead && start_step < total_steps)
       std::printf("resumed from %s at step %zu (epoch %zu)\n", loaded.directory.string().c_str(), start_step,
                   start_step / steps_per_epoch + 1);
+    else if (lead)
+      std::printf("resumed from %s at step %zu (the last: training is complete)\n", loaded.directory.string().c_str(),
+                  start_step);
   }
   double loss_sum = 0;  // this rank's, over the epoch's steps
   zero::examples::CheckpointSaves saves(args, lead);
@@ -307,23 +331,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     last_train_comm = opt.comm_report();
 
-    // Test accuracy: each rank predicts a slice, the counts are summed.
-    const std::size_t per_rank = (data.test.count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
-    const std::size_t begin = std::min(data.test.count, per_rank * static_cast<std::size_t>(comm.rank()));
-    const std::size_t end = std::min(data.test.count, begin + per_rank);
-    double correct = 0;
-    for (std::size_t b = begin; b < data.test.count && b < per_rank * static_cast<std::size_t>(comm.rank() + 1);) {
-      const int n = static_cast<int>(std::min<std::size_t>(1000, end - b));
-      predicted.resize(static_cast<std::size_t>(n));
-      model.predict(data.test.image(b), n, params, predicted.data());
-      for (int i = 0; i < n; ++i) correct += predicted[static_cast<std::size_t>(i)] == data.test.labels[b + static_cast<std::size_t>(i)];
-      b += static_cast<std::size_t>(n);
-    }
-    // Ranks run the same number of predict calls (stage 3 gathers are collective).
-    const int my_batches = static_cast<int>((end - begin + 999) / 1000);
-    const int max_batches = static_cast<int>((per_rank + 999) / 1000);
-    for (int extra = my_batches; extra < max_batches; ++extra) model.predict(data.test.image(0), 1, params, predicted.data());
-    double totals[2] = {correct, loss_sum + resumed_loss_mean_sum};  // (each rank adds the mean: totals are means x ranks)
+    double totals[2] = {count_correct(), loss_sum + resumed_loss_mean_sum};  // (each rank adds the mean: totals are means x ranks)
     comm.all_reduce(totals, 2, zero::DType::f64, zero::comm::ReduceOp::sum, true);
     accuracy = totals[0] / static_cast<double>(data.test.count);
     if (lead) {
@@ -345,6 +353,11 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
       resumed_loss_mean_sum = 0;
       save();
     }
+  }
+  if (start_step >= total_steps) {  // resumed after the last step: no epoch ran to measure the model
+    double correct = count_correct();
+    comm.all_reduce(&correct, 1, zero::DType::f64, zero::comm::ReduceOp::sum, true);
+    accuracy = correct / static_cast<double>(data.test.count);
   }
   finish_saves();
   if (lead && !args.history_json.empty()) write_history(args.history_json, args, ranks, model.num_params(), history);

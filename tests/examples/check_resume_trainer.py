@@ -3,8 +3,9 @@
 steps is killed with SIGKILL right after its step-300 checkpoint (in epoch 2);
 resumed on the same configuration it must print the uninterrupted run's
 test_accuracy to the last digit, and resumed on other --ranks and --stage (and
-with --offload nvme) within 0.003. A directory without a complete checkpoint
-is a clear error. Skips (77) when the data set is not installed.
+with --offload nvme) within 0.003; resumed from its last step's checkpoint it
+prints the same test_accuracy without training. A directory without a
+complete checkpoint is a clear error. Skips (77) when the data set is not installed.
 
     check_resume_trainer.py TRAINER
 """
@@ -47,9 +48,14 @@ def main():
             failures.append(f"resumed on 4 ranks at stage 1: {moved}, uninterrupted {whole} (limit 0.003)")
         nvme = os.path.join(tmp, "swap")
         os.mkdir(nvme)
-        on_disk = last_accuracy(run([trainer] + BASE + ["--resume", ckpt, "--offload", "nvme", "--nvme-dir", nvme]))
+        on_disk = last_accuracy(run([trainer] + BASE + ["--resume", ckpt, "--offload", "nvme", "--nvme-dir", nvme,
+                                                        "--save", ckpt]))
         if on_disk != whole:
             failures.append(f"resumed with --offload nvme: {on_disk}, uninterrupted {whole}")
+        # That run saved its last step: resumed from there, only the evaluation is left.
+        complete = run([trainer] + BASE + ["--resume", ckpt])
+        if "training is complete" not in complete or last_accuracy(complete) != whole:
+            failures.append(f"resumed after the last step: {last_accuracy(complete)}, uninterrupted {whole}")
         empty = os.path.join(tmp, "empty")
         os.mkdir(empty)
         bad = subprocess.run([trainer] + BASE + ["--resume", empty], capture_output=True, text=True, timeout=120)
