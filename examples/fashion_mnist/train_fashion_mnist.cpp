@@ -254,9 +254,12 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
     return correct;
   };
 
-  // Checkpoints: where the run is (its step count is the optimizer's), what
-  // must match to continue it, and the epoch's loss so far.
+  // Checkpoints: where the run is, what must match to continue it, and the
+  // epoch's loss so far. Where the run is counts batches, not the optimizer's
+  // steps: fp16 skips the step of a batch whose gradients overflowed, and a
+  // resume at the optimizer's step count would train those batches again.
   std::size_t start_step = 0;
+  std::size_t batches_done = 0;
   double resumed_loss_mean_sum = 0;  // sum over the epoch's steps so far of the batch-mean loss
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
   auto run_identity = [&] {
@@ -271,7 +274,11 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
                     ": the checkpoint was saved by a run with --", key, " ",
                     extra.contains(key) ? extra[key].dump() : std::string("(none)"), ", this run has ", value.dump(),
                     "; resume with the same --batch, --epochs, --seed and --lr");
-    start_step = static_cast<std::size_t>(opt.step_count());
+    const std::int64_t position = zero::examples::resume_position(extra, "batches_done", opt.step_count());
+    zero::require(position >= 0 && static_cast<std::size_t>(position) <= total_steps, "--resume ",
+                  loaded.directory.string(), ": the checkpoint is at step ", position, ", outside the run's ",
+                  total_steps, " steps; is its manifest.json damaged?");
+    start_step = static_cast<std::size_t>(position);
     resumed_loss_mean_sum = extra.value("epoch_loss_mean_sum", 0.0);
     if (lead && start_step < total_steps)
       std::printf("resumed from %s at step %zu (epoch %zu)\n", loaded.directory.string().c_str(), start_step,
@@ -287,6 +294,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
     comm.all_reduce(&total, 1, zero::DType::f64, zero::comm::ReduceOp::sum, true);
     nlohmann::json extra = run_identity();
     extra["epoch_loss_mean_sum"] = resumed_loss_mean_sum + total / static_cast<double>(ranks);
+    zero::examples::record_position(extra, "batches_done", static_cast<std::int64_t>(batches_done), opt.step_count());
     saves.saved(opt.save_step(args.save_dir, saves.options(std::move(extra))));
   };
   auto finish_saves = [&] {
@@ -324,7 +332,8 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
       const float divisor = static_cast<float>(local_batch / opt.loss_scale());
       loss_sum += model.forward_backward(x.data(), y.data(), local_batch, params, grads, divisor);
       opt.step();
-      if (!args.save_dir.empty() && args.save_every > 0 && opt.step_count() % args.save_every == 0 &&
+      batches_done = epoch_start + s + 1;
+      if (!args.save_dir.empty() && args.save_every > 0 && batches_done % args.save_every == 0 &&
           s + 1 < steps_per_epoch)
         save();
     }
