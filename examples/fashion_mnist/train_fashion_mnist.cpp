@@ -32,6 +32,7 @@
 #include "common/cli.hpp"
 #include "common/openblas_core.hpp"
 #include "common/optimizer_type.hpp"
+#include "common/rank_errors.hpp"
 #include "common/training_optimizer.hpp"
 #include "zero/zero.hpp"
 
@@ -402,7 +403,7 @@ int main(int argc, char** argv) {
     double accuracy = 0;
     if (args.launch.comm == "local") {
       zero::comm::LocalGroup group(args.launch.ranks);
-      group.run([&](zero::comm::Local& comm) {
+      zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
         const double acc = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, data);
         if (comm.rank() == 0) accuracy = acc;
       });
@@ -431,7 +432,7 @@ int main(int argc, char** argv) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     zero::comm::abort_mpi_job(e.what());  // in an MPI run: ends every rank, as the others may wait for this one
 #endif
-    std::fprintf(stderr, "error: %s\n", e.what());
+    zero::examples::print_error(e.what());
     return 1;
   }
 }

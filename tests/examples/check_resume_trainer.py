@@ -6,8 +6,8 @@ test_accuracy to the last digit, and resumed on other --ranks and --stage (and
 with --offload nvme) within 0.003. Resumed from its last step's checkpoint it
 prints the same test_accuracy without training; in fp16, whose overflowing
 batches take no optimizer step, to the last digit too. A directory without a
-complete checkpoint is a clear error. Skips (77) when the data set is not
-installed.
+complete checkpoint, and a truncated rank file, are clear errors. Skips (77)
+when the data set is not installed.
 
     check_resume_trainer.py TRAINER
 """
@@ -75,6 +75,19 @@ def main():
         fp16_resumed = last_accuracy(run(fp16 + ["--resume", fp16_ckpt]))
         if fp16_resumed != fp16_whole:
             failures.append(f"fp16 resumed after its first checkpoint: {fp16_resumed}, uninterrupted {fp16_whole}")
+        # A damaged rank file fails the load on every rank; the rank that read
+        # it names it, the others say it failed elsewhere. Whichever rank
+        # fails first, the error names the file (five tries: it was a race).
+        four = [trainer, "--epochs", "1", "--ranks", "4", "--stage", "2", "--batch", "600"]
+        four_ckpt = os.path.join(tmp, "four")
+        run(four + ["--save", four_ckpt])
+        damaged = os.path.join(four_ckpt, "step-000000100", "rank-1-of-4.safetensors")
+        os.truncate(damaged, 1000)
+        for _ in range(5):
+            bad = subprocess.run(four + ["--resume", four_ckpt], capture_output=True, text=True, timeout=120)
+            if bad.returncode != 1 or damaged not in bad.stderr or "terminate" in bad.stderr:
+                failures.append(f"--resume with {damaged} truncated: exit {bad.returncode}, {bad.stderr[-600:]!r}")
+                break
         other_batch = subprocess.run([trainer] + BASE[:-4] + ["--batch", "128", "--seed", "3", "--resume", ckpt],
                                      capture_output=True, text=True, timeout=120)
         if other_batch.returncode == 0 or "--batch" not in other_batch.stderr + other_batch.stdout:
