@@ -205,7 +205,8 @@ class TrainerRun:
         return self
 
     def errors(self):
-        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
+        """Its `error:` lines (one per failed rank), joined by " | "."""
+        return " | ".join(line for line in self.stderr.splitlines() if line.startswith("error:"))
 
     def tail(self):
         return f"$ {' '.join(self.command)}\n{self.output[-1500:]}{self.stderr[-1500:]}"
@@ -366,11 +367,11 @@ def first_run_outcome(run, action, reference, ckpt, swap):
         return "finished" if accuracy == reference else f"FAIL: the saving run printed {accuracy}, uninterrupted {reference}"
     errors = run.errors()
     if action.startswith("fill-") and run.process.returncode == 1 and errors:
-        named = [d for d in (ckpt, swap) if d in errors[-1]]
-        if named and "too large" in errors[-1]:
+        named = [d for d in (ckpt, swap) if d in errors]
+        if named and "too large" in errors:
             return "stopped"
-        return f"FAIL: the run stopped on a full disk without naming the file: {errors[-1]}"
-    return f"FAIL: the run ended with exit code {run.process.returncode}: {(errors or ['no error line'])[-1]}"
+        return f"FAIL: the run stopped on a full disk without naming the file: {errors}"
+    return f"FAIL: the run ended with exit code {run.process.returncode}: {errors or 'no error line'}"
 
 
 def resume_outcome(run, reference, expected, ckpt, damage):
@@ -383,10 +384,12 @@ def resume_outcome(run, reference, expected, ckpt, damage):
     errors = run.errors()
     if run.process.returncode == 1 and errors:
         if expected is None:
-            return "refused" if ckpt in errors[-1] else f"FAIL: no checkpoint, and the error does not say where: {errors[-1]}"
-        if damage is not None and damage.kind != "latest" and os.path.basename(damage.path) in errors[-1]:
+            return "refused" if ckpt in errors else f"FAIL: no checkpoint, and the error does not say where: {errors}"
+        if damage is None or damage.kind == "latest":
+            return f"FAIL: refused the intact checkpoint {expected}: {errors}"
+        if os.path.basename(damage.path) in errors:
             return "refused"
-        return f"FAIL: refused the intact checkpoint {expected}: {errors[-1]}"
+        return f"FAIL: refused without naming the damaged {os.path.basename(damage.path)}: {errors}"
     if run.process.returncode != 0:
         return f"FAIL: the resumed run ended with exit code {run.process.returncode}"
     where = resumed_from(run.output)
@@ -422,7 +425,7 @@ def soak_round(trainer, seed, number, references, timeout, work):
     if before.startswith("FAIL"):
         return action, before, details + [first.tail()], directory
     if before == "stopped":
-        details.append(first.errors()[-1])
+        details.append(first.errors())
     damage = damage_newest(rng, action, ckpt) if action in DAMAGES else None
     if damage:
         details.append(damage.what)
@@ -434,7 +437,7 @@ def soak_round(trainer, seed, number, references, timeout, work):
         known = [name for name, applies, _ in KNOWN_BUGS if applies(config, damage)]
         after = f"known-bug {known[0]}: {after}" if known else f"FAIL: {after}"
     if after == "refused":
-        details.append(resumed.errors()[-1])
+        details.append(resumed.errors())
     if after.startswith(("FAIL", "known")):
         details.append(resumed.tail())
     return action, f"{before}/{after}", details, directory
@@ -464,7 +467,7 @@ def main():
         action, outcome, details, directory = soak_round(args.trainer, args.seed, number, references, args.timeout,
                                                          args.work)
         failed = "FAIL" in outcome or (args.strict and "known-bug" in outcome)
-        kind = re.sub(r": .*", "", outcome)  # without the particulars
+        kind = outcome.split(": ", 1)[0]  # without the particulars
         counts[action][kind] += 1
         print(f"round {number}: {action}: {outcome}", flush=True)
         for d in details:
