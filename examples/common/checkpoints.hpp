@@ -15,6 +15,23 @@
 
 namespace zero::examples {
 
+// Where a run is, in its checkpoints: the batches (or steps) it trained,
+// which a resume continues from, beside the optimizer's step count when it
+// saved. They differ in fp16, which takes no optimizer step for a batch whose
+// gradients overflowed. record_position() writes both into a save's `extra`;
+// resume_position() reads the position back, or the step count for a
+// checkpoint whose step count is not the one saved with it (zero_checkpoint
+// import: step 0, a fresh optimizer state) or that has none (saved before).
+inline void record_position(nlohmann::json& extra, const char* key, std::int64_t position,
+                            std::int64_t optimizer_steps) {
+  extra[key] = position;
+  extra["optimizer_steps"] = optimizer_steps;
+}
+inline std::int64_t resume_position(const nlohmann::json& extra, const char* key, std::int64_t optimizer_steps) {
+  const bool same_state = extra.contains(key) && extra.value("optimizer_steps", std::int64_t{-1}) == optimizer_steps;
+  return same_state ? extra[key].get<std::int64_t>() : optimizer_steps;
+}
+
 class CheckpointSaves {
  public:
   // `lead`: this rank prints (rank 0).

@@ -32,6 +32,7 @@
 #include "common/cli.hpp"
 #include "common/openblas_core.hpp"
 #include "common/optimizer_type.hpp"
+#include "common/rank_errors.hpp"
 #include "common/training_optimizer.hpp"
 #include "zero/zero.hpp"
 
@@ -233,9 +234,33 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
                 ranks, args.launch.comm.c_str(), args.zero.stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(), args.batch,
                 args.epochs, model.num_params());
 
-  // Checkpoints: where the run is (its step count is the optimizer's), what
-  // must match to continue it, and the epoch's loss so far.
+  // This rank's correct test predictions: each rank predicts a slice, the
+  // caller sums the counts.
+  auto count_correct = [&] {
+    const std::size_t per_rank = (data.test.count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+    const std::size_t begin = std::min(data.test.count, per_rank * static_cast<std::size_t>(comm.rank()));
+    const std::size_t end = std::min(data.test.count, begin + per_rank);
+    double correct = 0;
+    for (std::size_t b = begin; b < data.test.count && b < per_rank * static_cast<std::size_t>(comm.rank() + 1);) {
+      const int n = static_cast<int>(std::min<std::size_t>(1000, end - b));
+      predicted.resize(static_cast<std::size_t>(n));
+      model.predict(data.test.image(b), n, params, predicted.data());
+      for (int i = 0; i < n; ++i) correct += predicted[static_cast<std::size_t>(i)] == data.test.labels[b + static_cast<std::size_t>(i)];
+      b += static_cast<std::size_t>(n);
+    }
+    // Ranks run the same number of predict calls (stage 3 gathers are collective).
+    const int my_batches = static_cast<int>((end - begin + 999) / 1000);
+    const int max_batches = static_cast<int>((per_rank + 999) / 1000);
+    for (int extra = my_batches; extra < max_batches; ++extra) model.predict(data.test.image(0), 1, params, predicted.data());
+    return correct;
+  };
+
+  // Checkpoints: where the run is, what must match to continue it, and the
+  // epoch's loss so far. Where the run is counts batches, not the optimizer's
+  // steps: fp16 skips the step of a batch whose gradients overflowed, and a
+  // resume at the optimizer's step count would train those batches again.
   std::size_t start_step = 0;
+  std::size_t batches_done = 0;
   double resumed_loss_mean_sum = 0;  // sum over the epoch's steps so far of the batch-mean loss
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
   auto run_identity = [&] {
@@ -250,11 +275,18 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
                     ": the checkpoint was saved by a run with --", key, " ",
                     extra.contains(key) ? extra[key].dump() : std::string("(none)"), ", this run has ", value.dump(),
                     "; resume with the same --batch, --epochs, --seed and --lr");
-    start_step = static_cast<std::size_t>(opt.step_count());
+    const std::int64_t position = zero::examples::resume_position(extra, "batches_done", opt.step_count());
+    zero::require(position >= 0 && static_cast<std::size_t>(position) <= total_steps, "--resume ",
+                  loaded.directory.string(), ": the checkpoint is at step ", position, ", outside the run's ",
+                  total_steps, " steps; is its manifest.json damaged?");
+    start_step = static_cast<std::size_t>(position);
     resumed_loss_mean_sum = extra.value("epoch_loss_mean_sum", 0.0);
-    if (lead)
+    if (lead && start_step < total_steps)
       std::printf("resumed from %s at step %zu (epoch %zu)\n", loaded.directory.string().c_str(), start_step,
                   start_step / steps_per_epoch + 1);
+    else if (lead)
+      std::printf("resumed from %s at step %zu (the last: training is complete)\n", loaded.directory.string().c_str(),
+                  start_step);
   }
   double loss_sum = 0;  // this rank's, over the epoch's steps
   zero::examples::CheckpointSaves saves(args, lead);
@@ -263,6 +295,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
     comm.all_reduce(&total, 1, zero::DType::f64, zero::comm::ReduceOp::sum, true);
     nlohmann::json extra = run_identity();
     extra["epoch_loss_mean_sum"] = resumed_loss_mean_sum + total / static_cast<double>(ranks);
+    zero::examples::record_position(extra, "batches_done", static_cast<std::int64_t>(batches_done), opt.step_count());
     saves.saved(opt.save_step(args.save_dir, saves.options(std::move(extra))));
   };
   auto finish_saves = [&] {
@@ -300,30 +333,15 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
       const float divisor = static_cast<float>(local_batch / opt.loss_scale());
       loss_sum += model.forward_backward(x.data(), y.data(), local_batch, params, grads, divisor);
       opt.step();
-      if (!args.save_dir.empty() && args.save_every > 0 && opt.step_count() % args.save_every == 0 &&
+      batches_done = epoch_start + s + 1;
+      if (!args.save_dir.empty() && args.save_every > 0 && batches_done % args.save_every == 0 &&
           s + 1 < steps_per_epoch)
         save();
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     last_train_comm = opt.comm_report();
 
-    // Test accuracy: each rank predicts a slice, the counts are summed.
-    const std::size_t per_rank = (data.test.count + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
-    const std::size_t begin = std::min(data.test.count, per_rank * static_cast<std::size_t>(comm.rank()));
-    const std::size_t end = std::min(data.test.count, begin + per_rank);
-    double correct = 0;
-    for (std::size_t b = begin; b < data.test.count && b < per_rank * static_cast<std::size_t>(comm.rank() + 1);) {
-      const int n = static_cast<int>(std::min<std::size_t>(1000, end - b));
-      predicted.resize(static_cast<std::size_t>(n));
-      model.predict(data.test.image(b), n, params, predicted.data());
-      for (int i = 0; i < n; ++i) correct += predicted[static_cast<std::size_t>(i)] == data.test.labels[b + static_cast<std::size_t>(i)];
-      b += static_cast<std::size_t>(n);
-    }
-    // Ranks run the same number of predict calls (stage 3 gathers are collective).
-    const int my_batches = static_cast<int>((end - begin + 999) / 1000);
-    const int max_batches = static_cast<int>((per_rank + 999) / 1000);
-    for (int extra = my_batches; extra < max_batches; ++extra) model.predict(data.test.image(0), 1, params, predicted.data());
-    double totals[2] = {correct, loss_sum + resumed_loss_mean_sum};  // (each rank adds the mean: totals are means x ranks)
+    double totals[2] = {count_correct(), loss_sum + resumed_loss_mean_sum};  // (each rank adds the mean: totals are means x ranks)
     comm.all_reduce(totals, 2, zero::DType::f64, zero::comm::ReduceOp::sum, true);
     accuracy = totals[0] / static_cast<double>(data.test.count);
     if (lead) {
@@ -345,6 +363,11 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
       resumed_loss_mean_sum = 0;
       save();
     }
+  }
+  if (start_step >= total_steps) {  // resumed after the last step: no epoch ran to measure the model
+    double correct = count_correct();
+    comm.all_reduce(&correct, 1, zero::DType::f64, zero::comm::ReduceOp::sum, true);
+    accuracy = correct / static_cast<double>(data.test.count);
   }
   finish_saves();
   if (lead && !args.history_json.empty()) write_history(args.history_json, args, ranks, model.num_params(), history);
@@ -380,7 +403,7 @@ int main(int argc, char** argv) {
     double accuracy = 0;
     if (args.launch.comm == "local") {
       zero::comm::LocalGroup group(args.launch.ranks);
-      group.run([&](zero::comm::Local& comm) {
+      zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
         const double acc = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, data);
         if (comm.rank() == 0) accuracy = acc;
       });
@@ -409,7 +432,7 @@ int main(int argc, char** argv) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     zero::comm::abort_mpi_job(e.what());  // in an MPI run: ends every rank, as the others may wait for this one
 #endif
-    std::fprintf(stderr, "error: %s\n", e.what());
+    zero::examples::print_error(e.what());
     return 1;
   }
 }

@@ -36,6 +36,7 @@
 #include "common/cli.hpp"
 #include "common/openblas_core.hpp"
 #include "common/optimizer_type.hpp"
+#include "common/rank_errors.hpp"
 #include "gpt/gpt_host.hpp"
 #include "gpt/gpt_trainer.hpp"
 #include "gpt/text_corpus.hpp"
@@ -211,7 +212,7 @@ int main(int argc, char** argv) {
 #endif
     } else if (args.launch.comm == "local") {
       zero::comm::LocalGroup group(args.launch.ranks);
-      group.run([&](zero::comm::Local& comm) {
+      zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
         const double v = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
         if (comm.rank() == 0) val = v;
       });
@@ -235,7 +236,7 @@ int main(int argc, char** argv) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     zero::comm::abort_mpi_job(e.what());
 #endif
-    std::fprintf(stderr, "error: %s\n", e.what());
+    zero::examples::print_error(e.what());
     return 1;
   }
 }

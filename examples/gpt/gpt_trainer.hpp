@@ -255,9 +255,12 @@ double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, cons
     std::fflush(stdout);
   }
 
-  // Checkpoints: the optimizer's state and step count, and what must match
-  // for the run to continue where it was (the learning-rate schedule is a
-  // function of the step; the data order is replayed below).
+  // Checkpoints: the optimizer's state, the steps trained, and what must
+  // match for the run to continue where it was (the learning-rate schedule is
+  // a function of the step; the data order is replayed below). The steps
+  // trained are the trainer's count, not the optimizer's: fp16 takes no
+  // optimizer step when the gradients overflow, and a resume at the
+  // optimizer's step count would train those steps' windows again.
   int first_step = 0;
 #if defined(ZERO_EXAMPLE_HAVE_CHECKPOINTS)
   auto run_identity = [&] {
@@ -274,14 +277,17 @@ double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, cons
                     ": the checkpoint was saved by a run with ", key, " ",
                     extra.contains(key) ? extra[key].dump() : std::string("(none)"), ", this run has ", value.dump(),
                     "; resume with the same --seed, --steps, --micro-batch, --grad-accum, --lr, --warmup and --min-lr");
-    first_step = static_cast<int>(opt.step_count());
-    zero::require(first_step <= args.steps, "--resume ", loaded.directory.string(), ": the checkpoint is at step ",
-                  first_step, ", past --steps ", args.steps);
+    const std::int64_t position = zero::examples::resume_position(extra, "steps_done", opt.step_count());
+    zero::require(position >= 0 && position <= args.steps, "--resume ", loaded.directory.string(),
+                  ": the checkpoint is at step ", position, ", past --steps ", args.steps);
+    first_step = static_cast<int>(position);
     if (lead) std::printf("resumed from %s at step %d\n", loaded.directory.string().c_str(), first_step);
   }
   zero::examples::CheckpointSaves saves(args, lead);
-  auto save = [&] {
-    saves.saved(opt.save_step(args.save_dir, saves.options(run_identity())));
+  auto save = [&](int steps_done) {
+    nlohmann::json extra = run_identity();
+    zero::examples::record_position(extra, "steps_done", steps_done, opt.step_count());
+    saves.saved(opt.save_step(args.save_dir, saves.options(std::move(extra))));
   };
   auto finish_saves = [&] {  // --save-async: completes the last save
     opt.wait_save();
@@ -290,7 +296,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, cons
 #else
   zero::require(args.save_dir.empty() && args.resume_dir.empty(),
                 "--save/--resume: this part of gpt_train was built without checkpoints");
-  auto save = [] {};
+  auto save = [](int) {};
   auto finish_saves = [] {};
 #endif
 
@@ -343,7 +349,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, cons
     }
     if (!args.save_dir.empty() && (last || (args.save_every > 0 && (step + 1) % args.save_every == 0))) {
       const auto before = std::chrono::steady_clock::now();
-      save();
+      save(step + 1);
       interval_start += std::chrono::steady_clock::now() - before;  // nor is saving
     }
   }

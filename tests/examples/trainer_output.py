@@ -36,14 +36,34 @@ def run_checked(command, timeout=600):
     return run.stdout
 
 
-def last_value_text(stdout, name):
+def final_value_text(stdout, name):
     """The value of the last line `name=<value>`, as printed (to compare
-    digit for digit); exits the test with FAIL when there is none."""
+    digit for digit), or None when the last line is not that."""
     lines = stdout.strip().splitlines()
     match = re.fullmatch(name + r"=([0-9.]+)", lines[-1]) if lines else None
-    if not match:
+    return match.group(1) if match else None
+
+
+def last_value_text(stdout, name):
+    """final_value_text; exits the test with FAIL when there is none."""
+    value = final_value_text(stdout, name)
+    if value is None:
         raise SystemExit(f"FAIL: the last line is not {name}=<value>:\n" + stdout[-2000:])
-    return match.group(1)
+    return value
+
+
+def saved_checkpoint(line):
+    """The directory a trainer's `saved checkpoint DIR` line names (the
+    checkpoint is complete), or None for any other line."""
+    prefix = "saved checkpoint "
+    return line.rstrip()[len(prefix):] if line.startswith(prefix) else None
+
+
+def resumed_from(stdout):
+    """(directory, step) of a resumed run's `resumed from DIR at step N`
+    line, or None when it has none."""
+    match = re.search(r"^resumed from (\S+) at step (\d+)", stdout, re.MULTILINE)
+    return (match.group(1), int(match.group(2))) if match else None
 
 
 def kill_after_checkpoint(command, step):
@@ -55,7 +75,7 @@ def kill_after_checkpoint(command, step):
     killed = False
     for line in process.stdout:
         print(line, end="")
-        if line.startswith("saved checkpoint") and line.rstrip().endswith(f"step-{step:09d}"):
+        if (saved_checkpoint(line) or "").endswith(f"step-{step:09d}"):
             process.send_signal(signal.SIGKILL)
             killed = True
             break
@@ -77,6 +97,6 @@ def kill_then_resume(command, ckpt, save_every, step):
     if any(name.startswith("step-") and int(name[5:]) > step for name in saved):
         failures.append("the run went on past the kill")
     resumed = run_checked(command + ["--resume", ckpt])
-    if "resumed from" not in resumed or f"at step {step}" not in resumed:
+    if (resumed_from(resumed) or (None, None))[1] != step:
         failures.append("the resumed run does not say where it resumed")
     return resumed, failures

@@ -6,6 +6,8 @@ digit. Resumed on another --ranks and --stage it must finish below the
 unigram entropy (its windows differ: each rank draws its own). Another --seed,
 another model width, and a directory without a checkpoint are clear errors.
 --save-async reports each save begun and completed; --keep-last keeps the newest.
+On the host, an fp16 run resumed after steps that overflowed (and took no
+optimizer step) prints the uninterrupted run's val_loss too.
 Skips (77) when The Devil's Dictionary is not installed (and no --data is given).
 
     check_gpt_resume.py TRAINER [TRAINER OPTIONS...]
@@ -15,6 +17,7 @@ TRAINER OPTIONS go on every command line: bench/gpu_check.sh runs this with
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,6 +86,20 @@ def main():
             failures.append(f"--keep-last 2 left {sorted(os.listdir(kept))}")
         if last_val_loss(out) != whole:
             failures.append(f"with --save-async: val_loss {last_val_loss(out)}, without saves {whole}")
+        # fp16 (host only) takes no optimizer step when the gradients overflow
+        # (a few early steps here): a resume continues at the step after the
+        # checkpoint, not at the optimizer's step count. The second
+        # checkpoint comes after such skips.
+        if "cuda" not in options:
+            fp16 = with_flags(base, steps="40") + ["--precision", "fp16"]
+            fp16_ckpt = os.path.join(tmp, "fp16")
+            fp16_whole = last_val_loss(run([trainer] + fp16 + ["--save", fp16_ckpt, "--save-every", "10"]))
+            for later in sorted(n for n in os.listdir(fp16_ckpt) if n.startswith("step-"))[2:]:
+                shutil.rmtree(os.path.join(fp16_ckpt, later))
+            fp16_resumed = last_val_loss(run([trainer] + fp16 + ["--resume", fp16_ckpt]))
+            if fp16_resumed != fp16_whole:
+                failures.append(f"fp16 resumed after its second checkpoint: val_loss {fp16_resumed}, "
+                                f"uninterrupted {fp16_whole}")
         for problem in (refused([trainer] + with_flags(base, seed="6") + ["--resume", ckpt], ["seed", "5", "6"]),
                         refused([trainer] + with_flags(base, width="96") + ["--resume", ckpt], [ckpt]),
                         refused([trainer] + base + ["--resume", os.path.join(tmp, "nothing")], ["nothing"])):
