@@ -146,8 +146,6 @@ class LocalGroup {
                                         " for the other ranks; every rank must make the same collective calls in the "
                                         "same order"));
     }
-    // Everyone arrived (a rank may have left or failed since: the next call reports it).
-    if (generation_ != generation) return;
     if (aborted_) throw CommError(abort_message_);
     throw CommError(left_message(rank, what));
   }
