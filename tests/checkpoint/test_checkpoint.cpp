@@ -7,6 +7,8 @@
 // formula, not against another run of the same code.
 #include <catch2/catch.hpp>
 
+#include "rank_errors.hpp"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -893,19 +895,8 @@ class ThrowingRank : public FakeRank {
 // Each rank's zero::Error message; another exception is marked as such.
 template <class Fn>
 std::vector<std::string> any_errors(int ranks, Fn&& fn) {
-  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
-  zero::comm::LocalGroup group(ranks);
-  group.run([&](zero::comm::Local& comm) {
-    auto& error = errors[static_cast<std::size_t>(comm.rank())];
-    try {
-      fn(static_cast<std::uint64_t>(comm.rank()), make_collective(comm));
-    } catch (const zero::Error& e) {
-      error = e.what();
-    } catch (const std::exception& e) {
-      error = std::string("not a zero::Error: ") + e.what();
-    }
-  });
-  return errors;
+  return zero::test::rank_errors(
+      ranks, [&](zero::comm::Local& comm) { fn(static_cast<std::uint64_t>(comm.rank()), make_collective(comm)); });
 }
 
 }  // namespace

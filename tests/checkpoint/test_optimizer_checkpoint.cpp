@@ -18,6 +18,7 @@
 #include "../engine/late_copies.hpp"
 #include "../engine/reference.hpp"
 #include "optimizer_fixture.hpp"
+#include "rank_errors.hpp"
 #include "zero/checkpoint/hugging_face.hpp"
 #include "zero/checkpoint/optimizer_io.hpp"
 #include "zero/offload/disk_state_store.hpp"
@@ -521,23 +522,13 @@ namespace {
 template <class Save>
 std::vector<std::string> save_errors(Save&& save) {
   using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<1>>;
-  std::vector<std::string> errors(2);
-  zero::comm::LocalGroup group(2);
-  group.run([&](zero::comm::Local& c) {
-    auto& error = errors[static_cast<std::size_t>(c.rank())];
-    try {
-      Opt opt(c, zero::test::test_hyper<zero::optim::Sgd>(), zero::Options{});
-      build(opt, true);
-      train_steps(opt, c.rank(), 1, 1);
-      save(opt);
-      opt.wait_save();
-    } catch (const zero::Error& e) {
-      error = e.what();
-    } catch (const std::exception& e) {
-      error = std::string("not a zero::Error: ") + e.what();
-    }
+  return zero::test::rank_errors(2, [&](zero::comm::Local& c) {
+    Opt opt(c, zero::test::test_hyper<zero::optim::Sgd>(), zero::Options{});
+    build(opt, true);
+    train_steps(opt, c.rank(), 1, 1);
+    save(opt);
+    opt.wait_save();
   });
-  return errors;
 }
 
 }  // namespace
