@@ -36,6 +36,22 @@ struct StagePlan {
   constexpr bool params_whole() const { return !params_sharded; }
 };
 
+// Where the fp32 master weights and optimizer state live: with the backend
+// (none), in page-locked host memory updated by the CPU (cpu, ZeRO-Offload;
+// a device backend only), or on disk behind a host window (nvme,
+// ZeRO-Infinity). The policies offload::None/Cpu/Nvme name these tiers at
+// compile time; the engine, the planner and zero::Config take them as values.
+enum class OffloadTier { none, cpu, nvme };
+
+constexpr const char* name(OffloadTier t) {
+  switch (t) {
+    case OffloadTier::none: return "none";
+    case OffloadTier::cpu: return "cpu";
+    case OffloadTier::nvme: return "nvme";
+  }
+  return "?";
+}
+
 constexpr StagePlan stage_plan(int stage) {
   StagePlan p;
   p.stage = stage;
