@@ -26,6 +26,7 @@
 
 #include "zero/checkpoint/safetensors.hpp"
 #include "zero/error.hpp"
+#include "zero/json_parse.hpp"
 #include "zero/precision/types.hpp"
 #include "zero/shape.hpp"
 
@@ -204,11 +205,7 @@ class ManifestFields {
   const std::filesystem::path& file() const { return file_; }
 
  private:
-  static std::string describe(const nlohmann::json& v) {
-    std::string d = v.dump();
-    if (d.size() > 40) d = d.substr(0, 37) + "...";
-    return std::string(v.type_name()) + " " + d;
-  }
+  static std::string describe(const nlohmann::json& v) { return zero::detail::describe_json_value(v); }
   std::filesystem::path file_;
 };
 

@@ -32,6 +32,7 @@
 
 #include "zero/checkpoint/files.hpp"
 #include "zero/error.hpp"
+#include "zero/json_parse.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::checkpoint {
@@ -147,33 +148,17 @@ inline constexpr std::uint64_t max_safetensors_header_bytes = 100'000'000;
 
 namespace detail {
 
-// nlohmann keeps the last of duplicate keys silently; a header with two
-// entries for one name (or two data_offsets) is a lie this callback catches.
+// A header with two entries for one name (or two data_offsets) is a lie:
+// nlohmann would keep the last silently (zero/json_parse.hpp catches it).
 inline nlohmann::json parse_json_strict(std::string_view text, const std::filesystem::path& file, std::string_view what) {
-  std::vector<std::vector<std::string>> keys;  // keys seen, per open object
-  std::string duplicate;
-  auto callback = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (event == E::object_start) {
-      keys.emplace_back();
-    } else if (event == E::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (event == E::key && !keys.empty()) {
-      const std::string& k = parsed.get_ref<const std::string&>();
-      auto& seen = keys.back();
-      if (std::find(seen.begin(), seen.end(), k) != seen.end() && duplicate.empty()) duplicate = k;
-      seen.push_back(k);
-    }
-    return true;
-  };
-  nlohmann::json j;
+  zero::detail::ParsedJson parsed;
   try {
-    j = nlohmann::json::parse(text.begin(), text.end(), callback);
+    parsed = zero::detail::parse_json_noting_duplicates(text);
   } catch (const nlohmann::json::exception& e) {
     fail(file, what, " is not valid JSON (", e.what(), ")");
   }
-  if (!duplicate.empty()) fail(file, what, " has the key \"", duplicate, "\" twice");
-  return j;
+  if (!parsed.duplicate_key.empty()) fail(file, what, " has the key \"", parsed.duplicate_key, "\" twice");
+  return std::move(parsed.value);
 }
 
 inline std::uint64_t le64(const unsigned char* p) {

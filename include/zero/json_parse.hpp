@@ -1,0 +1,95 @@
+// Why: every JSON document the library reads (checkpoint manifests,
+// safetensors headers, the Hugging Face index, configuration files) comes
+// through here, so that a key written twice in one object is caught the same
+// way everywhere (nlohmann keeps the last one silently: a config file that
+// says "stage" twice would train with whichever came last) and a syntax error
+// can be reported by line and column, not only by byte offset. Needs
+// nlohmann-json, as the checkpoint and configuration headers that use it do.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zero::detail {
+
+struct ParsedJson {
+  nlohmann::json value;
+  // The first key found twice in one object ("" when none), and the same with
+  // the keys of the objects around it ("offload.tier").
+  std::string duplicate_key;
+  std::string duplicate_path;
+};
+
+// Parses `text`; a syntax error throws nlohmann::json::parse_error (its
+// byte() says where; text_position turns that into a line and a column).
+inline ParsedJson parse_json_noting_duplicates(std::string_view text) {
+  struct Frame {
+    bool object = false;
+    std::vector<std::string> keys;  // seen so far, the last one the value being parsed
+  };
+  std::vector<Frame> open;
+  ParsedJson out;
+  auto path_to = [&open](const std::string& key) {
+    std::string path;
+    for (std::size_t i = 0; i + 1 < open.size(); ++i)
+      if (open[i].object && !open[i].keys.empty()) path += open[i].keys.back() + ".";
+    return path + key;
+  };
+  auto callback = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      open.push_back(Frame{event == E::object_start, {}});
+    } else if (event == E::object_end || event == E::array_end) {
+      if (!open.empty()) open.pop_back();
+    } else if (event == E::key && !open.empty()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      auto& seen = open.back().keys;
+      if (out.duplicate_key.empty())
+        for (const auto& k : seen)
+          if (k == key) {
+            out.duplicate_key = key;
+            out.duplicate_path = path_to(key);
+            break;
+          }
+      seen.push_back(key);
+    }
+    return true;
+  };
+  out.value = nlohmann::json::parse(text.begin(), text.end(), callback);
+  return out;
+}
+
+struct TextPosition {
+  std::size_t line = 1, column = 1;  // both from 1
+};
+
+// Where byte `byte` (nlohmann's parse_error::byte(): 1-based, the last byte
+// read) lies in `text`.
+inline TextPosition text_position(std::string_view text, std::size_t byte) {
+  TextPosition at;
+  const std::size_t end = byte == 0 ? 0 : (byte - 1 < text.size() ? byte - 1 : text.size());
+  for (std::size_t i = 0; i < end; ++i) {
+    if (text[i] == '\n') {
+      ++at.line;
+      at.column = 1;
+    } else {
+      ++at.column;
+    }
+  }
+  return at;
+}
+
+// A value for an error message: its JSON type and (the start of) its text,
+// `string "64M"`.
+inline std::string describe_json_value(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return std::string(v.type_name()) + " " + text;
+}
+
+}  // namespace zero::detail
