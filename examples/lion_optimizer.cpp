@@ -6,10 +6,12 @@
 // The program trains a least-squares problem with ZeRO stage 2 on 3
 // in-process ranks and checks the result against a plain loop over the same
 // rule, exiting non-zero if they differ.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
+#include "zero/runtime/hyper_fields.hpp"
 #include "zero/zero.hpp"
 
 struct Lion {
@@ -22,6 +24,13 @@ struct Lion {
     double beta1 = 0.9;
     double beta2 = 0.99;
     double weight_decay = 0.0;
+    // Optional: the fields by name, so a config file's optimizer.params (or
+    // zero::hyper_from) can set them; without it they are set in code only.
+    static constexpr auto fields() {
+      using F = zero::optim::HyperField<Hyper>;
+      return std::array{F{"lr", &Hyper::lr}, F{"beta1", &Hyper::beta1}, F{"beta2", &Hyper::beta2},
+                        F{"weight_decay", &Hyper::weight_decay}};
+    }
     void validate() const {
       zero::require(lr >= 0, "Lion hyper-parameter 'lr' is ", lr, "; it must be >= 0");
       zero::require(beta1 >= 0 && beta1 < 1, "Lion hyper-parameter 'beta1' is ", beta1, "; it must be in [0, 1)");
@@ -56,9 +65,13 @@ int main() {
   // Target t_i; loss = 0.5 * sum (w_i - t_i)^2 over a batch split across ranks.
   std::vector<float> target(n);
   for (std::size_t i = 0; i < n; ++i) target[i] = std::sin(0.01f * static_cast<float>(i));
-  Lion::Hyper hyper;
-  hyper.lr = 0.003;
-  hyper.weight_decay = 0.01;
+  // By name, as a config file's "optimizer": {"type": "lion", "params": {...}} gives them.
+  const Lion::Hyper hyper = zero::hyper_from<Lion>({{"lr", 0.003}, {"weight_decay", 0.01}});
+  if (hyper.lr != 0.003 || hyper.weight_decay != 0.01 || hyper.beta1 != Lion::Hyper{}.beta1 ||
+      hyper.beta2 != Lion::Hyper{}.beta2) {
+    std::printf("FAILED: hyper_from<Lion> did not set exactly lr and weight_decay\n");
+    return 1;
+  }
 
   std::vector<float> zero_result;
   zero::comm::LocalGroup group(ranks);

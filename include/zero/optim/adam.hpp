@@ -10,11 +10,13 @@
 
 #include "zero/config.hpp"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 
 #include "zero/error.hpp"
 #include "zero/math.hpp"
+#include "zero/optim/policy.hpp"
 
 namespace zero::optim {
 
@@ -26,6 +28,13 @@ struct AdamHyper {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+
+  // By name, as a config file's optimizer.params sets them (zero/runtime/hyper_fields.hpp).
+  static constexpr auto fields() {
+    using F = HyperField<AdamHyper>;
+    return std::array{F{"lr", &AdamHyper::lr}, F{"beta1", &AdamHyper::beta1}, F{"beta2", &AdamHyper::beta2},
+                      F{"eps", &AdamHyper::eps}, F{"weight_decay", &AdamHyper::weight_decay}};
+  }
 
   void validate() const {
     require(std::isfinite(lr) && lr >= 0.0, "Adam hyper-parameter 'lr' is ", lr,

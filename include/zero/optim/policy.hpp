@@ -10,10 +10,35 @@
 #include "zero/config.hpp"
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <type_traits>
 
 namespace zero::optim {
+
+// One hyper-parameter by name, so a configuration file or a command line can
+// set it (zero/runtime/hyper_fields.hpp): a double or a bool member of the
+// policy's Hyper, or of a base of it (AdamW::Hyper's are AdamHyper's).
+template <class H>
+struct HyperField {
+  using hyper_type = H;
+  const char* name;
+  double H::*number = nullptr;  // exactly one of these two is set
+  bool H::*flag = nullptr;
+  constexpr HyperField(const char* field_name, double H::*member) : name(field_name), number(member) {}
+  constexpr HyperField(const char* field_name, bool H::*member) : name(field_name), flag(member) {}
+};
+
+// What `Hyper::fields()` must return where a policy has one: a constexpr
+// array of HyperField of Hyper or of a base of it.
+template <class H>
+concept DescribesHyperFields = requires {
+  H::fields()[0].name;
+  typename std::remove_cvref_t<decltype(H::fields()[0])>::hyper_type;
+  requires std::is_base_of_v<typename std::remove_cvref_t<decltype(H::fields()[0])>::hyper_type, H>;
+  { std::size(H::fields()) } -> std::convertible_to<std::size_t>;
+};
 
 template <class Opt>
 concept Policy = requires(const typename Opt::Hyper& hyper, const typename Opt::Scalars& scalars, float& w,
@@ -25,6 +50,9 @@ concept Policy = requires(const typename Opt::Hyper& hyper, const typename Opt::
   // names them in checkpoints ("exp_avg"); without it they are "state0"...
   { Opt::state_slots } -> std::convertible_to<int>;
   // Runtime hyper-parameters; validate() throws zero::InvalidArgument naming the field.
+  // Optional: `static constexpr auto fields()` in Hyper, an array of
+  // HyperField {name, member pointer}, lets them be set by name (a config
+  // file's optimizer.params); without it they are set in code only.
   hyper.validate();
   // Per-step scalars computed once on the host (bias corrections, decay
   // factors) from the hyper-parameters and the 1-based step number, then
@@ -34,6 +62,7 @@ concept Policy = requires(const typename Opt::Hyper& hyper, const typename Opt::
   // device and in scalar loops, a SIMD pack in the host kernels), written with
   // zero::math functions. It must be ZERO_HOST_DEVICE to run on GPUs.
   Opt::update(scalars, w, g, state);
-} && std::is_trivially_copyable_v<typename Opt::Scalars> && (Opt::state_slots >= 0) && (Opt::state_slots <= 4);
+} && std::is_trivially_copyable_v<typename Opt::Scalars> && (Opt::state_slots >= 0) && (Opt::state_slots <= 4) &&
+    (!requires { Opt::Hyper::fields(); } || DescribesHyperFields<typename Opt::Hyper>);
 
 }  // namespace zero::optim

@@ -5,11 +5,13 @@
 
 #include "zero/config.hpp"
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 
 #include "zero/error.hpp"
 #include "zero/math.hpp"
+#include "zero/optim/policy.hpp"
 
 namespace zero::optim {
 
@@ -26,6 +28,13 @@ struct Sgd {
     double dampening = 0.0;
     double weight_decay = 0.0;
     bool nesterov = false;
+
+    // By name, as a config file's optimizer.params sets them (zero/runtime/hyper_fields.hpp).
+    static constexpr auto fields() {
+      using F = HyperField<Hyper>;
+      return std::array{F{"lr", &Hyper::lr}, F{"momentum", &Hyper::momentum}, F{"dampening", &Hyper::dampening},
+                        F{"weight_decay", &Hyper::weight_decay}, F{"nesterov", &Hyper::nesterov}};
+    }
 
     void validate() const {
       require(std::isfinite(lr) && lr >= 0.0, "SGD hyper-parameter 'lr' is ", lr, "; it must be a finite number >= 0");
