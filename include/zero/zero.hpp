@@ -29,3 +29,5 @@
 #include "zero/precision/convert.hpp"
 #include "zero/precision/stochastic.hpp"
 #include "zero/precision/types.hpp"
+#include "zero/runtime/config.hpp"
+#include "zero/runtime/hyper_fields.hpp"

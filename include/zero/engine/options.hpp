@@ -19,6 +19,14 @@ namespace zero {
 // In which type gradients travel and are summed across ranks.
 enum class ReduceDType { same_as_grad, fp32 };
 
+constexpr const char* name(ReduceDType d) {
+  switch (d) {
+    case ReduceDType::same_as_grad: return "same_as_grad";
+    case ReduceDType::fp32: return "fp32";
+  }
+  return "?";
+}
+
 struct LossScaleOptions {
   double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
   int growth_interval = 2000;      // steps without overflow before the scale grows
@@ -26,6 +34,8 @@ struct LossScaleOptions {
   double backoff_factor = 0.5;     // on overflow
   int hysteresis = 1;              // overflows tolerated before backing off (DeepSpeed's "hysteresis")
   double min_scale = 1.0;
+
+  bool operator==(const LossScaleOptions&) const = default;
 };
 
 // offload::Nvme (zero/offload/disk_state_store.hpp): where the swap files of
@@ -36,6 +46,8 @@ struct NvmeOptions {
   std::size_t block_bytes = std::size_t{1} << 20;    // bytes per disk request (a multiple of 4096)
   unsigned queue_depth = 16;                         // disk requests in flight
   bool direct = true;                                // O_DIRECT (buffered, with a notice, where refused)
+
+  bool operator==(const NvmeOptions&) const = default;
 };
 
 struct Options {
@@ -79,6 +91,9 @@ struct Options {
   bool delayed_update = false;
   int delayed_update_warmup = 10;
   NvmeOptions nvme{};
+
+  // (zero::Config compares whole configurations.)
+  bool operator==(const Options&) const = default;
 
   void validate() const {
     require(bucket_bytes >= 1, "Options::bucket_bytes is 0; it must be at least 1 (a bucket always holds one unit; "

@@ -1,0 +1,112 @@
+// Why: the compile-time API picks precision, optimizer, stage and offload
+// tier as template arguments; a program that takes them from a file or a
+// command line needs them as values first. zero::Config is that value: what
+// zero::make_optimizer(comm, config) turns into a running optimizer, what a
+// JSON file (zero/runtime/config_json.hpp, docs/configuration.md) and the
+// example programs' flags fill in. Its checks say the same as the
+// static_asserts of the compile-time API (zero/policies.hpp,
+// zero/engine/zero_optimizer.hpp), so a combination is refused in the same
+// words whichever way it was chosen. Plain C++: no JSON library needed.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "zero/engine/options.hpp"
+#include "zero/engine/stage_plan.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+// precision::Full<float>, precision::Mixed<bf16>, precision::Mixed<fp16>.
+enum class PrecisionChoice { fp32, bf16, fp16 };
+
+constexpr const char* name(PrecisionChoice p) {
+  switch (p) {
+    case PrecisionChoice::fp32: return "fp32";
+    case PrecisionChoice::bf16: return "bf16";
+    case PrecisionChoice::fp16: return "fp16";
+  }
+  return "?";
+}
+
+// Every value of each enum a configuration names, in the order messages list them.
+inline constexpr PrecisionChoice all_precisions[] = {PrecisionChoice::fp32, PrecisionChoice::bf16,
+                                                     PrecisionChoice::fp16};
+inline constexpr OffloadTier all_offload_tiers[] = {OffloadTier::none, OffloadTier::cpu, OffloadTier::nvme};
+inline constexpr ReduceDType all_reduce_dtypes[] = {ReduceDType::same_as_grad, ReduceDType::fp32};
+
+namespace detail {
+// The value whose name() is `text`, if any: names are defined once, by name().
+template <class E, std::size_t N>
+constexpr std::optional<E> parse_by_name(std::string_view text, const E (&values)[N]) {
+  for (const E v : values)
+    if (text == name(v)) return v;
+  return std::nullopt;
+}
+// "fp32, bf16, fp16".
+template <class E, std::size_t N>
+std::string names_of(const E (&values)[N]) {
+  std::string out;
+  for (const E v : values) out += (out.empty() ? "" : ", ") + std::string(name(v));
+  return out;
+}
+}  // namespace detail
+
+inline std::optional<PrecisionChoice> parse_precision(std::string_view text) {
+  return detail::parse_by_name(text, all_precisions);
+}
+inline std::optional<OffloadTier> parse_offload(std::string_view text) {
+  return detail::parse_by_name(text, all_offload_tiers);
+}
+inline std::optional<ReduceDType> parse_reduce_dtype(std::string_view text) {
+  return detail::parse_by_name(text, all_reduce_dtypes);
+}
+
+struct Config {
+  PrecisionChoice precision = PrecisionChoice::bf16;
+  // A registered optimizer's name (adamw, adam, sgd, or a user's own).
+  std::string optimizer = "adamw";
+  // Hyper-parameters by field name (lr, beta1, ...; bools as 0/1); one not
+  // set keeps the policy's default (zero/runtime/hyper_fields.hpp).
+  std::map<std::string, double> hyper;
+  int stage = 3;
+  OffloadTier offload = OffloadTier::none;
+  // Everything else, incl. options.nvme (the disk tier's directory and streaming).
+  Options options;
+
+  bool operator==(const Config&) const = default;
+
+  // Checks what needs neither the backend nor the optimizer's policy (the
+  // hyper-parameters are checked by hyper_from, the optimizer's name by
+  // whoever looks it up): the stage, offload against stage 0, the disk
+  // tier's directory, options.validate(); with `device_backend` false
+  // (backend::Host) offload cpu is refused. Throws zero::InvalidArgument
+  // naming the setting as a config file, the command line and code spell it.
+  void validate(bool device_backend) const {
+    // zero::stage<S>'s static_assert.
+    require(stage >= 0 && stage <= 3, "zero::Config: stage ", stage, " is not a ZeRO stage: ZeRO has stages 0, "
+            "1, 2 and 3 (\"stage\" in a config file, --stage on the command line)");
+    require(!optimizer.empty(), "zero::Config: the optimizer's name is empty: set optimizer.type in a config file "
+            "(--optimizer on the command line) to adamw, adam, sgd or a registered optimizer's name");
+    // ZeroOptimizer's static_asserts on offload.
+    require(offload == OffloadTier::none || stage != 0, "zero::Config: offload ", name(offload),
+            ": ZeRO-Offload moves this rank's partition of the optimizer state to the host; stage 0 has no "
+            "partition: use stage 1 or higher with offload cpu/nvme (or offload none at stage 0)");
+    require(offload != OffloadTier::cpu || device_backend,
+            "zero::Config: offload cpu moves optimizer state from GPU memory to the host, but with the host "
+            "backend it is already in host memory; use offload none (or offload nvme to move it to disk)");
+    require(offload != OffloadTier::nvme || !options.nvme.directory.empty(),
+            "zero::Config: offload nvme keeps the optimizer state in swap files and needs a directory for them, on "
+            "a fast local disk: set offload.directory in a config file (--nvme-dir on the command line, "
+            "options.nvme.directory in code)");
+    options.validate();
+  }
+};
+
+}  // namespace zero
