@@ -10,10 +10,20 @@
 #include "common/choices.hpp"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "zero/runtime/config.hpp"
+#include "zero/runtime/name_list.hpp"
+// --config FILE needs nlohmann-json (header-only); without it the option is
+// there and says what to install.
+#if __has_include(<nlohmann/json.hpp>)
+#include "zero/runtime/config_json.hpp"
+#define ZERO_EXAMPLE_HAVE_CONFIG_FILES 1
+#endif
 
 namespace zero::examples {
 
@@ -27,20 +37,32 @@ inline const CLI::Validator kPositive(
     },
     "POSITIVE", "POSITIVE");
 
-inline const std::vector<std::string> kPrecisions{"fp32", "bf16", "fp16"};
+// The names of a zero enum's values, as the command line spells them.
+template <class E, std::size_t N>
+std::vector<std::string> names_of(const E (&values)[N]) {
+  std::vector<std::string> names;
+  for (const E v : values) names.emplace_back(zero::name(v));
+  return names;
+}
+inline const std::vector<std::string> kPrecisions = names_of(zero::all_precisions);
 inline const std::vector<std::string> kOptimizers{"adamw", "adam", "sgd"};
+inline const std::vector<std::string> kOffloadTiers = names_of(zero::all_offload_tiers);
+
+// The help of the flags add_zero_options and add_config_options share.
+inline const char* const kStageHelp =
+    "ZeRO stage: 0 plain data parallel, 1 shards optimizer states, 2 also gradients, 3 also parameters";
+inline const char* const kPrecisionHelp = "parameters and gradients: fp32, or bf16/fp16 with fp32 master weights";
+inline const char* const kOptimizerHelp = "optimizer (torch.optim semantics)";
+inline const char* const kNvmeDirHelp = "directory for --offload nvme's swap files (a fast local disk)";
+inline const char* const kNvmeWindowHelp = "host memory --offload nvme streams the state through";
 
 // --stage 0..3, --precision fp32|bf16|fp16, --optimizer adamw|adam|sgd.
 inline void add_zero_options(CLI::App& app, ZeroChoices& choices) {
-  app.add_option("--stage", choices.stage,
-                 "ZeRO stage: 0 plain data parallel, 1 shards optimizer states, 2 also gradients, 3 also parameters")
-      ->check(CLI::Range(0, 3))
-      ->capture_default_str();
-  app.add_option("--precision", choices.precision,
-                 "parameters and gradients: fp32, or bf16/fp16 with fp32 master weights")
+  app.add_option("--stage", choices.stage, kStageHelp)->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option("--precision", choices.precision, kPrecisionHelp)
       ->check(CLI::IsMember(kPrecisions))
       ->capture_default_str();
-  app.add_option("--optimizer", choices.optimizer, "optimizer (torch.optim semantics)")
+  app.add_option("--optimizer", choices.optimizer, kOptimizerHelp)
       ->check(CLI::IsMember(kOptimizers))
       ->capture_default_str();
 }
@@ -53,8 +75,8 @@ inline void add_offload_options(CLI::App& app, ZeroChoices& choices, std::vector
                  "files under --nvme-dir, streamed through a host window; stages 1-3)")
       ->check(CLI::IsMember(std::move(tiers)))
       ->capture_default_str();
-  app.add_option("--nvme-dir", choices.nvme_dir, "directory for --offload nvme's swap files (a fast local disk)");
-  app.add_option("--nvme-window-mib", choices.nvme_window_mib, "host memory --offload nvme streams the state through")
+  app.add_option("--nvme-dir", choices.nvme_dir, kNvmeDirHelp);
+  app.add_option("--nvme-window-mib", choices.nvme_window_mib, kNvmeWindowHelp)
       ->check(kPositive)
       ->capture_default_str();
 }
@@ -66,6 +88,99 @@ inline void check_offload_choices(const ZeroChoices& choices) {
                                "needs --stage 1, 2 or 3: stage 0 has no partition of the optimizer state to offload");
   if (choices.offload == "nvme" && choices.nvme_dir.empty())
     throw CLI::ValidationError("--offload nvme", "needs --nvme-dir DIR, a directory on a fast local disk");
+}
+
+// What a program takes in a zero::Config beyond what the library checks:
+// the optimizers it can build and the offload tiers it was built with.
+struct ConfigChoices {
+  std::vector<std::string> optimizers = kOptimizers;
+  std::vector<std::string> offload_tiers = kOffloadTiers;
+};
+
+// The ZeRO choices as one zero::Config (zero/runtime/config.hpp), from a
+// file and the command line: --config FILE (a JSON file, docs/configuration.md),
+// then --stage, --precision, --optimizer, --offload, --nvme-dir DIR and
+// --nvme-window-mib MIB.
+//
+// Contract: after app.parse(), `config` holds what it held before, with
+// every setting FILE has replaced (zero::load_config_into: keys FILE does not
+// have keep their value), then each of these flags that the command line
+// gives replaced, wherever on the line --config stands; a flag not given
+// leaves the file's value. (CLI11 runs option callbacks after the whole line
+// is read, in the order the options were added; --config is added first.)
+// `config` must outlive app.parse(). A file that cannot be read, is not
+// JSON, or holds an unknown key or a value of the wrong type is a
+// CLI::ValidationError naming --config and the key (parse_or_exit: exit 2).
+// The settings are checked together by check_config_options, which the
+// program calls from app.callback(). The flags are those of
+// add_zero_options and add_offload_options, which fill a ZeroChoices
+// instead: an app takes one set or the other.
+inline void add_config_options(CLI::App& app, zero::Config& config, const ConfigChoices& accepted = {}) {
+  app.add_option_function<std::string>(
+         "--config",
+         [&config](const std::string& path) {
+#if defined(ZERO_EXAMPLE_HAVE_CONFIG_FILES)
+           try {
+             zero::load_config_into(config, path);
+           } catch (const zero::Error& e) {
+             throw CLI::ValidationError("--config", e.what());
+           }
+#else
+           (void)config;
+           throw CLI::ValidationError("--config " + path, "this build reads no configuration files: install "
+                                                          "nlohmann-json3-dev and reconfigure");
+#endif
+         },
+         "a JSON file of ZeRO settings (docs/configuration.md), read first: the options below override it")
+      ->type_name("FILE");
+  app.add_option("--stage", config.stage, kStageHelp)->check(CLI::Range(0, 3))->capture_default_str();
+  app.add_option_function<std::string>(
+         "--precision", [&config](const std::string& text) { config.precision = *zero::parse_precision(text); },
+         kPrecisionHelp)
+      ->check(CLI::IsMember(kPrecisions))
+      ->default_str(zero::name(config.precision));
+  app.add_option("--optimizer", config.optimizer, kOptimizerHelp)
+      ->check(CLI::IsMember(accepted.optimizers))
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--offload", [&config](const std::string& text) { config.offload = *zero::parse_offload(text); },
+         "where the fp32 master weights and optimizer state live: none (with the parameters), cpu (page-locked "
+         "host memory, updated by the CPU; GPU backends, stages 1-3), nvme (swap files under --nvme-dir, streamed "
+         "through a host window; stages 1-3)")
+      ->check(CLI::IsMember(accepted.offload_tiers))
+      ->default_str(zero::name(config.offload));
+  app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
+  app.add_option_function<double>(
+         "--nvme-window-mib",
+         [&config](double mib) {
+           config.options.nvme.window_bytes = static_cast<std::size_t>(std::llround(mib * 1048576.0));
+         },
+         kNvmeWindowHelp)
+      ->check(kPositive)
+      ->default_str(std::to_string(config.options.nvme.window_bytes >> 20));
+}
+
+// Checks the settings together (zero::Config::validate: the stage, offload
+// against the stage and the backend, the disk tier's directory, the
+// Options) and against the program's choices, whether they came from the
+// file or a flag; for app.callback(), after add_config_options. Throws
+// CLI::ValidationError with the library's message.
+inline void check_config_options(const zero::Config& config, bool device_backend, const ConfigChoices& accepted = {}) {
+  const auto refuse_unless_in = [](const std::vector<std::string>& names, const std::string& value,
+                                   const std::string& option, const std::string& what) {
+    for (const auto& n : names)
+      if (n == value) return;
+    throw CLI::ValidationError(option + " " + value, "this program " + what + ": " + zero::detail::join_names(names));
+  };
+  refuse_unless_in(accepted.optimizers, config.optimizer, "--optimizer",
+                   "has these optimizers (--optimizer, optimizer.type in --config)");
+  refuse_unless_in(accepted.offload_tiers, zero::name(config.offload), "--offload",
+                   "was built with these offload tiers (--offload, offload.tier in --config)");
+  try {
+    config.validate(device_backend);
+  } catch (const zero::InvalidArgument& e) {
+    throw CLI::ValidationError(e.what());
+  }
 }
 
 // --ranks N (in-process ranks; 1..max_ranks) and --comm, one of `comms`
