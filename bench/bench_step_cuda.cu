@@ -8,6 +8,8 @@
 //   bench_step_cuda [--n PARAMS (default 64M; K/M/G suffixes)] [--reps R] [--trials T] [--json]
 //                   [--threads T] [--blocks-per-sm B]
 #include <cuda_runtime.h>
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/tabulate.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -72,19 +74,23 @@ __device__ float hash_uniform(std::uint64_t seed, std::size_t i) {  // [-1, 1)
   return static_cast<float>(static_cast<std::int64_t>(h >> 40) - (std::int64_t{1} << 23)) * (1.0f / 8388608.0f);
 }
 
+// Element i: scale x hash_uniform(seed, i), its absolute value with `absolute`.
 template <class T>
-__global__ void fill_kernel(T* p, std::size_t n, std::uint64_t seed, float scale, bool absolute) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+struct RandomValue {
+  std::uint64_t seed;
+  float scale;
+  bool absolute;
+  __device__ T operator()(std::size_t i) const {
     const float u = hash_uniform(seed, i);
-    p[i] = zero::from_float<T>(scale * (absolute ? fabsf(u) : u));
+    return zero::from_float<T>(scale * (absolute ? fabsf(u) : u));
   }
-}
+};
 
+// On stream 0, as every setup call here; the callers synchronise the device
+// before timing.
 template <class T>
 void fill(T* p, std::size_t n, std::uint64_t seed, float scale, bool absolute = false) {
-  fill_kernel<T><<<1024, 256>>>(p, n, seed, scale, absolute);
-  zero::cuda::check_launch("fill_kernel");
+  thrust::tabulate(thrust::cuda::par_nosync.on(cudaStream_t{}), p, p + n, RandomValue<T>{seed, scale, absolute});
 }
 
 class Timer {

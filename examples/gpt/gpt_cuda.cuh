@@ -4,7 +4,10 @@
 // the host tests against PyTorch, which CI runs, check the arithmetic these
 // kernels do. Kernels are one thread per row, column or element: written to
 // be read beside the host loops and to match them, not yet tuned (rows and
-// columns reduce sequentially, in the host's order, with no atomics).
+// columns reduce sequentially, in the host's order, with no atomics). What
+// has no per-row function to share is Thrust's and CUB's (docs/design.md,
+// "Thrust and CUB, and the kernels we keep"): the fill, the bias gradients'
+// column sums and the loss total.
 //
 // Include from a .cu file; link -lcublas. Everything runs on one stream
 // (by default the calling thread's zero stream, Ops<Cuda>::stream()). The
@@ -13,14 +16,24 @@
 // buffer whose last copy has not finished.
 #pragma once
 
+#include <cub/device/device_reduce.cuh>
+#include <cub/device/device_segmented_reduce.cuh>
 #include <cublas_v2.h>
+#include <cuda/std/functional>
 #include <cuda_runtime.h>
+#include <thrust/fill.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/iterator/transform_output_iterator.h>
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/system_error.h>
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -39,11 +52,6 @@ inline constexpr int kThreads = 256;
 inline unsigned blocks_for(std::size_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 __device__ inline std::size_t thread_index() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-
-__global__ void fill(float* p, std::size_t n, float value) {
-  const std::size_t i = thread_index();
-  if (i < n) p[i] = value;
 }
 
 __global__ void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T,
@@ -99,14 +107,6 @@ __global__ void bias_rows(float* out, const float* b, const float* residual, std
   if (i < N * O) out[i] = residual == nullptr ? b[i % O] : ops::add(b[i % O], residual[i]);
 }
 
-__global__ void column_sums(const float* d, std::size_t N, int O, float* out) {
-  const std::size_t o = thread_index();
-  if (o >= static_cast<std::size_t>(O)) return;
-  float s = 0.0f;
-  for (std::size_t n = 0; n < N; ++n) s += d[n * O + o];
-  out[o] = s;
-}
-
 __global__ void gelu_forward(const float* x, float* y, std::size_t n) {
   const std::size_t i = thread_index();
   if (i < n) y[i] = ops::gelu_forward(x[i]);
@@ -135,21 +135,29 @@ __global__ void cross_entropy(float* logits, const std::uint8_t* targets, std::s
   losses[n] = ops::cross_entropy_row(z, backward ? z : nullptr, V, targets[n], grad_scale);
 }
 
-// *total += the sum of x[0, n) in double. One block of kThreads: each thread
-// sums a strided share, then a tree in shared memory (a fixed order, so the
-// same bits every run).
-__global__ void add_sum(const float* x, std::size_t n, double* total) {
-  __shared__ double part[kThreads];
-  double s = 0.0;
-  for (std::size_t i = threadIdx.x; i < n; i += kThreads) s += x[i];
-  part[threadIdx.x] = s;
-  __syncthreads();
-  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *total += part[0];
-}
+// Functors for CUB's reductions (functors, not lambdas: nvcc takes device
+// lambdas only with --extended-lambda).
+
+// A row-major N x O matrix read column after column: element i of the view
+// is row i % N of column i / N, so column o is the range [o N, (o + 1) N)
+// that a segmented reduction sums.
+struct ColumnMajorRead {
+  const float* d;
+  std::size_t N, O;
+  __device__ float operator()(std::size_t i) const { return d[(i % N) * O + i / N]; }
+};
+struct TimesRows {  // where column o's segment starts
+  std::size_t N;
+  __host__ __device__ std::size_t operator()(std::size_t o) const { return o * N; }
+};
+
+// What a reduction's result becomes before it is stored at `total`: the old
+// total plus the result, so the reduction adds to a running total. CUB
+// stores its result once, from one thread, after every input is read.
+struct AddToTotal {
+  const double* total;
+  __device__ double operator()(double sum) const { return *total + sum; }
+};
 
 }  // namespace cuda_kernels
 
@@ -199,7 +207,13 @@ class CudaCompute {
     zero::cuda::wait_stream(stream_);  // watched: a dead NCCL peer is a CommError, not a hang
   }
 
-  void fill(float* p, std::size_t n, float value) { launch(cuda_kernels::fill, "gpt fill", n, p, n, value); }
+  void fill(float* p, std::size_t n, float value) {
+    try {
+      thrust::fill_n(thrust::cuda::par_nosync.on(stream_), p, n, value);
+    } catch (const thrust::system_error& e) {
+      library_call_failed("thrust::fill_n (gpt fill)", e.what());
+    }
+  }
   void copy(float* dst, const float* src, std::size_t n) {
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   }
@@ -238,8 +252,17 @@ class CudaCompute {
   void bias_rows(float* out, const float* b, const float* residual, std::size_t N, int O) {
     launch(cuda_kernels::bias_rows, "gpt bias_rows", N * O, out, b, residual, N, O);
   }
+  // out[o] = the sum of column o of d (N x O, row-major); 0 where N is 0.
+  // A CUB segment (one thread block) per column: in float, as the host sums,
+  // but in CUB's tree order, not the host's blocks of rows.
   void column_sums(const float* d, std::size_t N, int O, float* out) {
-    launch(cuda_kernels::column_sums, "gpt column_sums", static_cast<std::size_t>(O), d, N, O, out);
+    const auto columns = thrust::make_transform_iterator(
+        thrust::counting_iterator<std::size_t>(0), cuda_kernels::ColumnMajorRead{d, N, static_cast<std::size_t>(O)});
+    const auto begins =
+        thrust::make_transform_iterator(thrust::counting_iterator<std::size_t>(0), cuda_kernels::TimesRows{N});
+    run_cub("cub::DeviceSegmentedReduce::Sum (gpt column_sums)", [&](void* scratch, std::size_t& bytes) {
+      return cub::DeviceSegmentedReduce::Sum(scratch, bytes, columns, out, O, begins, begins + 1, stream_);
+    });
   }
   void gelu_forward(const float* x, float* y, std::size_t n) {
     launch(cuda_kernels::gelu_forward, "gpt gelu_forward", n, x, y, n);
@@ -264,8 +287,13 @@ class CudaCompute {
     if (loss_total_.size() == 0) loss_total_ = DeviceArray<double>(1);
     launch(cuda_kernels::cross_entropy, "gpt cross_entropy", N, logits, targets, N, V, backward, grad_scale,
            losses_.data());
-    cuda_kernels::add_sum<<<1, cuda_kernels::kThreads, 0, stream_>>>(losses_.data(), N, loss_total_.data());
-    zero::cuda::check_launch("gpt add_sum");
+    // The rows' losses summed in double, added to the total on the device.
+    double* total = loss_total_.data();
+    const auto add_to_total = thrust::make_transform_output_iterator(total, cuda_kernels::AddToTotal{total});
+    run_cub("cub::DeviceReduce::Reduce (gpt loss sum)", [&](void* scratch, std::size_t& bytes) {
+      return cub::DeviceReduce::Reduce(scratch, bytes, losses_.data(), add_to_total, N, cuda::std::plus<double>{},
+                                       0.0, stream_);
+    });
   }
   // The total since the last call: waits for the stream.
   double take_loss_sum() {
@@ -283,6 +311,33 @@ class CudaCompute {
     if (threads == 0) return;
     kernel<<<cuda_kernels::blocks_for(threads), cuda_kernels::kThreads, 0, stream_>>>(args...);
     zero::cuda::check_launch(name);
+  }
+
+  // Runs a CUB device-wide algorithm, algorithm(scratch, bytes) -> cudaError_t,
+  // twice: with a null scratch it only says how many bytes it needs, then it
+  // runs on the stream. The scratch space grows to the largest need and is
+  // reused (stream order keeps its users apart), so once every size has been
+  // seen a pass allocates nothing.
+  template <class Algorithm>
+  void run_cub(const char* name, Algorithm&& algorithm) {
+    std::size_t bytes = 0;
+    cudaError_t status = algorithm(nullptr, bytes);
+    // At least one byte: a null scratch would ask for the size again.
+    if (status == cudaSuccess && scratch_.size() < std::max<std::size_t>(bytes, 1))
+      scratch_ = DeviceArray<std::uint8_t>(std::max<std::size_t>(bytes, 1));
+    if (status == cudaSuccess) status = algorithm(scratch_.data(), bytes);
+    if (status != cudaSuccess)
+      library_call_failed(name, zero::detail::concat(cudaGetErrorName(status), " (", cudaGetErrorString(status), ")"));
+  }
+  // Thrust (by exception) and CUB (by return value) report a failed launch
+  // but leave it pending (they peek at it): take it, so that the next
+  // launch's check does not report it again, and throw what every launch
+  // here throws.
+  [[noreturn]] static void library_call_failed(const char* name, const std::string& why) {
+    cudaGetLastError();
+    throw zero::BackendError(zero::detail::concat(name, " failed: ", why,
+                                                  "; if it says no kernel image is available, rebuild with this GPU's "
+                                                  "architecture in -Dgpu_arch"));
   }
 
   struct DestroyCublas {
@@ -315,8 +370,9 @@ class CudaCompute {
   cudaStream_t stream_;
   std::unique_ptr<cublasContext, DestroyCublas> handle_;
   std::array<TokenSlot, 2> slots_;
-  DeviceArray<float> losses_;      // per row, of the last cross_entropy
-  DeviceArray<double> loss_total_;  // since take_loss_sum()
+  DeviceArray<float> losses_;          // per row, of the last cross_entropy
+  DeviceArray<double> loss_total_;     // since take_loss_sum()
+  DeviceArray<std::uint8_t> scratch_;  // CUB's temporary storage (run_cub)
 };
 
 using CudaGpt = GptModel<CudaCompute>;

@@ -9,6 +9,9 @@
 //     --quick (or ZERO_CUDA_TEST_QUICK=1): smaller sizes and no >2^31 shard,
 //     for runs under compute-sanitizer; --only: one group of tests.
 #include <cuda_runtime.h>
+#include <thrust/fill.h>
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/tabulate.h>
 
 #include <cmath>
 #include <cstdarg>
@@ -283,24 +286,21 @@ void step_tests(const Options& o, cudaStream_t stream) {
 }
 
 // ---- a shard beyond 2^31 elements -----------------------------------------
+// Element i as the host computes it: grad_value(seed, i), or
+// scale x uniform(seed, i).
 template <class T>
-__global__ void fill_kernel(T* p, std::size_t n, std::uint64_t seed, float scale, bool gradient) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    p[i] = zero::from_float<T>(gradient ? grad_value(seed, i) : scale * uniform(seed, i));
-}
+struct TestValue {
+  std::uint64_t seed;
+  float scale;
+  bool gradient;
+  __device__ T operator()(std::uint64_t i) const {
+    return zero::from_float<T>(gradient ? grad_value(seed, i) : scale * uniform(seed, i));
+  }
+};
 
 template <class T>
 void fill_device(T* p, std::size_t n, std::uint64_t seed, float scale, bool gradient, cudaStream_t stream) {
-  fill_kernel<T><<<4096, 256, 0, stream>>>(p, n, seed, scale, gradient);
-  zero::cuda::check_launch("fill_kernel");
-}
-
-template <class T>
-__global__ void fill_constant_kernel(T* p, std::size_t n, T value) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    p[i] = value;
+  thrust::tabulate(thrust::cuda::par_nosync.on(stream), p, p + n, TestValue<T>{seed, scale, gradient});
 }
 
 // AdamW, bf16 grads and copies, on (2^31 + 4099) elements: the windows at the
@@ -354,7 +354,7 @@ void large_shard_test(cudaStream_t stream) {
       for (std::size_t j = 0; j < window; ++j) {
         hm[j] = uniform(11, start + j);
         hs0[j] = 0.1f * uniform(21, start + j);
-        hs1[j] = 0.0f * uniform(22, start + j);  // signed zeros, as the fill kernel writes
+        hs1[j] = 0.0f * uniform(22, start + j);  // signed zeros, as fill_device writes
         hg[j] = zero::from_float<bf16>(grad_value(101, start + j));
       }
       FusedStepArgs<Opt, bf16, bf16> h = d;
@@ -383,8 +383,7 @@ void large_shard_test(cudaStream_t stream) {
 
     // Statistics over the whole shard: every element 0.5 (so the exact sum
     // is n/4), then one NaN past 2^31.
-    fill_constant_kernel<bf16><<<4096, 256, 0, stream>>>(grad, n, zero::from_float<bf16>(0.5f));
-    zero::cuda::check_launch("fill_constant_kernel");
+    thrust::fill_n(thrust::cuda::par_nosync.on(stream), grad, n, zero::from_float<bf16>(0.5f));
     CudaGradStats stats;
     const GradStats s = stats.compute(grad, n, stream);
     CHECK(s.sum_squares == static_cast<double>(n) * 0.25 && !s.non_finite,

@@ -111,8 +111,12 @@ struct OptimizerSaveOptions {
   SaveOptions io = {};  // checksum chunks, I/O buffer, keep_last (save_step)
 };
 
+// The checkpoint layer of one engine (detail::Engine<P, O, B>), through its
+// public view: the owned ranges (ownership()), the owned values of the
+// parameters and of each state slot (read_/write_params, read_/write_state),
+// the progress (step count, loss scaler) and the control all-gather.
 template <class Opt>
-struct OptimizerIo {
+struct EngineIo {
   using SaveOptions = OptimizerSaveOptions;
   using param_type = typename Opt::param_type;
   using Ops = backend::Ops<typename Opt::backend_policy>;
@@ -125,7 +129,7 @@ struct OptimizerIo {
     explicit Source(Opt& opt, nlohmann::json extra = nlohmann::json::object())
         : opt_(opt), extra_(std::move(extra)) {}
 
-    std::vector<UnitDesc> units() const override { return detail::unit_descs(opt_.layout_); }
+    std::vector<UnitDesc> units() const override { return detail::unit_descs(opt_.layout()); }
     std::vector<SlotDesc> slots() const override {
       std::vector<SlotDesc> s{{"master", DType::f32, true}};
       for (int k = 0; k < state_slots; ++k)
@@ -136,49 +140,38 @@ struct OptimizerIo {
     }
     // Stages 1-3: this rank's shard of each unit (within its unpadded data);
     // stage 0: all of it.
-    std::vector<OwnedRange> owned() const override { return ranges(Opt::rules.states_sharded); }
+    std::vector<OwnedRange> owned() const override { return ranges(opt_.plan().rules.states_sharded); }
     // Saved: the shards at every stage (at stage 0 each rank writes a part).
     std::vector<OwnedRange> save_ranges() const override { return ranges(true); }
 
     void read(std::size_t slot, const OwnedRange& r, void* dst) const override {
       auto& opt = const_cast<Opt&>(opt_);
-      const UnitInfo& u = opt.layout_.units()[r.unit];
-      const std::size_t local = r.begin - opt.update_begin(u);
-      if (is_param(slot)) {
-        Ops::download(static_cast<param_type*>(dst), opt.param_ptr(u) + local, r.count);
-      } else if (slot == 0 && !opt.store_.owns_master()) {
-        if constexpr (std::is_same_v<param_type, float>)
-          Ops::download(static_cast<float*>(dst), opt.param_ptr(u) + local, r.count);
-      } else {
-        opt.store_.export_values(store_slot(slot), opt.state_offset(u) + local, static_cast<float*>(dst), r.count);
-      }
+      const std::size_t local = r.begin - opt.ownership().update_begin(opt.layout().units()[r.unit]);
+      if (is_param(slot))
+        opt.read_params(r.unit, local, r.count, static_cast<param_type*>(dst));
+      else
+        opt.read_state(store_slot(slot), r.unit, local, r.count, static_cast<float*>(dst));
     }
     void write(std::size_t slot, const OwnedRange& r, const void* src) override {
-      const UnitInfo& u = opt_.layout_.units()[r.unit];
-      const std::size_t local = r.begin - opt_.update_begin(u);
-      if (is_param(slot)) {
-        Ops::upload(opt_.param_ptr(u) + local, static_cast<const param_type*>(src), r.count);
-      } else if (slot == 0 && !opt_.store_.owns_master()) {
-        if constexpr (std::is_same_v<param_type, float>)
-          Ops::upload(opt_.param_ptr(u) + local, static_cast<const float*>(src), r.count);
-      } else {
-        opt_.store_.import_values(store_slot(slot), opt_.state_offset(u) + local, static_cast<const float*>(src),
-                                  r.count);
-      }
+      const std::size_t local = r.begin - opt_.ownership().update_begin(opt_.layout().units()[r.unit]);
+      if (is_param(slot))
+        opt_.write_params(r.unit, local, r.count, static_cast<const param_type*>(src));
+      else
+        opt_.write_state(store_slot(slot), r.unit, local, r.count, static_cast<const float*>(src));
     }
 
     RunState run_state() const override {
       RunState s;
       s.world_size = static_cast<std::uint64_t>(opt_.ranks());
-      s.stage = static_cast<std::uint64_t>(Opt::stage);
+      s.stage = static_cast<std::uint64_t>(opt_.stage());
       s.precision = mixed ? dtype_name(dtype_traits<param_type>::dtype) : "fp32";
       s.optimizer = Opt::optimizer_policy::name;
-      s.hyper = detail::hyper_json(opt_.hyper_);
-      s.step = static_cast<std::uint64_t>(opt_.steps_);
-      const auto scaler = opt_.control_.scaler().state();
+      s.hyper = detail::hyper_json(opt_.hyper());
+      s.step = static_cast<std::uint64_t>(opt_.step_count());
+      const auto scaler = opt_.loss_scaler_state();
       s.loss_scaler = {scaler.scale, static_cast<std::uint64_t>(scaler.clean_steps),
                        static_cast<std::uint64_t>(scaler.hysteresis_left)};
-      if (opt_.options_.stochastic_rounding) s.rounding_seed = opt_.options_.seed;
+      if (opt_.options().stochastic_rounding) s.rounding_seed = opt_.options().seed;
       s.extra = extra_;
       return s;
     }
@@ -189,7 +182,7 @@ struct OptimizerIo {
       return slot == 0 ? StateSlot{} : StateSlot{static_cast<int>(slot) - 1};
     }
     std::vector<OwnedRange> ranges(bool sharded) const {
-      return detail::owned_ranges(opt_.layout_, static_cast<std::size_t>(opt_.rank()), sharded);
+      return detail::owned_ranges(opt_.layout(), static_cast<std::size_t>(opt_.rank()), sharded);
     }
 
     Opt& opt_;
@@ -250,14 +243,12 @@ struct OptimizerIo {
     // copy (a run in another precision), and always in fp32, which saves no
     // "param" slot. (Without this an fp32 offloaded resume trained on the
     // fresh optimizer's values while gather_masters() looked right.)
-    const bool derive = mixed ? !result.slots_not_loaded.empty() : opt.store_.owns_master();
+    const bool derive = mixed ? !result.slots_not_loaded.empty() : opt.separate_master();
     if (derive) params_from_master(opt, source);
     const RunState& run = result.manifest.run;
-    opt.steps_ = static_cast<std::int64_t>(run.step);
-    opt.steps_at_reset_ = opt.steps_;
-    opt.control_.scaler().restore({run.loss_scaler.scale, static_cast<int>(run.loss_scaler.growth_counter),
-                                   static_cast<int>(run.loss_scaler.hysteresis_left)});
-    opt.publish_params();
+    opt.restore_progress(static_cast<std::int64_t>(run.step),
+                         {run.loss_scaler.scale, static_cast<int>(run.loss_scaler.growth_counter),
+                          static_cast<int>(run.loss_scaler.hysteresis_left)});
     return result;
   }
 
@@ -271,7 +262,7 @@ struct OptimizerIo {
     settle(opt, "load_hf");
     refuse_acquired(opt, "load_hf");
     const Collective c = collective(opt);
-    const auto& params = opt.layout_.params();
+    const auto& params = opt.layout().params();
     std::optional<HfReader> reader;
     detail::on_every_rank(c, path, "checking the Hugging Face files", [&] {
       reader.emplace(path);
@@ -304,22 +295,16 @@ struct OptimizerIo {
  private:
   // Between optimizer steps, with nothing in flight (a background save
   // completed first).
-  static void settle(Opt& opt, const char* what) {
-    require(opt.finalized_, what, ": call finalize() first");
-    require(opt.micro_ == 0, what, ": call it between optimizer steps, not within a gradient-accumulation window");
-    opt.wait_save();
-    opt.land_update();
-    opt.synchronize();
-  }
+  static void settle(Opt& opt, const char* what) { opt.settle(what); }
 
   // Stage 3: a load replaces the values an acquired unit's gathered copy
   // holds, and would leave the caller computing with the old ones (and its
   // release_unit() failing): every unit is released first. Every rank reaches
   // this check with the same acquisitions (acquire_unit is collective).
   static void refuse_acquired(Opt& opt, const char* what) {
-    if (const auto held = opt.gatherer_.any_acquired())
+    if (const auto held = opt.acquired_unit())
       throw InvalidArgument(zero::detail::concat(
-          what, ": unit '", opt.layout_.units()[*held].name,
+          what, ": unit '", opt.layout().units()[*held].name,
           "' is acquired; release_unit() every unit before loading (the load replaces the parameters its gathered "
           "copy holds)"));
   }
@@ -333,8 +318,8 @@ struct OptimizerIo {
       low.resize(r.count);
       source.read(0, r, master.data());
       for (std::size_t i = 0; i < r.count; ++i) low[i] = from_float<param_type>(master[i]);
-      const UnitInfo& u = opt.layout_.units()[r.unit];
-      Ops::upload(opt.param_ptr(u) + (r.begin - opt.update_begin(u)), low.data(), r.count);
+      opt.write_params(r.unit, r.begin - opt.ownership().update_begin(opt.layout().units()[r.unit]), r.count,
+                       low.data());
     }
   }
 
@@ -354,8 +339,13 @@ struct OptimizerIo {
     auto background = std::make_unique<Background>(opt, options.io);
     Source source(opt, std::move(options.extra));
     background->checkpointer.write(dir, std::move(root), source, options.async);
-    if (options.async) opt.background_save_ = std::move(background);
+    if (options.async) opt.adopt_background_save(std::move(background));
   }
 };
+
+// The checkpoint layer of an optimizer type (a ZeroOptimizer, or the engine
+// itself): the engine's, compiled once per engine.
+template <class Opt>
+struct OptimizerIo : EngineIo<typename Opt::engine_type> {};
 
 }  // namespace zero::checkpoint

@@ -16,13 +16,16 @@
 
 #include "zero/config.hpp"
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "zero/backend/host.hpp"
+#include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
@@ -114,23 +117,97 @@ class ArrayStateStore {
   Buf states_[state_slots > 0 ? state_slots : 1];
 };
 
-// The store an offload policy selects. offload::Nvme's is specialised in
-// zero/offload/disk_state_store.hpp, which needs liburing.
-template <class Offload, optim::Policy Optimizer, BackendPolicy Backend>
-struct StateStoreFor {
+// What every tier's store does (ArrayStateStore here, offload::DiskStateStore
+// in zero/offload/disk_state_store.hpp), in the owned-element coordinates
+// above. allocate() takes the engine's allocator, which a store may ignore
+// when it owns its memory in its own way (the disk store's aligned window).
+template <class S, class Optimizer, class Grad, class Param>
+concept StateStoreFor = requires(S& s, const S& cs, StateSlot slot, std::size_t offset, float* out, const float* in,
+                                 kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
+  { cs.owns_master() } -> std::same_as<bool>;
+  s.import_values(slot, offset, in, offset);
+  s.export_values(slot, offset, out, offset);
+  s.update(offset, args);
+  { cs.master_bytes() } -> std::same_as<PlacedBytes>;
+  { cs.state_bytes() } -> std::same_as<PlacedBytes>;
+};
+
+// The engine holds its store through this interface, so that the tier is a
+// value chosen at run time and the engine is compiled once per precision,
+// optimizer and backend, not once per tier. A virtual call per unit and
+// step is nothing next to the update it starts.
+template <optim::Policy Optimizer, class Grad, class Param>
+class AnyStateStore {
+ public:
+  using StepArgs = kernels::FusedStepArgs<Optimizer, Grad, Param>;
+  virtual ~AnyStateStore() = default;
+  virtual bool owns_master() const = 0;
+  virtual void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n) = 0;
+  virtual void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n) = 0;
+  virtual void update(std::size_t offset, StepArgs& args) = 0;
+  virtual PlacedBytes master_bytes() const = 0;
+  virtual PlacedBytes state_bytes() const = 0;
+  // Host memory the state passes through without being kept (the disk
+  // tier's window), counted as a communication buffer.
+  virtual std::uint64_t window_bytes() const = 0;
+};
+
+// A concrete store behind AnyStateStore.
+template <class Store, optim::Policy Optimizer, class Grad, class Param>
+  requires StateStoreFor<Store, Optimizer, Grad, Param>
+class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
+ public:
+  using StepArgs = kernels::FusedStepArgs<Optimizer, Grad, Param>;
+  Store store;
+
+  bool owns_master() const override { return store.owns_master(); }
+  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n) override {
+    store.import_values(slot, offset, host, n);
+  }
+  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n) override {
+    store.export_values(slot, offset, host, n);
+  }
+  void update(std::size_t offset, StepArgs& args) override { store.update(offset, args); }
+  PlacedBytes master_bytes() const override { return store.master_bytes(); }
+  PlacedBytes state_bytes() const override { return store.state_bytes(); }
+  std::uint64_t window_bytes() const override {
+    if constexpr (requires { store.window_bytes(); })
+      return store.window_bytes();
+    else
+      return 0;
+  }
+};
+
+// The disk tier's store, made by zero/offload/disk_state_store.hpp (which
+// needs liburing, so the engine cannot include it): a function configured
+// from the run's Options::nvme for this rank, with `owned` elements. The
+// engine is handed it where that header is included and refuses the tier
+// without it.
+template <optim::Policy Optimizer, class Grad, class Param>
+using DiskStoreMaker = std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*)(const NvmeOptions& options,
+                                                                                   int rank, std::size_t owned);
+
+namespace offload {
+struct DiskTier;  // the disk tier's maker (zero/offload/disk_state_store.hpp)
+}
+
+namespace detail {
+// A program without the disk tier: no maker.
+struct NoDiskTier {
+  template <optim::Policy Optimizer, class Grad, class Param>
+  static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
+    return nullptr;
+  }
+};
+// The disk tier an offload policy needs: specialised for offload::Nvme by
+// zero/offload/disk_state_store.hpp.
+template <class Offload>
+struct DiskTierOf {
   static_assert(!std::is_same_v<Offload, offload::Nvme>,
                 "zero: offload::Nvme needs its store: #include \"zero/offload/disk_state_store.hpp\" (liburing, "
                 "xxhash.h) before naming the optimizer type");
-  using type = ArrayStateStore<Optimizer, backend::Ops<Backend>,
-                               typename backend::Ops<Backend>::template Buffer<float>, Backend::device>;
+  using type = NoDiskTier;
 };
-template <optim::Policy Optimizer, BackendPolicy Backend>
-struct StateStoreFor<offload::Cpu, Optimizer, Backend> {
-  static_assert(backend::OffloadOps<backend::Ops<Backend>>,
-                "zero: offload::Cpu needs a backend with page-locked host buffers and asynchronous copies "
-                "(backend/ops.hpp, OffloadOps)");
-  using type = ArrayStateStore<Optimizer, backend::Ops<backend::Host>,
-                               typename backend::Ops<Backend>::template PinnedBuffer<float>, false>;
-};
+}  // namespace detail
 
 }  // namespace zero

@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -32,14 +33,14 @@ class UpdateWorker {
     thread_.join();
   }
 
-  // Runs task(context) on the worker thread; at most one task at a time
-  // (call wait() in between).
-  void start(void (*task)(void*), void* context) {
+  // Runs task() on the worker thread; at most one task at a time (call
+  // wait() in between). The callers' tasks capture one pointer, which
+  // std::function keeps without allocating.
+  void start(std::function<void()> task) {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     {
       std::lock_guard lock(mutex_);
-      task_ = task;
-      context_ = context;
+      task_ = std::move(task);
     }
     ready_.notify_all();
   }
@@ -63,7 +64,7 @@ class UpdateWorker {
       lock.unlock();
       std::exception_ptr error;
       try {
-        task_(context_);
+        task_();
       } catch (...) {
         error = std::current_exception();
       }
@@ -76,8 +77,7 @@ class UpdateWorker {
 
   std::mutex mutex_;
   std::condition_variable ready_, done_;
-  void (*task_)(void*) = nullptr;
-  void* context_ = nullptr;
+  std::function<void()> task_;
   std::exception_ptr error_;
   bool stop_ = false;
   std::thread thread_;

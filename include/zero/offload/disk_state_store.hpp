@@ -57,9 +57,10 @@ class DiskStateStore {
   static constexpr int arrays = 1 + state_slots;  // master, then the state slots
   static constexpr int window_slots = 3;          // read ahead, update, write behind
 
-  // `allocate` is unused: the window is allocated here, 4 KiB aligned.
-  template <class Allocate>
-  void allocate(std::size_t owned, bool /*separate_master: always, the master is on disk*/, Allocate&&) {
+  // Creates the swap file for `owned` elements (the master always: it lives
+  // on disk) and the window, 4 KiB aligned for O_DIRECT, which is why this
+  // store allocates its own memory instead of taking the engine's buffers.
+  void allocate(std::size_t owned) {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
             "files of the master weights and optimizer state");
@@ -86,7 +87,7 @@ class DiskStateStore {
     if (!io_) io_ = std::make_unique<zero::detail::UpdateWorker>();
     for (Slot& s : slots_) s = Slot{};
   }
-  // Set by the engine before allocate(): the run's options and this rank.
+  // Before allocate(): the run's options and this rank.
   void configure(const NvmeOptions& options, int rank) {
     options_ = options;
     rank_ = rank;
@@ -175,13 +176,10 @@ class DiskStateStore {
       return;
     }
     computing_.store(true, std::memory_order_relaxed);
-    io_->start(
-        [](void* self) {
-          auto& store = *static_cast<DiskStateStore*>(self);
-          while (store.computing_.load(std::memory_order_acquire) && !store.swap_->wait_some()) {
-          }
-        },
-        this);
+    io_->start([this] {
+      while (computing_.load(std::memory_order_acquire) && !swap_->wait_some()) {
+      }
+    });
     struct Done {  // however compute() ends, the worker stops at its next completion
       std::atomic<bool>& flag;
       ~Done() { flag.store(false, std::memory_order_release); }
@@ -284,9 +282,27 @@ class DiskStateStore {
 
 }  // namespace zero::offload
 
-namespace zero {
-template <optim::Policy Optimizer, BackendPolicy Backend>
-struct StateStoreFor<offload::Nvme, Optimizer, Backend> {
-  using type = offload::DiskStateStore<Optimizer>;
+// What the engine is handed for the disk tier (engine/state_store.hpp).
+#define ZERO_HAVE_DISK_TIER 1
+namespace zero::offload {
+struct DiskTier {
+  template <optim::Policy Optimizer, class Grad, class Param>
+  static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const NvmeOptions& options, int rank,
+                                                                      std::size_t owned) {
+    auto model = std::make_unique<StoreModel<DiskStateStore<Optimizer>, Optimizer, Grad, Param>>();
+    model->store.configure(options, rank);
+    model->store.allocate(owned);
+    return model;
+  }
+  template <optim::Policy Optimizer, class Grad, class Param>
+  static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
+    return &make<Optimizer, Grad, Param>;
+  }
 };
-}  // namespace zero
+}  // namespace zero::offload
+namespace zero::detail {
+template <>
+struct DiskTierOf<offload::Nvme> {
+  using type = offload::DiskTier;
+};
+}  // namespace zero::detail

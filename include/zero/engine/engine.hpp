@@ -1,0 +1,426 @@
+// Why: this is the engine every optimizer runs on, compiled once per
+// precision, optimizer and backend: the ZeRO stage and the offload tier are a
+// plan it takes as a value (EnginePlan), so a program that picks them at run
+// time compiles one engine, not one per combination. zero::ZeroOptimizer
+// (zero_optimizer.hpp) is the typed layer users name; zero::make_optimizer
+// (zero/runtime/make_optimizer.hpp) picks the engine from a zero::Config.
+//
+// It owns one rank's partitioned model state and reads like the protocol.
+// Per micro-batch, per unit (a layer), the caller:
+//   const auto* w = opt.acquire_unit(u);   // stage 3: gathers the unit
+//   ... forward with w ...; opt.release_unit(u);
+// and in backward, in reverse unit order:
+//   opt.acquire_unit(u); auto* g = opt.grad_buffer(u); ... write dL/dw into g ...
+//   opt.grad_ready(u); opt.release_unit(u);
+// then opt.step(), which steps the optimizer every grad_accumulation_steps
+// micro-batches. Collective calls (finalize, set_param, acquire_unit at
+// stage 3, grad_ready, step, gather_*) must be made by every rank in the same
+// order; each names itself (comm::ApiCall), so that a communicator's error
+// says which call each rank was in.
+//
+// The parts, each in its own header with what it owns and which collectives
+// it issues (docs/design.md draws them):
+//   CommChannel      the communicator, and on a GPU the lane and events of overlap
+//   GradientReducer  gradient staging, buckets, reduce-scatter/all-reduce, accumulation
+//   ParamGatherer    stage 3: the gather arena, prefetch, lifetimes
+//   StepControl      gradient statistics' all-reduce, loss scaler, clipping, fingerprints
+//   UpdatePipeline   the tier's state store, host staging, the delayed update
+// All buffers are allocated once at finalize() from the sizes the planner
+// shares (buffer_sizes.hpp); the steady-state step allocates nothing.
+//
+// Ranks never silently disagree. finalize() compares the layout, precision,
+// optimizer, stage, tier and every Options field across ranks; set_param()
+// compares a fingerprint of the values (detection moves 8 bytes per rank
+// instead of broadcasting the parameter, and a rank-dependent
+// initialisation is a bug worth hearing about); step() re-validates hyper()
+// and compares a fingerprint of the update rule with this step's
+// hyper-parameters across ranks, in the step's control all-reduce.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zero/backend/host.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/engine/comm_channel.hpp"
+#include "zero/engine/gradient_reducer.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/engine/loss_scaler.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/engine/ownership.hpp"
+#include "zero/engine/param_gatherer.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/state_store.hpp"
+#include "zero/engine/step_control.hpp"
+#include "zero/engine/update_pipeline.hpp"
+#include "zero/error.hpp"
+#include "zero/optim/policy.hpp"
+#include "zero/policies.hpp"
+
+namespace zero {
+
+namespace checkpoint {
+// Saves and loads an engine's state: zero/checkpoint/optimizer_io.hpp (needs
+// nlohmann-json and xxHash), included only by programs that checkpoint.
+template <class Opt>
+struct OptimizerIo;
+// The Io of save/load/load_hf once its header is included; without it, this
+// static_assert instead of "invalid use of incomplete type". (Named through
+// the member template's parameter: checked where a call is compiled.)
+template <class Io>
+struct IncludedIo {
+  static_assert(requires { sizeof(Io); },
+                "opt.save, opt.load and opt.load_hf need #include \"zero/checkpoint/optimizer_io.hpp\" (which needs "
+                "nlohmann-json and xxHash: apt install nlohmann-json3-dev libxxhash-dev)");
+  using type = Io;
+};
+template <class Io>
+using Included = typename IncludedIo<Io>::type;
+// A save still being written in the background (save(dir, {.async = true})):
+// the optimizer completes it (collective) at wait_save(), at the next save
+// or load, and when it is destroyed.
+class BackgroundSave {
+ public:
+  virtual ~BackgroundSave() = default;
+  virtual void finish() = 0;
+};
+}  // namespace checkpoint
+
+struct StepResult {
+  bool stepped = false;           // the optimizer updated the parameters
+  bool skipped_overflow = false;  // fp16: inf/NaN in the gradients; nothing was updated
+  bool accumulating = false;      // a micro-batch before the accumulation boundary
+  double grad_norm = 0.0;         // global L2 norm of the unscaled, averaged gradient (before clipping)
+  double loss_scale = 1.0;        // the scale that was in effect for this step
+};
+
+// The stage and the offload tier of a run, as values.
+struct EnginePlan {
+  StagePlan rules = stage_plan(0);
+  OffloadTier offload = OffloadTier::none;
+};
+
+namespace detail {
+
+template <PrecisionPolicy Precision, optim::Policy Optimizer, BackendPolicy Backend>
+class Engine {
+ public:
+  using engine_type = Engine;
+  using precision_policy = Precision;
+  using optimizer_policy = Optimizer;
+  using backend_policy = Backend;
+  using param_type = typename Precision::param_type;
+  using grad_type = typename Precision::grad_type;
+  using Hyper = typename Optimizer::Hyper;
+  static constexpr int state_slots = Optimizer::state_slots;
+  using DiskMaker = DiskStoreMaker<Optimizer, grad_type, param_type>;
+
+  // The plan is checked here with the words of ZeroOptimizer's
+  // static_asserts; `disk` makes offload nvme's store (null: the program
+  // was built without zero/offload/disk_state_store.hpp).
+  template <comm::Communicator Comm>
+  Engine(Comm& communicator, EnginePlan plan, Hyper hyper, Options options = {}, DiskMaker disk = nullptr)
+      : comm_(communicator),
+        plan_(checked(plan, disk)),
+        disk_(disk),
+        hyper_(hyper),
+        options_(options),
+        layout_(comm_->size()),
+        control_(options.loss_scale, Precision::loss_scaling) {
+    hyper_.validate();
+    options_.validate();
+  }
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  // Completes a background save (collective: every rank destroys its
+  // optimizer). While an exception unwinds, it only waits for this rank's
+  // file, and the checkpoint stays incomplete (no manifest), so the previous
+  // one is what a resume finds. A destructor cannot throw: a failure is
+  // printed to stderr; call wait_save() first to get it as an exception.
+  ~Engine() {
+    const comm::ApiCall api_call("~ZeroOptimizer");
+    if (!background_save_) return;
+    try {
+      if (std::uncaught_exceptions() <= unwinding_at_start_) wait_save();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zero: rank %d: the background checkpoint save failed: %s\n", rank(), e.what());
+    }
+  }
+
+  // ---- Registration ----------------------------------------------------
+  UnitId add_unit(std::string name) { return layout_.add_unit(std::move(name)); }
+  // `shape` (optional, e.g. {out, in}) must hold `numel` elements; the
+  // optimizer stores every parameter flat, checkpoints and the Hugging Face
+  // export keep the shape.
+  ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape = {}) {
+    return layout_.add_param(unit, std::move(name), numel, std::move(shape));
+  }
+  // Collective. Checks that all ranks registered the same layout, then
+  // allocates every buffer the run will use (engine_setup.hpp).
+  void finalize();
+
+  const Layout& layout() const { return layout_; }
+  int rank() const { return comm_->rank(); }
+  int ranks() const { return comm_->size(); }
+  const EnginePlan& plan() const { return plan_; }
+  int stage() const { return plan_.rules.stage; }
+
+  // ---- Values (engine_values.hpp) ----------------------------------------
+  // Collective. Sets a parameter from fp32 host values (numel of them). Every
+  // rank must pass the same values (each keeps what its stage needs of
+  // them); a rank whose values differ from rank 0's makes it a CommError on
+  // every rank. Stage 3: the unit must not be acquired.
+  void set_param(ParamId p, const float* values);
+  // Collective: the full fp32 master weights / low-precision parameters
+  // (padded layout, Layout::padded_total() elements) into host memory.
+  // Counted as control traffic, not as model traffic.
+  void gather_masters(float* out);
+  void gather_params(param_type* out);
+  // A parameter's values as fp32 from the gathered masters (collective).
+  std::vector<float> master_values(ParamId p);
+
+  // ---- Forward / backward ------------------------------------------------
+  // The unit's parameters (padded flat buffer; a parameter starts at
+  // layout().param(p).offset). Stage 3: collective, gathers the unit (and
+  // prefetches the next ones) into the gather arena.
+  const param_type* acquire_unit(UnitId id) {
+    const comm::ApiCall api_call("acquire_unit");
+    require_finalized("acquire_unit");
+    require_unit(id, "acquire_unit");
+    if (plan_.rules.params_whole()) return params_.data() + layout_.units()[id.index].full_offset;
+    return gatherer_.acquire(id.index, reducer_.in_backward());
+  }
+  // Stage 3: frees the unit's room in the gather arena. Other stages: nothing.
+  void release_unit(UnitId id) {
+    require_unit(id, "release_unit");
+    if (plan_.rules.params_sharded) gatherer_.release(id.index);
+  }
+  // Pointer to parameter p inside its unit's parameters (after finalize();
+  // stage 3: the unit must be acquired, not merely prefetched).
+  const param_type* param_data(ParamId id) const;
+
+  // Where this micro-batch's gradient of unit u goes (padded flat layout,
+  // same offsets as the parameters). Overwrite it: accumulation across
+  // micro-batches is the optimizer's job. For fp16 the gradient is of the
+  // scaled loss (loss * loss_scale()).
+  grad_type* grad_buffer(UnitId id) {
+    const comm::ApiCall api_call("grad_buffer");
+    require_finalized("grad_buffer");
+    require_unit(id, "grad_buffer");
+    return reducer_.hand_out(id.index, first_micro(), last_micro());
+  }
+  // Collective: unit u's gradient is complete. Stage 2/3 reduce-scatter it now.
+  void grad_ready(UnitId id) {
+    const comm::ApiCall api_call("grad_ready");
+    require_finalized("grad_ready");
+    require_unit(id, "grad_ready");
+    reducer_.ready(id.index, first_micro(), last_micro());
+  }
+
+  // ---- Step --------------------------------------------------------------
+  // Collective. Call once per micro-batch; steps every grad_accumulation_steps
+  // (stage 3: with no unit acquired). Each step validates hyper() and checks
+  // that every rank set the same values.
+  StepResult step();
+
+  // Blocks until everything the optimizer enqueued, compute and
+  // communication, has finished (before timing a step, say).
+  void synchronize() {
+    update_.wait();
+    comm_.join();
+    Ops::synchronize();
+  }
+  // Options::delayed_update: lands the update still running in the
+  // background (waits for it, copies its parameters to the device, and at
+  // stages 1-2 all-gathers them: collective). Call it before evaluating the
+  // model; gather_*, master_values, set_param and step() call it themselves.
+  void wait_update() {
+    const comm::ApiCall api_call("wait_update");
+    require_finalized("wait_update");
+    land_update();
+  }
+
+  // ---- Checkpoints (#include "zero/checkpoint/optimizer_io.hpp") ----------
+  // Collective. Writes this run's state into directory `dir` (one
+  // safetensors file per rank, a manifest last; docs/checkpoint-format.md).
+  // With {.async = true} it returns once this rank's state is copied to host
+  // memory and writes in the background; the checkpoint exists once
+  // wait_save(), the next save or load, or the destructor completes it.
+  template <class Io = checkpoint::OptimizerIo<Engine>>
+  void save(const std::string& dir, typename checkpoint::Included<Io>::SaveOptions options = {}) {
+    Io::save(*this, dir, std::move(options));
+  }
+  // Collective. Completes a background save: waits for this rank's file,
+  // confirms every rank's, writes the manifest. Nothing pending: nothing.
+  void wait_save() {
+    const comm::ApiCall api_call("wait_save");
+    if (!background_save_) return;
+    auto pending = std::move(background_save_);  // a failure is reported once, not again by the destructor
+    pending->finish();
+  }
+  // Collective. Loads a checkpoint saved by any number of ranks at any stage
+  // and offload tier (the same optimizer and model); `path` is a checkpoint
+  // directory or a root holding step-* checkpoints (the newest complete one).
+  template <class Io = checkpoint::OptimizerIo<Engine>>
+  auto load(const std::string& path) {
+    return checkpoint::Included<Io>::load(*this, path);
+  }
+  // Collective. Sets every parameter from a Hugging Face safetensors file set
+  // (a .safetensors file, a model.safetensors.index.json, or a directory
+  // holding either), by name: a missing name, or a shape other than the
+  // registered one (or another element count, for a parameter registered
+  // flat), is an error on every rank before any parameter changes. The
+  // optimizer state and the step counter are left as they are.
+  template <class Io = checkpoint::OptimizerIo<Engine>>
+  void load_hf(const std::string& path) {
+    checkpoint::Included<Io>::load_hf(*this, path);
+  }
+
+  double loss_scale() const { return control_.scaler().scale(); }
+  // e.g. hyper().lr = schedule(step), the same on every rank (checked at the step)
+  Hyper& hyper() { return hyper_; }
+  const Hyper& hyper() const { return hyper_; }
+  const Options& options() const { return options_; }
+  std::int64_t step_count() const { return steps_; }
+
+  MemoryReport memory_report() const { return memory_; }
+  // Offload from a device: the split of the steps' time (OffloadTimes).
+  OffloadTimes offload_times() const { return const_cast<Engine*>(this)->update_.times(); }
+  void reset_offload_times() { update_.times() = {}; }
+  CommReport comm_report() const {
+    CommReport r;
+    r.rank = rank();
+    r.ranks = ranks();
+    r.stage = stage();
+    r.steps = static_cast<std::uint64_t>(steps_ - steps_at_reset_);
+    r.counters = comm_->counters();
+    return r;
+  }
+  void reset_comm_counters() {
+    comm_->reset_counters();
+    steps_at_reset_ = steps_;
+  }
+
+  // ---- The state as the checkpoint layer sees it (engine_values.hpp) -------
+  // Which elements of each unit this rank owns, and where they sit.
+  Ownership ownership() const { return Ownership{plan_.rules, static_cast<std::size_t>(rank()), &layout_}; }
+  // `count` elements of this rank's owned range of unit `unit`, from element
+  // `local` of that range, between the engine and host memory: the
+  // parameters (param_type), or a slot of the state store (fp32; the master
+  // slot reads and writes the parameters when fp32 keeps no separate master).
+  void read_params(std::size_t unit, std::size_t local, std::size_t count, param_type* host);
+  void write_params(std::size_t unit, std::size_t local, std::size_t count, const param_type* host);
+  void read_state(StateSlot slot, std::size_t unit, std::size_t local, std::size_t count, float* host);
+  void write_state(StateSlot slot, std::size_t unit, std::size_t local, std::size_t count, const float* host);
+  // Whether the store keeps the fp32 master apart from the parameters.
+  bool separate_master() const { return update_.separate_master(); }
+  // Between optimizer steps, with nothing in flight: a background save
+  // completed, the delayed update landed, the device idle.
+  void settle(const char* what);
+  // Stage 3: the first unit acquired (a load must not replace its values).
+  std::optional<std::size_t> acquired_unit() const { return gatherer_.any_acquired(); }
+  // After a load: the step counter and the loss scaler, then the parameters
+  // published (stages 1-2 all-gather them: collective).
+  void restore_progress(std::int64_t steps, DynamicLossScaler::State scaler);
+  DynamicLossScaler::State loss_scaler_state() const { return control_.scaler().state(); }
+  // Collective: every rank's values, rank-major, through a backend buffer
+  // (collectives take backend memory), counted as control traffic.
+  std::vector<std::uint64_t> all_gather_control(const std::vector<std::uint64_t>& mine);
+  // An asynchronous save in flight, completed by wait_save().
+  void adopt_background_save(std::unique_ptr<checkpoint::BackgroundSave> save) { background_save_ = std::move(save); }
+
+ private:
+  using Ops = backend::Ops<Backend>;
+  template <class T>
+  using Buffer = typename Ops::template Buffer<T>;
+
+  static EnginePlan checked(EnginePlan plan, DiskMaker disk);
+
+  const UnitInfo& unit_of(std::size_t index) const { return layout_.units()[index]; }
+  param_type* param_ptr(const UnitInfo& u) { return params_.data() + ownership().param_offset(u); }
+  // After the parameters changed: stage 3 drops its gathered copies, stages
+  // 1-2 all-gather the updated shards (collective).
+  void publish_params();
+  // Delayed update: waits for the background update and publishes it.
+  void land_update() {
+    if (!update_.land()) return;
+    publish_params();
+    Ops::synchronize();  // the next background update writes the host parameters these copies read
+  }
+
+  void require_finalized(const char* what) const {
+    require(finalized_, what, ": call finalize() after registering the parameters and before training");
+  }
+  void require_unit(UnitId u, const char* what) const {
+    require(u.index < layout_.units().size(), what, ": unit id ", u.index, " does not exist (",
+            layout_.units().size(), " units)");
+  }
+
+  // Events of the channel: one per gradient staging set (the reducer's
+  // first two), then the gatherer's (one per gather slot).
+  static constexpr std::size_t first_slot_event = 2;
+  bool first_micro() const { return micro_ == 0; }
+  bool last_micro() const { return micro_ == options_.grad_accumulation_steps - 1; }
+  // Offload at stages 2-3: the reducer copies each finished shard to the
+  // host gradient set the next update reads.
+  void aim_final_copies() {
+    if (plan_.rules.reduce_scatter_on_flush && update_.host_staging())
+      reducer_.copy_final_shards_to(update_.final_shard_copies());
+  }
+
+  // Collective: every unit, padded, into host memory `out`, from each rank's
+  // updated range of it (fill(u, dst) writes that range into backend memory).
+  template <class T, class Fill>
+  void gather_units(T* out, Fill fill);
+
+  // A buffer of n elements for finalize(); an overflowing size or a failed
+  // allocation becomes an error naming the buffer, its bytes, this rank and
+  // `lower_it` (the option or stage that makes it smaller). Any buffer type:
+  // the backend's, the store's, page-locked host buffers.
+  template <class Buf>
+  Buf allocate_as(std::size_t n, const char* what, const std::string& lower_it);
+  template <class T>
+  Buffer<T> allocate(std::size_t n, const char* what, const std::string& lower_it) {
+    return allocate_as<Buffer<T>>(n, what, lower_it);
+  }
+  backend::PiecePlan piece_plan(std::size_t n) const;
+  void check_agreement();
+  void account_memory();
+
+  CommChannel<Ops> comm_;  // the communicator, and on a GPU the lane its collectives run on
+  EnginePlan plan_;
+  DiskMaker disk_;
+  Hyper hyper_;
+  Options options_;
+  Layout layout_;
+  bool finalized_ = false;
+
+  Buffer<param_type> params_;                       // whole, or this rank's shards at stage 3
+  GradientReducer<Ops, grad_type> reducer_;         // gradients: staging, buckets, reductions, accumulator
+  StepControl<Ops> control_;                        // the step's decision: norm, overflow, loss scale, clipping
+  ParamGatherer<Ops, param_type> gatherer_;         // stage 3: where gathered units live
+  UpdatePipeline<Precision, Optimizer, Backend> update_;  // the tier's store, host staging, delayed update
+
+  int micro_ = 0;  // micro-batch index within the accumulation window
+  std::int64_t steps_ = 0;
+  std::int64_t steps_at_reset_ = 0;
+  MemoryReport memory_{};
+  std::unique_ptr<checkpoint::BackgroundSave> background_save_;  // an asynchronous save in flight
+  int unwinding_at_start_ = std::uncaught_exceptions();          // exceptions in flight when constructed
+};
+
+}  // namespace detail
+}  // namespace zero
+
+#include "zero/engine/engine_setup.hpp"
+#include "zero/engine/engine_step.hpp"
+#include "zero/engine/engine_values.hpp"

@@ -1,0 +1,113 @@
+// Why: the step, in the order the protocol runs it: the gradients' last
+// reductions (GradientReducer), the owned gradient to where the update reads
+// it and its statistics (UpdatePipeline), one control all-reduce that
+// decides the norm, overflow and the ranks' agreement (StepControl), the
+// update (UpdatePipeline), and the updated parameters published to every
+// rank (all-gather at stages 1-2; stage 3 drops its gathered copies).
+// Included by engine.hpp.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <string>
+
+#include "zero/engine/engine.hpp"
+#include "zero/engine/rank_checks.hpp"
+
+namespace zero::detail {
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+StepResult Engine<P, O, B>::step() {
+  const comm::ApiCall api_call("step");
+  require_finalized("step");
+  const StagePlan& rules = plan_.rules;
+  reducer_.require_all_ready();
+  if (rules.params_sharded && micro_ + 1 == options_.grad_accumulation_steps) {
+    // The update changes every shard: a gathered copy in use would go stale.
+    if (const auto held = gatherer_.any_acquired())
+      throw InvalidArgument(concat("step(): unit '", unit_of(*held).name,
+                                   "' is still acquired; release_unit() every unit before the step that "
+                                   "updates them"));
+  }
+  reducer_.end_micro_batch(first_micro(), last_micro());
+  StepResult result;
+  result.loss_scale = control_.scaler().scale();
+  if (++micro_ < options_.grad_accumulation_steps) {
+    result.accumulating = true;
+    return result;
+  }
+  micro_ = 0;
+  comm_.join();   // the step reads the reduced gradients
+  land_update();  // delayed update: the previous step's, before this one
+
+  reducer_.reduce_at_step();  // stage 1 reduce-scatters the accumulated gradient now, in place
+  update_.gradients_to_host(rules.reduce_scatter_on_flush);
+  const kernels::GradStats stats = update_.grad_stats(rules.reduce_scatter_at_step);
+
+  // The hyper-parameters may have changed since the last step (a schedule):
+  // validated here, and their fingerprint compared across ranks below.
+  std::string invalid_hyper;  // allocates only when there is a message
+  typename O::Scalars scalars{};
+  try {
+    hyper_.validate();
+    scalars = O::prepare(hyper_, steps_ + 1);
+  } catch (const InvalidArgument& e) {
+    invalid_hyper = e.what();
+  }
+  // One control all-reduce decides: the global norm, overflow (fp16 skips),
+  // the ranks' hyper-parameters agreeing (errors on every rank otherwise).
+  const auto decision = control_.decide(
+      stats.sum_squares, step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite),
+      invalid_hyper, {steps_ + 1, rules.norm_needs_all_reduce(), rules.states_sharded, &options_});
+  if (decision.skip) {
+    result.skipped_overflow = true;
+    return result;
+  }
+  result.grad_norm = decision.grad_norm;
+
+  ++steps_;
+  kernels::FusedStepArgs<O, grad_type, param_type> args;
+  args.grad_scale = decision.grad_scale;
+  args.scalars = scalars;
+  args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
+  if (update_.update(args, steps_))
+    publish_params();
+  else
+    aim_final_copies();  // the delayed update reads one host set; the next shards go to the other
+  result.stepped = true;
+  return result;
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::publish_params() {
+  // Stage 3: the shards changed, so every gathered copy is stale (none is in
+  // use: step() checked); acquire_unit gathers the updated values.
+  if (plan_.rules.params_sharded) gatherer_.drop_all();
+  // Stages 1 and 2: every rank needs the full updated parameters again.
+  if (plan_.rules.all_gather_after_step) {
+    const Ownership own = ownership();
+    comm_.communicate([&] {
+      for (const auto& u : layout_.units()) {
+        param_type* full = params_.data() + u.full_offset;
+        comm_->all_gather(full + own.update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);
+      }
+    });
+  }
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+auto Engine<P, O, B>::param_data(ParamId id) const -> const param_type* {
+  require_finalized("param_data");
+  require(id.index < layout_.params().size(), "param_data: parameter id ", id.index, " does not exist (",
+          layout_.params().size(), " parameters)");
+  const ParamInfo& p = layout_.param(id);
+  const UnitInfo& u = unit_of(p.unit);
+  if (plan_.rules.params_whole()) return params_.data() + u.full_offset + p.offset;
+  // Acquired, not merely prefetched: acquire_unit waited for the gather.
+  const param_type* unit = gatherer_.acquired_data(p.unit);
+  require(unit != nullptr, "param_data('", p.name, "'): acquire_unit('", u.name,
+          "') first (stage 3 keeps only shards; a prefetched unit may still be being gathered)");
+  return unit + p.offset;
+}
+
+}  // namespace zero::detail

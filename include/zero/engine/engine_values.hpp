@@ -1,0 +1,163 @@
+// Why: values enter and leave the engine in fp32 host memory, whatever the
+// stage keeps on this rank and wherever the tier keeps the state: set_param
+// (every rank passes the same values; each keeps its part), the gathers of
+// the whole model (collective), and the owned ranges the checkpoint layer
+// reads and writes through the engine's public view instead of its members.
+// Included by engine.hpp.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "zero/engine/engine.hpp"
+#include "zero/engine/rank_checks.hpp"
+#include "zero/precision/convert.hpp"
+
+namespace zero::detail {
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::set_param(ParamId id, const float* values) {
+  const comm::ApiCall api_call("set_param");
+  require_finalized("set_param");
+  land_update();
+  require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
+  const ParamInfo& p = layout_.param(id);
+  const UnitInfo& u = unit_of(p.unit);
+  const StagePlan& rules = plan_.rules;
+  // A gathered copy of the unit would keep the old values: a prefetched one
+  // is dropped below; one in use cannot be.
+  if (rules.params_sharded)
+    require(!gatherer_.is_acquired(p.unit), "set_param('", p.name, "'): unit '", u.name,
+            "' is acquired; release_unit() it before setting its parameters");
+  // Collective: ranks that pass different values would each keep their own
+  // part of them (a model no rank has); compare fingerprints instead.
+  const std::vector<std::uint64_t> all = all_gather_control({hash_floats(values, p.numel)});
+  std::string differ;
+  for (int r = 1; r < ranks(); ++r)
+    if (all[static_cast<std::size_t>(r)] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (!differ.empty())
+    throw CommError(concat("set_param('", p.name, "') on rank ", rank(), ": rank(s) ", differ,
+                           " passed values that differ from rank 0's; every rank must pass the same values "
+                           "(initialise from the same seed on every rank, or load the same checkpoint)"));
+  if (rules.params_sharded) gatherer_.drop(p.unit);
+  comm_.join();  // communication in flight may still read the parameters
+  // The part of the parameter inside this rank's updated range of the unit.
+  const Ownership own = ownership();
+  const std::size_t begin = own.update_begin(u), end = begin + own.update_size(u);
+  const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+  auto to_params = [](const float* from, std::size_t n, param_type* to) {
+    std::vector<param_type> low(n);  // converted on the host, then uploaded (values are fp32 host memory)
+    for (std::size_t i = 0; i < n; ++i) low[i] = from_float<param_type>(from[i]);
+    Ops::upload(to, low.data(), n);
+  };
+  if (lo < hi) {
+    const float* owned = values + (lo - p.offset);
+    if (update_.store().owns_master())
+      update_.store().import_values(StateSlot{}, own.state_offset(u) + (lo - begin), owned, hi - lo);
+    if (rules.params_sharded) to_params(owned, hi - lo, param_ptr(u) + (lo - begin));  // stages 0-2: below
+  }
+  if (rules.params_whole()) to_params(values, p.numel, params_.data() + u.full_offset + p.offset);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::gather_masters(float* out) {
+  const comm::ApiCall api_call("gather_masters");
+  require_finalized("gather_masters");
+  land_update();
+  gather_units(out, [this](const UnitInfo& u, float* dst) { update_.copy_master(u, dst); });
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::gather_params(param_type* out) {
+  const comm::ApiCall api_call("gather_params");
+  require_finalized("gather_params");
+  land_update();
+  if (plan_.rules.params_whole())
+    Ops::download(out, params_.data(), layout_.padded_total());
+  else
+    gather_units(out, [this](const UnitInfo& u, param_type* dst) { Ops::copy(dst, param_ptr(u), u.shard); });
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+template <class T, class Fill>
+void Engine<P, O, B>::gather_units(T* out, Fill fill) {
+  // One unit at a time through a backend buffer (collectives take backend memory).
+  Buffer<T> unit_buffer(layout_.max_unit());
+  const Ownership own = ownership();
+  comm_.communicate([&] {
+    for (const auto& u : layout_.units()) {
+      T* mine = unit_buffer.data() + own.update_begin(u);
+      fill(u, mine);
+      if (own.rules.states_sharded)
+        comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<T>::dtype, true);
+      Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
+    }
+  });
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+std::vector<float> Engine<P, O, B>::master_values(ParamId id) {
+  const comm::ApiCall api_call("master_values");
+  std::vector<float> all(layout_.padded_total());
+  gather_masters(all.data());
+  const ParamInfo& p = layout_.param(id);
+  const std::size_t start = unit_of(p.unit).full_offset + p.offset;
+  return std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(start),
+                            all.begin() + static_cast<std::ptrdiff_t>(start + p.numel));
+}
+
+// ---- The checkpoint layer's view ---------------------------------------------
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::read_params(std::size_t unit, std::size_t local, std::size_t count, param_type* host) {
+  Ops::download(host, param_ptr(unit_of(unit)) + local, count);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::write_params(std::size_t unit, std::size_t local, std::size_t count, const param_type* host) {
+  Ops::upload(param_ptr(unit_of(unit)) + local, host, count);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::read_state(StateSlot slot, std::size_t unit, std::size_t local, std::size_t count,
+                                 float* host) {
+  const UnitInfo& u = unit_of(unit);
+  if (slot.is_master() && !update_.store().owns_master()) {
+    if constexpr (std::is_same_v<param_type, float>) Ops::download(host, param_ptr(u) + local, count);
+    return;
+  }
+  update_.store().export_values(slot, ownership().state_offset(u) + local, host, count);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::write_state(StateSlot slot, std::size_t unit, std::size_t local, std::size_t count,
+                                  const float* host) {
+  const UnitInfo& u = unit_of(unit);
+  if (slot.is_master() && !update_.store().owns_master()) {
+    if constexpr (std::is_same_v<param_type, float>) Ops::upload(param_ptr(u) + local, host, count);
+    return;
+  }
+  update_.store().import_values(slot, ownership().state_offset(u) + local, host, count);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::settle(const char* what) {
+  require(finalized_, what, ": call finalize() first");
+  require(micro_ == 0, what, ": call it between optimizer steps, not within a gradient-accumulation window");
+  wait_save();
+  land_update();
+  synchronize();
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::restore_progress(std::int64_t steps, DynamicLossScaler::State scaler) {
+  steps_ = steps;
+  steps_at_reset_ = steps;
+  control_.scaler().restore(scaler);
+  publish_params();
+}
+
+}  // namespace zero::detail
