@@ -31,9 +31,8 @@
 #include "fashion_mnist/mlp.hpp"
 #include "common/cli.hpp"
 #include "common/openblas_core.hpp"
-#include "common/optimizer_type.hpp"
 #include "common/rank_errors.hpp"
-#include "common/training_optimizer.hpp"
+#include "common/zero_config.hpp"
 #include "zero/zero.hpp"
 
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
@@ -45,10 +44,8 @@
 
 namespace {
 
-using zero::examples::TrainingOptimizer;
-
 struct Args : zero::examples::CheckpointChoices {  // --save, --resume, ... (common/cli.hpp)
-  zero::examples::ZeroChoices zero;
+  zero::Config zero;  // --config FILE, --stage, --precision, --optimizer, --offload, ... (common/cli.hpp)
   zero::examples::LaunchChoices launch;
   int epochs = 8;
   int batch = 256;
@@ -61,8 +58,7 @@ struct Args : zero::examples::CheckpointChoices {  // --save, --resume, ... (com
 
 void add_options(CLI::App& app, Args& a) {
   zero::examples::add_launch_options(app, a.launch, {"local", "mpi"});
-  zero::examples::add_zero_options(app, a.zero);
-  zero::examples::add_offload_options(app, a.zero, zero::examples::built_offload_tiers());
+  zero::examples::add_config_options(app, a.zero, {.offload_tiers = zero::examples::built_offload_tiers()});
   app.add_option("--epochs", a.epochs, "passes over the 60000 training images")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
@@ -82,7 +78,7 @@ void add_options(CLI::App& app, Args& a) {
       app, a, "at the end of every epoch",
       "any --ranks, --stage, --offload; the same --batch, --epochs, --seed, --lr and --optimizer");
   app.callback([&a] {
-    zero::examples::check_offload_choices(a.zero);
+    zero::examples::check_config_options(a.zero, false, {.offload_tiers = zero::examples::built_offload_tiers()});
     zero::examples::check_checkpoint_choices(a);
     if (a.launch.comm == "local" && a.batch % a.launch.ranks != 0)
       throw CLI::ValidationError("--batch", std::to_string(a.batch) + " is not a multiple of --ranks " +
@@ -104,7 +100,7 @@ void write_history(const std::string& path, const Args& a, int ranks, std::size_
                "{\"config\":{\"model\":\"mlp-784-256-128-10\",\"parameters\":%zu,\"ranks\":%d,\"comm\":\"%s\","
                "\"stage\":%d,\"precision\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%d,\"batch\":%d,"
                "\"lr\":%.17g,\"seed\":%llu},\n \"epochs\":[",
-               parameters, ranks, a.launch.comm.c_str(), a.zero.stage, a.zero.precision.c_str(),
+               parameters, ranks, a.launch.comm.c_str(), a.zero.stage, zero::name(a.zero.precision),
                a.zero.optimizer.c_str(), a.epochs, a.batch, a.lr, static_cast<unsigned long long>(a.seed));
   for (std::size_t i = 0; i < epochs.size(); ++i) {
     const EpochRecord& e = epochs[i];
@@ -115,105 +111,50 @@ void write_history(const std::string& path, const Args& a, int ranks, std::size_
   zero::require(std::fclose(f) == 0, "--history-json: writing '", path, "' failed: ", std::strerror(errno));
 }
 
-// A ZeroOptimizer of type Opt holding the model's layers (one unit each,
-// [W][b] adjacent), initialised from the seed: the same on every rank. The
-// training loop is one function for every --precision/--optimizer/--stage/
-// --offload choice (common/training_optimizer.hpp); only this adapter is
-// compiled once per optimizer type (the program has 63 of them).
-template <class Opt>
-class ZeroTrainingOptimizer final : public zero::examples::OptimizerAdapter<Opt> {
-  using zero::examples::OptimizerAdapter<Opt>::opt_;
-  using P = typename Opt::param_type;
-  using G = typename Opt::grad_type;
-  // fp32 reads the optimizer's buffers directly; 16-bit precisions compute in
-  // fp32 on converted copies of one layer at a time.
-  static constexpr bool convert = !std::is_same_v<P, float>;
-
- public:
-  ZeroTrainingOptimizer(zero::comm::AnyCommunicator& comm, const Args& args, const fashion_mnist::Mlp& model)
-      : zero::examples::OptimizerAdapter<Opt>(comm, zero::examples::example_hyper<Opt>(args.lr), options(args)),
-        model_(model) {
-    const int layers = model.num_layers();
-    for (int l = 0; l < layers; ++l) {
-      const auto& shape = model.layers()[static_cast<std::size_t>(l)];
-      units_.push_back(opt_.add_unit("fc" + std::to_string(l)));
-      const auto out = static_cast<std::uint64_t>(shape.out), in = static_cast<std::uint64_t>(shape.in);
-      weights_.push_back(opt_.add_param(units_.back(), "fc" + std::to_string(l) + ".weight", shape.weight_numel(), {out, in}));
-      const auto bias = opt_.add_param(units_.back(), "fc" + std::to_string(l) + ".bias", static_cast<std::size_t>(shape.out), {out});
-      // The model reads [W][b] as one span: the layout must keep them adjacent.
-      zero::require(opt_.layout().param(bias).offset == shape.bias_offset(),
-                    "layer ", l, ": bias does not follow the weight in the unit layout");
-    }
-    opt_.finalize();
-    for (int l = 0; l < layers; ++l) {  // same seed on every rank: same initial model
-      const auto& shape = model.layers()[static_cast<std::size_t>(l)];
-      std::vector<float> init(shape.numel());
-      fashion_mnist::Mlp::init_layer(shape, init.data(), args.seed * 1000 + static_cast<std::uint64_t>(l));
-      opt_.set_param(weights_[static_cast<std::size_t>(l)], init.data());
-    }
-    if constexpr (convert) {
-      wide_.resize(static_cast<std::size_t>(layers));
-      for (int l = 0; l < layers; ++l) wide_[static_cast<std::size_t>(l)].resize(model.layers()[static_cast<std::size_t>(l)].numel());
-      grad_wide_.resize(model.num_params());
-    }
+// The optimizer the choices name (zero::make_optimizer: one engine per
+// precision and optimizer, whatever the stage and tier), holding the model's
+// layers (one unit each, [W][b] adjacent), initialised from the seed: the
+// same on every rank. `units` receives the layers' unit ids.
+std::unique_ptr<zero::AnyOptimizer> make_mlp_optimizer(zero::comm::AnyCommunicator& comm, const Args& args,
+                                                       const fashion_mnist::Mlp& model, std::vector<zero::UnitId>& units) {
+  auto opt = zero::examples::make_example_optimizer<zero::backend::Host>(
+      comm, zero::examples::example_config(args.zero, args.lr, [&](zero::Options& o) { o.seed = args.seed; }));
+  const int layers = model.num_layers();
+  std::vector<zero::ParamId> weights;
+  for (int l = 0; l < layers; ++l) {
+    const auto& shape = model.layers()[static_cast<std::size_t>(l)];
+    units.push_back(opt->add_unit("fc" + std::to_string(l)));
+    const auto out = static_cast<std::uint64_t>(shape.out), in = static_cast<std::uint64_t>(shape.in);
+    weights.push_back(opt->add_param(units.back(), "fc" + std::to_string(l) + ".weight", shape.weight_numel(), {out, in}));
+    const auto bias = opt->add_param(units.back(), "fc" + std::to_string(l) + ".bias", static_cast<std::size_t>(shape.out), {out});
+    // The model reads [W][b] as one span: the layout must keep them adjacent.
+    zero::require(opt->layout().param(bias).offset == shape.bias_offset(),
+                  "layer ", l, ": bias does not follow the weight in the unit layout");
   }
-
-  const float* acquire(int l) override {
-    const P* p = opt_.acquire_unit(unit(l));
-    if constexpr (convert) {
-      auto& w = wide_[static_cast<std::size_t>(l)];
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] = zero::to_float(p[i]);
-      return w.data();
-    } else {
-      return p;
-    }
+  opt->finalize();
+  for (int l = 0; l < layers; ++l) {  // same seed on every rank: same initial model
+    const auto& shape = model.layers()[static_cast<std::size_t>(l)];
+    std::vector<float> init(shape.numel());
+    fashion_mnist::Mlp::init_layer(shape, init.data(), args.seed * 1000 + static_cast<std::uint64_t>(l));
+    opt->set_param(weights[static_cast<std::size_t>(l)], init.data());
   }
-  void release(int l) override { opt_.release_unit(unit(l)); }
-  float* grad_buffer(int l) override {
-    G* g = opt_.grad_buffer(unit(l));
-    if constexpr (convert)
-      return grad_wide_.data();
-    else
-      return g;
-  }
-  void grad_ready(int l) override {
-    if constexpr (convert) {
-      G* g = opt_.grad_buffer(unit(l));
-      const std::size_t n = model_.layers()[static_cast<std::size_t>(l)].numel();
-      for (std::size_t i = 0; i < n; ++i) g[i] = zero::from_float<G>(grad_wide_[i]);
-    }
-    opt_.grad_ready(unit(l));
-  }
- private:
-  static zero::Options options(const Args& args) {
-    zero::Options o;
-    o.seed = args.seed;
-    o.nvme.directory = args.zero.nvme_dir;
-    o.nvme.window_bytes = static_cast<std::size_t>(args.zero.nvme_window_mib * 1048576.0);
-    return o;
-  }
-  zero::UnitId unit(int l) const { return units_[static_cast<std::size_t>(l)]; }
-
-  const fashion_mnist::Mlp& model_;
-  std::vector<zero::UnitId> units_;
-  std::vector<zero::ParamId> weights_;
-  std::vector<std::vector<float>> wide_;  // 16-bit precisions: each layer's parameters as fp32
-  std::vector<float> grad_wide_;          // 16-bit precisions: a layer's fp32 gradient
-};
+  return opt;
+}
 
 // One rank's training run. Every rank runs this in lockstep.
 double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fashion_mnist::FashionMnist& data) {
   const bool lead = comm.rank() == 0;
   const int ranks = comm.size();
   fashion_mnist::Mlp model;
-  // The optimizer type the choices name (each is its own instantiation).
-  const std::unique_ptr<TrainingOptimizer> optimizer = zero::examples::with_offload_and_optimizer_type<zero::backend::Host>(
-      args.zero, [&]<class Opt>() -> std::unique_ptr<TrainingOptimizer> {
-        return std::make_unique<ZeroTrainingOptimizer<Opt>>(comm, args, model);
-      });
-  TrainingOptimizer& opt = *optimizer;
-  fashion_mnist::ParamHooks params{[&](int l) { return opt.acquire(l); }, [&](int l) { opt.release(l); }};
-  fashion_mnist::GradHooks grads{[&](int l) { return opt.grad_buffer(l); }, [&](int l) { opt.grad_ready(l); }};
+  std::vector<zero::UnitId> units;
+  const std::unique_ptr<zero::AnyOptimizer> optimizer = make_mlp_optimizer(comm, args, model, units);
+  zero::AnyOptimizer& opt = *optimizer;
+  // The model computes in fp32 whatever the storage (the optimizer's fp32 calls convert one layer at a time).
+  auto unit = [&](int l) { return units[static_cast<std::size_t>(l)]; };
+  fashion_mnist::ParamHooks params{[&](int l) { return opt.acquire_fp32(unit(l)); },
+                                   [&](int l) { opt.release_unit(unit(l)); }};
+  fashion_mnist::GradHooks grads{[&](int l) { return opt.grad_buffer_fp32(unit(l)); },
+                                 [&](int l) { opt.grad_ready(unit(l)); }};
 
   const int local_batch = args.batch / ranks;
   const std::size_t features = data.train.features();
@@ -231,7 +172,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
   if (lead)
     std::printf("zero: Fashion-MNIST MLP 784-256-128-10, %d ranks (%s), stage %d, %s, %s, batch %d, %d epochs, "
                 "%zu parameters\n",
-                ranks, args.launch.comm.c_str(), args.zero.stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(), args.batch,
+                ranks, args.launch.comm.c_str(), args.zero.stage, zero::name(args.zero.precision), args.zero.optimizer.c_str(), args.batch,
                 args.epochs, model.num_params());
 
   // This rank's correct test predictions: each rank predicts a slice, the

@@ -35,7 +35,6 @@
 
 #include "common/cli.hpp"
 #include "common/openblas_core.hpp"
-#include "common/optimizer_type.hpp"
 #include "common/rank_errors.hpp"
 #include "gpt/gpt_host.hpp"
 #include "gpt/gpt_trainer.hpp"
@@ -77,14 +76,13 @@ void check_backend_choices(const Args& a) {
   if (a.nccl_rank >= a.nccl_world)
     throw CLI::ValidationError("--rank", std::to_string(a.nccl_rank) + " is not below --world " +
                                              std::to_string(a.nccl_world));
-  if (!cuda) return;
-  // gpt_train_cuda.cu instantiates these optimizer types only: nvcc's compile
-  // time is the limit (add a type to its train_rank_on_cuda() and lift this check).
-  if (a.zero.optimizer != "adamw" || a.zero.precision == "fp16")
-    throw CLI::ValidationError("--backend cuda", "is built for --optimizer adamw with --precision fp32 or bf16 (not --optimizer " +
-                                                     a.zero.optimizer + " --precision " + a.zero.precision +
-                                                     "): a compile-time choice that keeps the CUDA build small; add "
-                                                     "the type to train_rank_on_cuda() in examples/gpt/gpt_train_cuda.cu");
+  // Every precision, optimizer, stage and tier is built into both parts
+  // (zero::make_optimizer); only offload cpu needs a device to offload from.
+  if (!cuda && a.zero.offload == zero::OffloadTier::cpu)
+    throw CLI::ValidationError("--offload cpu", "moves the optimizer state from GPU memory to the host: it needs "
+                                                "--backend cuda (on the host backend the state is in host memory "
+                                                "already; --offload nvme moves it to disk)");
+  zero::examples::check_config_options(a.zero, cuda, {.offload_tiers = zero::examples::built_offload_tiers(true)});
 }
 
 void add_options(CLI::App& app, Args& a) {
@@ -94,7 +92,7 @@ void add_options(CLI::App& app, Args& a) {
                  "nccl: one rank per GPU)")
       ->check(CLI::IsMember({"host", "cuda"}))
       ->capture_default_str();
-  zero::examples::add_zero_options(app, a.zero);
+  zero::examples::add_config_options(app, a.zero, {.offload_tiers = zero::examples::built_offload_tiers(true)});
   app.add_option("--layers", a.model.layers, "transformer blocks")->check(CLI::Range(1, 256))->capture_default_str();
   app.add_option("--width", a.model.width, "embedding width")->check(CLI::Range(1, 65536))->capture_default_str();
   app.add_option("--heads", a.model.heads, "attention heads (divide --width)")
@@ -155,16 +153,13 @@ void add_options(CLI::App& app, Args& a) {
   });
 }
 
-// One rank's run on the host, with the optimizer type --stage, --precision
-// and --optimizer name (each is its own instantiation; the loop is one).
+// One rank's run on the host, with the optimizer --stage, --precision,
+// --optimizer and --offload name (zero::make_optimizer).
 double train_rank_on_host(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::TextCorpus& corpus) {
-  const gpt::MakeOptimizer<gpt::Gpt> make_optimizer = [&a](zero::comm::AnyCommunicator& c, gpt::Gpt& model) {
-    return zero::examples::with_optimizer_type<zero::offload::None, zero::backend::Host>(
-        a.zero, [&]<class Opt>() -> std::unique_ptr<zero::examples::TrainingOptimizer> {
-          return std::make_unique<gpt::GptTrainingOptimizer<Opt, gpt::Gpt>>(c, a, model);
-        });
+  const gpt::MakeOptimizer make_optimizer = [&a](zero::comm::AnyCommunicator& c) {
+    return zero::examples::make_example_optimizer<zero::backend::Host>(c, gpt::optimizer_config(a));
   };
-  return gpt::train_rank<zero::backend::Host>(comm, a, corpus, make_optimizer);
+  return gpt::train_rank<zero::backend::Host, gpt::Gpt>(comm, a, corpus, make_optimizer);
 }
 
 }  // namespace

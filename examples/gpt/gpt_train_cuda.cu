@@ -4,10 +4,10 @@
 // reports: model FLOPs utilisation and device memory against the
 // optimizer's memory_report().
 //
-// Compile time is the budget here (nvcc is slow and CI has two cores), so
-// this part instantiates only AdamW with fp32 or bf16 storage at stages 0-3
-// (8 optimizer types); the command line refuses the rest. To add one, add a
-// branch to train_rank_on_cuda() below and lift the check in gpt_train.cpp.
+// Compile time is the budget here (nvcc is slow and CI has two cores): the
+// optimizer comes from zero::make_optimizer, which compiles one engine per
+// precision and optimizer (nine) and takes the stage and the offload tier
+// (none, cpu, nvme) as values, so every choice the host accepts is built in.
 // Checkpoints (--save, --resume) are the shared loop's, built in where Meson
 // found their headers: the optimizer's I/O reads and writes device state
 // through backend::Ops, as on the host.
@@ -128,31 +128,15 @@ void add_memory_check(TrainHooks& hooks, Comm& comm, std::size_t free_before, in
   };
 }
 
-// This rank's run with the optimizer types this part is built with (see the
-// top of the file); the loop itself is compiled once.
+// This rank's run with the optimizer the choices name: every precision,
+// optimizer, stage and offload tier (zero::make_optimizer on backend::Cuda:
+// one engine per precision and optimizer); the loop itself is compiled once.
 double train_rank_on_cuda(zero::comm::AnyCommunicator& comm, const TrainArgs& a, const TextCorpus& corpus,
                           const TrainHooks& hooks) {
-  zero::require(a.zero.optimizer == "adamw" && (a.zero.precision == "fp32" || a.zero.precision == "bf16"),
-                "--backend cuda is built for --optimizer adamw with --precision fp32 or bf16 only, not --optimizer ",
-                a.zero.optimizer, " --precision ", a.zero.precision, " (a compile-time choice; see gpt_train_cuda.cu)");
-  const MakeOptimizer<CudaGpt> make_optimizer = [&a](zero::comm::AnyCommunicator& c, CudaGpt& model) {
-    auto with_stage = [&]<class Precision>() -> std::unique_ptr<zero::examples::TrainingOptimizer> {
-      auto make = [&]<int S>() -> std::unique_ptr<zero::examples::TrainingOptimizer> {
-        using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<S>, zero::offload::None,
-                                        zero::backend::Cuda>;
-        return std::make_unique<GptTrainingOptimizer<Opt, CudaGpt>>(c, a, model);
-      };
-      switch (a.zero.stage) {
-        case 0: return make.template operator()<0>();
-        case 1: return make.template operator()<1>();
-        case 2: return make.template operator()<2>();
-        default: return make.template operator()<3>();
-      }
-    };
-    if (a.zero.precision == "bf16") return with_stage.template operator()<zero::precision::Mixed<zero::bf16>>();
-    return with_stage.template operator()<zero::precision::Full<float>>();
+  const MakeOptimizer make_optimizer = [&a](zero::comm::AnyCommunicator& c) {
+    return zero::examples::make_example_optimizer<zero::backend::Cuda>(c, optimizer_config(a));
   };
-  return train_rank<zero::backend::Cuda>(comm, a, corpus, make_optimizer, hooks);
+  return train_rank<zero::backend::Cuda, CudaGpt>(comm, a, corpus, make_optimizer, hooks);
 }
 
 double train_local(const TrainArgs& args, const TextCorpus& corpus) {

@@ -3,12 +3,12 @@
 // same learning-rate schedule, data draws, evaluation, printing and
 // checkpoint identity. This is that loop, written once over the model
 // (GptModel<HostCompute> or GptModel<CudaCompute>) and compiled once per
-// backend: it reaches the optimizer through zero::examples::TrainingOptimizer
-// and the communicator through comm::AnyCommunicator, not as template
-// parameters (a copy of the loop per optimizer type and communicator was
-// about 30% of gpt_train.cpp's compile time; see common/training_optimizer.hpp).
-// Each side only names its optimizer types and communicator and adds what is
-// its own (a GPU run's MFU and device memory, through TrainHooks).
+// backend: it reaches the optimizer through zero::AnyOptimizer (made by
+// zero::make_optimizer from the run's zero::Config: one engine per precision
+// and optimizer, whatever the stage and offload tier) and the communicator
+// through comm::AnyCommunicator, not as template parameters. Each side only
+// makes its optimizer on its backend and adds what is its own (a GPU run's
+// MFU and device memory, through TrainHooks).
 //
 // Token ids go where the model computes once per optimizer step (all the
 // step's micro-batches in one copy); the training loss stays there until an
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "common/choices.hpp"
-#include "common/training_optimizer.hpp"
+#include "common/zero_config.hpp"
 #include "gpt/gpt_model.hpp"
 #include "gpt/gpt_zero.hpp"
 #include "gpt/text_corpus.hpp"
@@ -42,10 +42,10 @@ namespace gpt {
 
 // The command line of gpt_train (gpt_train.cpp parses it).
 struct TrainArgs : zero::examples::CheckpointChoices {  // --save, --resume, ... (common/choices.hpp)
-  zero::examples::ZeroChoices zero = [] {
-    zero::examples::ZeroChoices z;
+  zero::Config zero = [] {  // --config FILE, --stage, --precision, ... (common/cli.hpp)
+    zero::Config z;
     z.stage = 3;
-    z.precision = "fp32";
+    z.precision = zero::PrecisionChoice::fp32;
     return z;
   }();
   zero::examples::LaunchChoices launch;
@@ -170,63 +170,41 @@ std::string generate(Sum& sum, int rank, Model& model, const ParamHooks& params,
   return corpus.decode(text.data() + prompt, text.size() - prompt);
 }
 
-// The ZeroOptimizer of type Opt over the model's units (ZeroBinding), set
-// to the model's initial weights from --seed, with the run's options. Only
-// this adapter is compiled once per optimizer type.
-template <class Opt, class Model>
-class GptTrainingOptimizer final : public zero::examples::OptimizerAdapter<Opt> {
-  using zero::examples::OptimizerAdapter<Opt>::opt_;
-
- public:
-  GptTrainingOptimizer(zero::comm::AnyCommunicator& comm, const TrainArgs& args, Model& model)
-      : zero::examples::OptimizerAdapter<Opt>(comm, zero::examples::example_hyper<Opt>(learning_rate(args, 0)),
-                                               options(args)),
-        binding_(opt_, model) {
-    opt_.finalize();
-    binding_.adopt_layout();
-    binding_.set_params([&](int u, int k, float* out) { model.init_param(u, k, out, args.seed); });
-  }
-
-  const float* acquire(int u) override { return binding_.acquire(u); }
-  void release(int u) override { binding_.release(u); }
-  float* grad_buffer(int u) override { return binding_.grad_buffer(u); }
-  void grad_ready(int u) override { binding_.grad_ready(u); }
-
- private:
-  static zero::Options options(const TrainArgs& args) {
-    zero::Options o;
+// The run's zero::Config: the command line's choices, the schedule's first
+// learning rate, and the trainer's options.
+inline zero::Config optimizer_config(const TrainArgs& args) {
+  return zero::examples::example_config(args.zero, learning_rate(args, 0), [&](zero::Options& o) {
     o.seed = args.seed;
     o.clip_norm = args.clip;
     o.grad_accumulation_steps = args.grad_accum;
-    return o;
-  }
+  });
+}
 
-  ZeroBinding<Opt, Model> binding_;
-};
-
-// Builds this rank's optimizer over the model, of the type the run's choices
-// name: make_unique<GptTrainingOptimizer<Opt, Model>>(comm, args, model) for
-// the optimizer types a side is built with.
-template <class Model>
-using MakeOptimizer =
-    std::function<std::unique_ptr<zero::examples::TrainingOptimizer>(zero::comm::AnyCommunicator&, Model&)>;
+// Makes this rank's optimizer on a side's backend from optimizer_config(args):
+// zero::examples::make_example_optimizer<Backend>(comm, config).
+using MakeOptimizer = std::function<std::unique_ptr<zero::AnyOptimizer>(zero::comm::AnyCommunicator&)>;
 
 // One rank's run; every rank runs this in lockstep. Returns the final
 // validation loss. Model: GptModel<Compute> built on this rank's thread;
 // Backend: where it computes (zero::backend::Host or Cuda).
 template <class Backend, class Model>
 double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, const TextCorpus& corpus,
-                  const MakeOptimizer<Model>& make_optimizer, const TrainHooks& hooks = {}) {
+                  const MakeOptimizer& make_optimizer, const TrainHooks& hooks = {}) {
   const bool lead = comm.rank() == 0;
   const int ranks = comm.size();
   Config config = args.model;
   config.vocab = corpus.vocab_size();
   Model model(config, args.micro_batch, args.checkpoint_activations);
   RankSum<zero::backend::Ops<Backend>> sum(comm);
-  const std::unique_ptr<zero::examples::TrainingOptimizer> optimizer = make_optimizer(comm, model);
-  zero::examples::TrainingOptimizer& opt = *optimizer;
-  const ParamHooks params{[&](int u) { return opt.acquire(u); }, [&](int u) { opt.release(u); }};
-  const GradHooks grads{[&](int u) { return opt.grad_buffer(u); }, [&](int u) { opt.grad_ready(u); }};
+  const std::unique_ptr<zero::AnyOptimizer> optimizer = make_optimizer(comm);
+  zero::AnyOptimizer& opt = *optimizer;
+  // One optimizer unit per model unit, set to the model's initial weights from --seed.
+  ZeroBinding<zero::AnyOptimizer, Model> binding(opt, model);
+  opt.finalize();
+  binding.adopt_layout();
+  binding.set_params([&](int u, int k, float* out) { model.init_param(u, k, out, args.seed); });
+  const ParamHooks params = binding.param_hooks();
+  const GradHooks grads = binding.grad_hooks();
 
   const std::size_t T = static_cast<std::size_t>(config.context);
   const std::size_t B = static_cast<std::size_t>(args.micro_batch);
@@ -242,7 +220,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, cons
     std::printf("zero: GPT %d layers, width %d, %d heads, context %d, vocab %d: %zu parameters; %d ranks (%s), stage %d, "
                 "%s, %s, backend %s\n",
                 config.layers, config.width, config.heads, config.context, config.vocab, model.num_params(), ranks,
-                args.launch.comm.c_str(), args.zero.stage, args.zero.precision.c_str(), args.zero.optimizer.c_str(),
+                args.launch.comm.c_str(), args.zero.stage, zero::name(args.zero.precision), args.zero.optimizer.c_str(),
                 args.backend.c_str());
     std::printf("data: %s, %zu characters (%zu train, %zu validation), unigram entropy %.4f nats/char\n",
                 args.data.c_str(), corpus.tokens.size(), corpus.train_size, corpus.validation_size(), entropy);

@@ -1,12 +1,12 @@
-// Why: the trainer and the tests wire the GPT to a zero::ZeroOptimizer the
-// same way: one optimizer unit per model unit (embeddings, each block, the
-// final LayerNorm), the model adopting the optimizer's padded layout, and
-// hooks that hand the model each unit's parameters (acquire_unit, all-
-// gathered at stage 3) and take its gradients (grad_buffer, grad_ready).
-// The model computes in fp32; with bf16/fp16 storage the hooks convert one
-// unit at a time into a float copy (the model holds at most one unit at
-// once), with the backend's own conversion (Ops<B>::convert: the CUDA kernel
-// on a GPU, so the copy never leaves the device).
+// Why: the trainer and the tests wire the GPT to an optimizer the same way:
+// one optimizer unit per model unit (embeddings, each block, the final
+// LayerNorm), the model adopting the optimizer's padded layout, and hooks
+// that hand the model each unit's parameters (acquire, all-gathered at
+// stage 3) and take its gradients (grad_buffer, grad_ready). The model
+// computes in fp32: with zero::AnyOptimizer (zero::make_optimizer) the hooks
+// use its fp32 calls, which convert one unit at a time with the backend's
+// own conversion whatever the storage; a ZeroOptimizer type is taken as it
+// is when it stores fp32.
 #pragma once
 
 #include <string>
@@ -14,16 +14,15 @@
 #include <vector>
 
 #include "gpt/gpt_model.hpp"
+#include "zero/runtime/any_optimizer.hpp"
 #include "zero/zero.hpp"
 
 namespace gpt {
 
 template <class Opt, class Model>
 class ZeroBinding {
-  using P = typename Opt::param_type;
-  using G = typename Opt::grad_type;
-  using Ops = zero::backend::Ops<typename Opt::backend_policy>;
-  static constexpr bool convert = !std::is_same_v<P, float>;
+  // zero::AnyOptimizer: the fp32 calls; a ZeroOptimizer: its own fp32 buffers.
+  static constexpr bool any = std::is_same_v<Opt, zero::AnyOptimizer>;
 
  public:
   // Registers the model's units and parameters; call before opt.finalize().
@@ -44,10 +43,6 @@ class ZeroBinding {
       for (zero::ParamId p : params_[u]) offsets.push_back(layout.param(p).offset);
       model_.set_layout(static_cast<int>(u), std::move(offsets), layout.unit(units_[u]).padded);
     }
-    if constexpr (convert) {
-      wide_params_ = Wide(layout.max_unit());
-      wide_grads_ = Wide(layout.max_unit());
-    }
   }
 
   // Collective: sets every parameter from fill(unit, k, out), which writes
@@ -65,29 +60,24 @@ class ZeroBinding {
 
   // Unit u's parameters as fp32 (stage 3: all-gathered), valid until release(u).
   const float* acquire(int u) {
-    const P* p = opt_.acquire_unit(unit(u));
-    if constexpr (convert) {
-      Ops::convert(wide_params_.data(), p, numel(u));
-      return wide_params_.data();
+    if constexpr (any) {
+      return opt_.acquire_fp32(unit(u));
     } else {
-      return p;
+      static_assert(std::is_same_v<typename Opt::param_type, float>,
+                    "gpt::ZeroBinding: a 16-bit ZeroOptimizer stores what the fp32 model cannot read; use "
+                    "zero::make_optimizer's AnyOptimizer, whose fp32 calls convert");
+      return opt_.acquire_unit(unit(u));
     }
   }
   void release(int u) { opt_.release_unit(unit(u)); }
   // Where backward writes unit u's fp32 gradient / it is written.
-  // (16-bit storage: the optimizer's buffer is handed out all the same; that
-  // is where the engine flushes or waits for the previous bucket.)
   float* grad_buffer(int u) {
-    G* g = opt_.grad_buffer(unit(u));
-    if constexpr (convert)
-      return wide_grads_.data();
+    if constexpr (any)
+      return opt_.grad_buffer_fp32(unit(u));
     else
-      return g;
+      return opt_.grad_buffer(unit(u));
   }
-  void grad_ready(int u) {
-    if constexpr (convert) Ops::convert(opt_.grad_buffer(unit(u)), wide_grads_.data(), numel(u));
-    opt_.grad_ready(unit(u));
-  }
+  void grad_ready(int u) { opt_.grad_ready(unit(u)); }
 
   ParamHooks param_hooks() {
     return ParamHooks{[this](int u) { return acquire(u); }, [this](int u) { release(u); }};
@@ -100,14 +90,11 @@ class ZeroBinding {
 
  private:
   zero::UnitId unit(int u) const { return units_[static_cast<std::size_t>(u)]; }
-  std::size_t numel(int u) const { return model_.units()[static_cast<std::size_t>(u)].numel; }
 
   Opt& opt_;
   Model& model_;
   std::vector<zero::UnitId> units_;
   std::vector<std::vector<zero::ParamId>> params_;
-  using Wide = typename Ops::template Buffer<float>;
-  Wide wide_params_, wide_grads_;  // one unit in fp32, in backend memory (16-bit storage only)
 };
 
 }  // namespace gpt

@@ -1,0 +1,227 @@
+// Why: the run-time way in. zero::make_optimizer(comm, config) reads a
+// zero::Config (runtime/config.hpp; from JSON with runtime/config_json.hpp,
+// or from the trainers' flags) and returns the engine it names behind
+// AnyOptimizer, so a program that lets its user pick the precision,
+// optimizer, stage and offload tier compiles one engine per precision and
+// optimizer (nine for the built-in ones), instead of one type per
+// combination. A bad config is an error naming the setting and the fix, in
+// the words of ZeroOptimizer's static_asserts.
+//
+//   zero::Config config = zero::load_config("zero.json");
+//   auto opt = zero::make_optimizer<zero::backend::Host>(comm, config);
+//   opt->add_unit(...); ... opt->finalize(); ... opt->step();
+//
+// The template arguments after the backend add what the program was built
+// with: zero::offload::DiskTier (after #include
+// "zero/offload/disk_state_store.hpp", liburing) makes offload "nvme"
+// available, and any user optimizer policy becomes selectable by its name
+// (examples/lion_optimizer.cpp registers Lion this way):
+//   zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier, Lion>(comm, config)
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "zero/backend/host.hpp"
+#include "zero/engine/engine.hpp"
+#include "zero/optim/adam.hpp"
+#include "zero/optim/sgd.hpp"
+#include "zero/policies.hpp"
+#include "zero/runtime/any_optimizer.hpp"
+#include "zero/runtime/config.hpp"
+#include "zero/runtime/hyper_fields.hpp"
+
+namespace zero {
+
+namespace detail {
+
+// The engine of precision P, optimizer O and backend B behind AnyOptimizer.
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+class EngineHandle final : public AnyOptimizer {
+  using E = Engine<P, O, B>;
+  using Ops = backend::Ops<B>;
+  using T = typename P::param_type;
+  using G = typename P::grad_type;
+  static constexpr bool widen = !std::is_same_v<T, float>;
+
+ public:
+  template <comm::Communicator Comm>
+  EngineHandle(Comm& comm, const Config& config, typename E::DiskMaker disk)
+      : engine_(comm, EnginePlan{stage_plan(config.stage), config.offload}, hyper_from<O>(config.hyper),
+                config.options, disk) {}
+
+  const EnginePlan& plan() const override { return engine_.plan(); }
+  DType param_dtype() const override { return dtype_traits<T>::dtype; }
+  const char* optimizer_name() const override { return O::name; }
+  const char* backend_name() const override { return B::name; }
+
+  UnitId add_unit(std::string name) override { return engine_.add_unit(std::move(name)); }
+  ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape) override {
+    return engine_.add_param(unit, std::move(name), numel, std::move(shape));
+  }
+  void finalize() override {
+    engine_.finalize();
+    if constexpr (widen) {
+      wide_params_ = typename Ops::template Buffer<float>(engine_.layout().max_unit());
+      wide_grads_ = typename Ops::template Buffer<float>(engine_.layout().max_unit());
+    }
+  }
+  const Layout& layout() const override { return engine_.layout(); }
+  int rank() const override { return engine_.rank(); }
+  int ranks() const override { return engine_.ranks(); }
+  void set_param(ParamId p, const float* values) override { engine_.set_param(p, values); }
+  void gather_masters(float* out) override { engine_.gather_masters(out); }
+  std::vector<float> master_values(ParamId p) override { return engine_.master_values(p); }
+
+  const void* acquire_unit(UnitId u) override { return engine_.acquire_unit(u); }
+  void release_unit(UnitId u) override { engine_.release_unit(u); }
+  void* grad_buffer(UnitId u) override {
+    wide_grad_of_ = npos;
+    return engine_.grad_buffer(u);
+  }
+  // (Parameters and their alignment gaps: the engine zeroes the gaps and
+  // the tail of every gradient it is handed.)
+  void grad_ready(UnitId u) override {
+    if constexpr (widen)
+      if (wide_grad_of_ == u.index) {
+        Ops::convert(wide_grad_target_, wide_grads_.data(), engine_.layout().units()[u.index].numel);
+        wide_grad_of_ = npos;
+      }
+    engine_.grad_ready(u);
+  }
+  const float* acquire_fp32(UnitId u) override {
+    const T* p = engine_.acquire_unit(u);
+    if constexpr (widen) {
+      Ops::convert(wide_params_.data(), p, engine_.layout().units()[u.index].numel);
+      return wide_params_.data();
+    } else {
+      return p;
+    }
+  }
+  float* grad_buffer_fp32(UnitId u) override {
+    // The engine's buffer is handed out all the same: that is where it
+    // flushes or waits for the previous bucket.
+    G* g = engine_.grad_buffer(u);
+    if constexpr (widen) {
+      wide_grad_of_ = u.index;
+      wide_grad_target_ = g;
+      return wide_grads_.data();
+    } else {
+      return g;
+    }
+  }
+
+  StepResult step() override { return engine_.step(); }
+  void synchronize() override { engine_.synchronize(); }
+  void wait_update() override { engine_.wait_update(); }
+  double hyper_value(const std::string& name) const override {
+    const auto values = hyper_to_map<O>(engine_.hyper());
+    const auto it = values.find(name);
+    require(it != values.end(), "optimizer '", O::name, "' has no hyper-parameter '", name, "'");
+    return it->second;
+  }
+  void set_hyper(const std::string& name, double value) override {
+    auto values = hyper_to_map<O>(engine_.hyper());
+    values[name] = value;
+    engine_.hyper() = hyper_from<O>(values);
+  }
+  double loss_scale() const override { return engine_.loss_scale(); }
+  const Options& options() const override { return engine_.options(); }
+  std::int64_t step_count() const override { return engine_.step_count(); }
+
+  MemoryReport memory_report() const override { return engine_.memory_report(); }
+  CommReport comm_report() const override { return engine_.comm_report(); }
+  void reset_comm_counters() override { engine_.reset_comm_counters(); }
+  OffloadTimes offload_times() const override { return engine_.offload_times(); }
+  void reset_offload_times() override { engine_.reset_offload_times(); }
+
+  void save(const std::string& dir, checkpoint::OptimizerSaveOptions options) override {
+    Io::save(engine_, dir, std::move(options));
+  }
+  std::filesystem::path save_step(const std::string& root, checkpoint::OptimizerSaveOptions options) override {
+    return Io::save_step(engine_, root, std::move(options));
+  }
+  void wait_save() override { engine_.wait_save(); }
+  checkpoint::LoadResult load(const std::string& path) override { return Io::load(engine_, path); }
+  void load_hf(const std::string& path) override { Io::load_hf(engine_, path); }
+
+  E& engine() { return engine_; }
+
+ private:
+  using Io = checkpoint::OptimizerIo<E>;
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  E engine_;
+  // 16-bit storage: one unit in fp32, in backend memory, for acquire_fp32
+  // and grad_buffer_fp32.
+  typename Ops::template Buffer<float> wide_params_, wide_grads_;
+  std::size_t wide_grad_of_ = npos;  // the unit whose gradient is in wide_grads_
+  G* wide_grad_target_ = nullptr;    // and the engine's buffer it goes to
+};
+
+template <class X>
+constexpr bool is_disk_tier = std::is_same_v<X, offload::DiskTier>;
+// The disk tier among make_optimizer's With..., or NoDiskTier.
+template <class... W>
+struct DiskTierIn {
+  using type = NoDiskTier;
+};
+template <class W, class... Rest>
+struct DiskTierIn<W, Rest...> {
+  using type = std::conditional_t<is_disk_tier<W>, W, typename DiskTierIn<Rest...>::type>;
+};
+
+}  // namespace detail
+
+// The optimizer `config` names, on backend Backend, over `comm` (collective
+// at finalize(), as ZeroOptimizer). `With...`: zero::offload::DiskTier and
+// user optimizer policies (see the top of this file).
+template <BackendPolicy Backend = backend::Host, class... With, comm::Communicator Comm>
+std::unique_ptr<AnyOptimizer> make_optimizer(Comm& comm, const Config& config) {
+  constexpr bool disk = (detail::is_disk_tier<With> || ...);
+  config.validate(Backend::device);
+  if (config.offload == OffloadTier::nvme)
+    require(disk, "zero::make_optimizer: offload nvme needs its store: #include "
+                  "\"zero/offload/disk_state_store.hpp\" (liburing, xxhash.h) and pass zero::offload::DiskTier: "
+                  "make_optimizer<Backend, zero::offload::DiskTier>(comm, config)");
+  std::unique_ptr<AnyOptimizer> made;
+  std::vector<std::string> known;
+  auto with_precision = [&]<class O>(std::type_identity<O>) {
+    known.push_back(O::name);
+    if (made || config.optimizer != O::name) return;
+    auto make = [&]<class P>(std::type_identity<P>) {
+      using Grad = typename P::grad_type;
+      using Param = typename P::param_type;
+      using Disk = typename detail::DiskTierIn<With...>::type;
+      made = std::make_unique<detail::EngineHandle<P, O, Backend>>(comm, config,
+                                                                   Disk::template maker<O, Grad, Param>());
+    };
+    switch (config.precision) {
+      case PrecisionChoice::fp32: make(std::type_identity<precision::Full<float>>{}); break;
+      case PrecisionChoice::bf16: make(std::type_identity<precision::Mixed<bf16>>{}); break;
+      case PrecisionChoice::fp16: make(std::type_identity<precision::Mixed<fp16>>{}); break;
+    }
+  };
+  with_precision(std::type_identity<optim::AdamW>{});
+  with_precision(std::type_identity<optim::Adam>{});
+  with_precision(std::type_identity<optim::Sgd>{});
+  (
+      [&] {
+        if constexpr (!detail::is_disk_tier<With>) with_precision(std::type_identity<With>{});
+      }(),
+      ...);
+  if (!made) {
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    throw InvalidArgument(detail::concat("zero::make_optimizer: optimizer '", config.optimizer,
+                                         "' is not one this program knows (", list,
+                                         "); a policy of your own is passed as a template argument: "
+                                         "make_optimizer<Backend, MyPolicy>(comm, config)"));
+  }
+  return made;
+}
+
+}  // namespace zero
