@@ -189,7 +189,7 @@ class ZeroTrainingOptimizer final : public zero::examples::OptimizerAdapter<Opt>
     zero::Options o;
     o.seed = args.seed;
     o.nvme.directory = args.zero.nvme_dir;
-    o.nvme.window_bytes = static_cast<std::size_t>(args.zero.nvme_window_mib * 1048576.0);
+    o.nvme.window_bytes = zero::examples::nvme_window_bytes(args.zero.nvme_window_mib);
     return o;
   }
   zero::UnitId unit(int l) const { return units_[static_cast<std::size_t>(l)]; }
