@@ -3,6 +3,7 @@
 // CLI11 (the GPT trainer's CUDA part, built by nvcc) can take them too.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace zero::examples {
@@ -16,8 +17,11 @@ struct ZeroChoices {
   // or nvme (swap files under nvme_dir, through a host window).
   std::string offload = "none";
   std::string nvme_dir;
-  double nvme_window_mib = 64;
+  double nvme_window_mib = 64;  // Options::nvme.window_bytes (nvme_window_bytes)
 };
+
+// --nvme-window-mib as Options::nvme.window_bytes.
+inline std::size_t nvme_window_bytes(double mib) { return static_cast<std::size_t>(mib * 1048576.0); }
 
 // How the data-parallel ranks run.
 struct LaunchChoices {

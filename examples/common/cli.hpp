@@ -67,6 +67,14 @@ inline void add_zero_options(CLI::App& app, ZeroChoices& choices) {
       ->capture_default_str();
 }
 
+// --nvme-window-mib: Options::nvme.window_bytes in MiB (nvme_window_bytes()),
+// for the trainers and the planner alike.
+inline void add_nvme_window_option(CLI::App& app, double& mib) {
+  app.add_option("--nvme-window-mib", mib, kNvmeWindowHelp)
+      ->check(kPositive)
+      ->capture_default_str();
+}
+
 // --offload, one of `tiers` (those this program was built with, the first
 // the default), --nvme-dir DIR and --nvme-window-mib; checked together.
 inline void add_offload_options(CLI::App& app, ZeroChoices& choices, std::vector<std::string> tiers) {
@@ -76,9 +84,7 @@ inline void add_offload_options(CLI::App& app, ZeroChoices& choices, std::vector
       ->check(CLI::IsMember(std::move(tiers)))
       ->capture_default_str();
   app.add_option("--nvme-dir", choices.nvme_dir, kNvmeDirHelp);
-  app.add_option("--nvme-window-mib", choices.nvme_window_mib, kNvmeWindowHelp)
-      ->check(kPositive)
-      ->capture_default_str();
+  add_nvme_window_option(app, choices.nvme_window_mib);
 }
 // The checks between them and --stage (from app.callback()).
 inline void check_offload_choices(const ZeroChoices& choices) {

@@ -4,12 +4,16 @@
 // communication buffers, padding), split by device / host / disk, and the
 // bytes each rank sends and receives per optimizer step, beside the ZeRO
 // paper's formulas. The figures come from zero/engine/plan.hpp, which runs the
-// engine's own layout and buffer-size rules (tests/engine/test_engine_plan.cpp
-// holds them to real optimizers' reports, to the byte).
+// engine's own layout and schedule (engine/schedule.hpp: buffer sizes, their
+// places, the collectives of a step) for every offload tier
+// (tests/engine/test_engine_plan.cpp holds them to real optimizers' reports,
+// to the byte). The disk tier's window is --nvme-window-mib, the option the
+// trainers take (common/cli.hpp).
 //
 //   zero_plan --params 7B --units 32 --ranks-per-node 8 --stage 3
 //   zero_plan --layers 32 --width 4096 --vocab 50257 --context 2048 --nodes 2 --device-memory 80G
 //   zero_plan --unit-sizes 1000,1077,37+1 --stage 2 --json
+//   zero_plan --params 20B --units 48 --ranks-per-node 8 --stage 3 --offload nvme --nvme-window-mib 256
 #include <CLI/CLI.hpp>
 
 #include <cctype>
@@ -21,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.hpp"
 #include "zero/engine/plan.hpp"
 
 namespace {
@@ -111,9 +116,10 @@ void print_table(const plan::Plan& p) {
   std::printf("model: %s; %s parameters (%llu; %llu with padding) in %zu unit(s)\n", c.model.description.c_str(),
               count_text(p.param_elements).c_str(), static_cast<unsigned long long>(p.param_elements),
               static_cast<unsigned long long>(p.padded_elements), c.model.units.size());
-  std::printf("run: %d rank(s) (%d per node x %d node(s)), stage %d, %s, %s (K = %llu bytes/parameter), offload %s\n",
+  std::printf("run: %d rank(s) (%d per node x %d node(s)), stage %d, %s, %s (K = %llu bytes/parameter), offload %s, "
+              "%s backend\n",
               c.ranks(), c.ranks_per_node, c.nodes, c.stage, plan::name(c.precision), c.optimizer.c_str(),
-              static_cast<unsigned long long>(k), plan::name(c.offload));
+              static_cast<unsigned long long>(k), plan::name(c.offload), c.device_backend ? "device" : "host");
   const zero::GradientBuckets& buckets = p.sizes.buckets;
   std::printf("options: bucket %s (%zu bucket(s) of up to %zu unit(s), the largest %s; %zu staging set(s)), "
               "prefetch %d, accumulation %d, reduce in %s, overlap %s\n\n",
@@ -146,10 +152,15 @@ void print_table(const plan::Plan& p) {
               c.options.grad_accumulation_steps > 1 && c.stage >= 2
                   ? " (for one micro-batch; reduce-scatters here run every micro-batch)"
                   : "");
-  if (c.offload != plan::Offload::none)
-    std::printf("offload: not implemented in the engine yet; modelled on the ZeRO-Offload / ZeRO-Infinity papers "
-                "(host: fp32 master, states and gradient shard%s)\n",
-                c.offload == plan::Offload::nvme ? "; disk: master and states behind a pinned host window" : "");
+  if (c.offload == plan::Offload::cpu)
+    std::printf("offload cpu: fp32 master and states in page-locked host memory, updated by the CPU; the owned "
+                "gradient's host copy%s\n",
+                c.options.delayed_update ? " (two sets: delayed update)" : "");
+  if (c.offload == plan::Offload::nvme)
+    std::printf("offload nvme: fp32 master and states in swap files (%s per rank, whole records of %zu elements), "
+                "streamed through a %s host window (--nvme-window-mib)\n",
+                bytes_text(p.sizes.swap_file_bytes, false).c_str(), p.sizes.disk_chunk,
+                bytes_text(p.line("nvme_window").host, false).c_str());
   std::printf("not counted: activations, your framework's workspace, the CUDA context and NCCL's own buffers\n");
 }
 
@@ -197,6 +208,7 @@ void print_verdict(std::FILE* out, const plan::Plan& p, const Limits& limits) {
   }
   for (const plan::Offload o : {plan::Offload::cpu, plan::Offload::nvme}) {
     if (c.offload == o || (c.offload == plan::Offload::nvme && o == plan::Offload::cpu)) continue;
+    if (o == plan::Offload::cpu && !c.device_backend) continue;  // the host backend's state is in host memory
     bool found = false;
     for (int s = std::max(c.stage, 1); s <= 3 && !found; ++s) {
       plan::Config t = c;
@@ -241,10 +253,9 @@ void print_verdict(std::FILE* out, const plan::Plan& p, const Limits& limits) {
 int main(int argc, char** argv) {
   CLI::App app{"zero_plan: memory per rank and communication per step of zero::ZeroOptimizer, before a run.\n"
                "Give the model as --params (with --units), as a GPT shape (--layers --width --vocab --context), or "
-               "as --unit-sizes.\nOffload (cpu, nvme) is not implemented in the engine yet: its figures follow the "
-               "ZeRO-Offload and ZeRO-Infinity papers (fp32 master, optimizer states and the gradient shard in host "
-               "memory; with nvme, master and states on disk behind a pinned host window).\nNot counted: activations "
-               "and framework workspace."};
+               "as --unit-sizes.\nOffload: cpu puts the fp32 master and optimizer states in host memory (the CPU "
+               "updates them), nvme in swap files on disk behind a host window of --nvme-window-mib.\nNot counted: "
+               "activations and framework workspace."};
   app.option_defaults()->always_capture_default();
 
   std::string params_text, unit_sizes;
@@ -279,9 +290,13 @@ int main(int argc, char** argv) {
   app.add_option("--stage", config.stage, "ZeRO stage: 0 data parallel, 1 optimizer states, 2 + gradients, "
                                           "3 + parameters")
       ->check(CLI::Range(0, 3));
-  std::string offload = "none", precision = "bf16", optimizer = "adamw", reduce = "grad";
-  app.add_option("--offload", offload, "Where master and optimizer states live: none (device), cpu, nvme")
+  std::string offload = "none", precision = "bf16", optimizer = "adamw", reduce = "grad", backend = "cuda";
+  app.add_option("--offload", offload, "Where master and optimizer states live: none (with the parameters), cpu "
+                                       "(host memory; needs --backend cuda), nvme (disk, behind a host window)")
       ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+  app.add_option("--backend", backend, "Where the model runs: cuda (GPUs: device memory) or host (CPU ranks: every "
+                                       "buffer in host memory)")
+      ->check(CLI::IsMember({"cuda", "host"}));
   app.add_option("--precision", precision, "fp32, or bf16/fp16 parameters and gradients with fp32 master")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--optimizer", optimizer, "adam, adamw (2 fp32 states) or sgd (1: the momentum buffer is kept "
@@ -299,10 +314,12 @@ int main(int argc, char** argv) {
   app.add_option("--reduce-dtype", reduce, "Options::reduce_dtype: grad (the gradient type) or fp32")
       ->check(CLI::IsMember({"grad", "fp32"}));
   app.add_flag("--overlap,!--no-overlap", config.overlap,
-               "Communication on its own stream (default on, as comm::Nccl on GPUs): gradient staging double-buffered; --no-overlap for host communicators (Local, Mpi)");
-  app.add_option("--nvme-window-shards", config.nvme_window_shards,
-                 "--offload nvme: unit shards of master + states staged in pinned host memory")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
+               "Communication on its own stream (default on, as comm::Nccl on GPUs): gradient staging double-buffered; "
+               "--no-overlap for host communicators (Local, Mpi); --backend host never overlaps");
+  double nvme_window_mib = zero::examples::ZeroChoices{}.nvme_window_mib;  // the trainers' default
+  zero::examples::add_nvme_window_option(app, nvme_window_mib);
+  app.add_flag("--delayed-update", config.options.delayed_update,
+               "Options::delayed_update (offload with --backend cuda): the owned gradient's host copy is two sets");
   std::string device_text, host_text;
   app.add_option("--device-memory", device_text, "Device memory per rank (80G): print whether it fits");
   app.add_option("--host-memory", host_text, "Host memory per rank (512G): print whether it fits");
@@ -331,14 +348,28 @@ int main(int argc, char** argv) {
     if (offload != "none" && config.stage == 0)
       throw CLI::ValidationError("--offload", "moves this rank's partition of the optimizer state, and stage 0 has "
                                               "none: use --stage 1, 2 or 3");
+    if (offload == "cpu" && backend == "host")
+      throw CLI::ValidationError("--offload cpu", "moves the optimizer state from device memory to the host; with "
+                                                  "--backend host it is there already: use --offload none or nvme");
+    if (config.options.delayed_update && (offload == "none" || backend == "host"))
+      throw CLI::ValidationError("--delayed-update", "overlaps the CPU update of offload with the device's next "
+                                                     "step: it needs --offload cpu or nvme with --backend cuda");
     config.offload = offload == "cpu" ? plan::Offload::cpu : offload == "nvme" ? plan::Offload::nvme
                                                                                 : plan::Offload::none;
+    config.device_backend = backend == "cuda";
+    if (!config.device_backend) config.overlap = false;  // backend::Host has no stream to overlap on
+    config.options.nvme.window_bytes = zero::examples::nvme_window_bytes(nvme_window_mib);
     config.precision = precision == "fp32" ? plan::Precision::fp32 : precision == "fp16" ? plan::Precision::fp16
                                                                                          : plan::Precision::bf16;
     config.optimizer = optimizer;
     config.state_slots = optimizer == "sgd" ? 1 : 2;
     config.options.bucket_bytes = parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
     config.options.reduce_dtype = reduce == "fp32" ? zero::ReduceDType::fp32 : zero::ReduceDType::same_as_grad;
+    const std::size_t least_window = zero::offload::disk_least_window_bytes(config.state_slots);
+    if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
+      throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "
+                                                      "state slot: at least " + std::to_string(least_window) +
+                                                      " bytes for --optimizer " + optimizer);
     if (!device_text.empty()) limits.device = parse_scaled(device_text, "--device-memory", byte_scale);
     if (!host_text.empty()) limits.host = parse_scaled(host_text, "--host-memory", byte_scale);
   } catch (const CLI::ParseError& e) {

@@ -1,52 +1,115 @@
-// The planner (zero/engine/plan.hpp) against real optimizers: for every
-// stage, precision, optimizer, rank count and buffer-sizing option below, a
+// The planner (zero/engine/plan.hpp, which prints the schedule of
+// zero/engine/schedule.hpp) against real optimizers: for every stage,
+// precision and offload tier (none and nvme on backend::Host; cpu and nvme on
+// a device backend that keeps its "device" memory on the host,
+// late_copies.hpp), rank count and buffer-sizing option below, a
 // ZeroOptimizer on comm::Local trains two steps of the planned model, and its
-// memory_report() (measured from its buffers) and comm_report() (the
-// communicator's byte counters) must equal the plan to the byte.
+// memory_report() (measured from its buffers, split by place), comm_report()
+// (the communicator's byte and call counters) and the swap files on disk must
+// equal the plan to the byte.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "engine_harness.hpp"
+#include "late_copies.hpp"
 #include "zero/engine/plan.hpp"
 #include "zero/zero.hpp"
+#if defined(ZERO_TEST_DISK_TIER)
+#include "zero/offload/disk_state_store.hpp"
+#endif
 
 namespace {
 
+namespace fs = std::filesystem;
 using zero::bf16;
 using zero::fp16;
 using namespace zero::precision;
 using zero::optim::AdamW;
 using zero::optim::Sgd;
 namespace plan = zero::plan;
+using zero::backend::Host;
+using zero::backend::LateCopies;
+using zero::offload::Cpu;
+using zero::offload::None;
+using zero::offload::Nvme;
 
-template <int S, class P, class O>
-struct Config {
-  static constexpr int stage = S;
-  using Precision = P;
-  using Optimizer = O;
+template <int S, class P, class O, class F = None, class B = Host>
+using Opt = zero::ZeroOptimizer<P, O, zero::stage<S>, F, B>;
+
+// The types of two type lists, one after the other.
+template <class A, class B>
+struct Concat;
+template <class... A, class... B>
+struct Concat<std::tuple<A...>, std::tuple<B...>> {
+  using type = std::tuple<A..., B...>;
 };
-using Configs = std::tuple<Config<0, Full<float>, Sgd>, Config<0, Mixed<bf16>, AdamW>, Config<1, Mixed<fp16>, AdamW>,
-                           Config<1, Full<float>, Sgd>, Config<2, Mixed<bf16>, Sgd>, Config<2, Full<float>, AdamW>,
-                           Config<3, Mixed<bf16>, AdamW>, Config<3, Mixed<fp16>, Sgd>>;
+
+// Every stage meets every precision, with AdamW but for SGD (one state slot)
+// at stage 2 in bf16; the offload tiers from stage 1.
+template <class F, class B>
+using OffloadedTypes = std::tuple<Opt<1, Full<float>, AdamW, F, B>, Opt<1, Mixed<bf16>, AdamW, F, B>,
+                                  Opt<1, Mixed<fp16>, AdamW, F, B>, Opt<2, Full<float>, AdamW, F, B>,
+                                  Opt<2, Mixed<bf16>, Sgd, F, B>, Opt<2, Mixed<fp16>, AdamW, F, B>,
+                                  Opt<3, Full<float>, AdamW, F, B>, Opt<3, Mixed<bf16>, AdamW, F, B>,
+                                  Opt<3, Mixed<fp16>, AdamW, F, B>>;
+using ResidentTypes =
+    Concat<std::tuple<Opt<0, Full<float>, AdamW>, Opt<0, Mixed<bf16>, AdamW>, Opt<0, Mixed<fp16>, AdamW>>,
+           OffloadedTypes<None, Host>>::type;
+using CpuTypes = OffloadedTypes<Cpu, LateCopies>;
+#if defined(ZERO_TEST_DISK_TIER)
+// On the host backend the update reads and writes the backend's own buffers;
+// from a device, the gradient and parameters are staged in host memory (fp32
+// parameters too: the master is in the window only in passing). Three of
+// the device's, one per stage and precision.
+using NvmeTypes =
+    Concat<OffloadedTypes<Nvme, Host>,
+           std::tuple<Opt<1, Full<float>, AdamW, Nvme, LateCopies>, Opt<2, Mixed<fp16>, Sgd, Nvme, LateCopies>,
+                      Opt<3, Mixed<bf16>, AdamW, Nvme, LateCopies>>>::type;
+#endif
+
+// A fresh directory for the swap files, removed after (a real disk: O_DIRECT).
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char name[] = "/tmp/zero-plan-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
 
 struct Measured {
   zero::MemoryReport memory;
   zero::CommReport comm;
+  std::uint64_t swap_file_bytes = 0;  // this rank's swap files, as the filesystem sizes them
 };
 
 // Registers `model` and trains `steps` optimizer steps on `ranks` in-process
 // ranks with the documented loop (forward: acquire/release every unit;
-// backward in reverse: acquire, write the gradient, grad_ready, release).
-template <class Opt>
+// backward in reverse: acquire, write the gradient, grad_ready, release),
+// then lands a delayed update, so every step's traffic is counted.
+template <class O>
 std::vector<Measured> measure(const plan::Model& model, int ranks, const zero::Options& options, int steps) {
+  using Ops = zero::backend::Ops<typename O::backend_policy>;
   std::vector<Measured> out(static_cast<std::size_t>(ranks));
   zero::comm::LocalGroup group(ranks);
   group.run([&](zero::comm::Local& comm) {  // (no Catch2 assertions on these threads)
-    Opt opt(comm, typename Opt::Hyper{}, options);
+    zero::test::late_copies() = {};
+    O opt(comm, typename O::Hyper{}, options);
     std::vector<zero::UnitId> units;
     for (const auto& u : model.units) {
       units.push_back(opt.add_unit(u.name));
@@ -55,7 +118,9 @@ std::vector<Measured> measure(const plan::Model& model, int ranks, const zero::O
     }
     opt.finalize();
     opt.reset_comm_counters();
-    using G = typename Opt::grad_type;
+    using G = typename O::grad_type;
+    std::vector<G> grad(opt.layout().max_unit());
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = zero::from_float<G>(0.0078125f * static_cast<float>(i % 5));
     for (int step = 0; step < steps; ++step)
       for (int micro = 0; micro < options.grad_accumulation_steps; ++micro) {
         for (const auto u : units) {
@@ -64,15 +129,21 @@ std::vector<Measured> measure(const plan::Model& model, int ranks, const zero::O
         }
         for (auto it = units.rbegin(); it != units.rend(); ++it) {
           opt.acquire_unit(*it);
-          G* g = opt.grad_buffer(*it);
-          const std::size_t n = opt.layout().unit(*it).numel;
-          for (std::size_t i = 0; i < n; ++i) g[i] = zero::from_float<G>(0.0078125f * static_cast<float>(i % 5));
+          Ops::upload(opt.grad_buffer(*it), grad.data(), opt.layout().unit(*it).numel);
           opt.grad_ready(*it);
           opt.release_unit(*it);
         }
         opt.step();
       }
-    out[static_cast<std::size_t>(comm.rank())] = {opt.memory_report(), opt.comm_report()};
+    opt.wait_update();
+    Measured& m = out[static_cast<std::size_t>(comm.rank())];
+    m.memory = opt.memory_report();
+    m.comm = opt.comm_report();
+    if (!options.nvme.directory.empty()) {
+      const std::string mine = "zero-swap-r" + std::to_string(comm.rank()) + "-";
+      for (const auto& f : fs::directory_iterator(options.nvme.directory))
+        if (f.path().filename().string().starts_with(mine)) m.swap_file_bytes += fs::file_size(f.path());
+    }
   });
   return out;
 }
@@ -83,6 +154,8 @@ struct Variant {
   std::size_t bucket_bytes;
   int prefetch;
   zero::ReduceDType reduce;
+  bool delayed_update;    // where the optimizer can (offload from a device), from the first step
+  std::size_t windows;    // offload::Nvme's window in least windows (0: the 64 MiB default)
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -93,65 +166,125 @@ plan::Model odd_model() {
   return m;
 }
 
-}  // namespace
+zero::PlacedBytes placed(const plan::Line& l) { return {l.device, l.host, l.disk}; }
 
-TEMPLATE_LIST_TEST_CASE("the planner's bytes and traffic equal what real optimizers allocate and send",
-                        "[engine][plan]", Configs) {
-  using Opt = zero::ZeroOptimizer<typename TestType::Precision, typename TestType::Optimizer,
-                                  zero::stage<TestType::stage>, zero::offload::None, zero::backend::Host>;
+// Every stage's buffers, traffic and calls of optimizer type O, planned and
+// measured, for each model, rank count and variant.
+template <class O>
+void check_plan_against_optimizers() {
+  constexpr bool device_offload = O::offload_policy::to_host && O::backend_policy::device;
+  constexpr bool nvme = std::is_same_v<typename O::offload_policy, Nvme>;
   using zero::ReduceDType;
   const Variant variants[] = {
-      {"defaults", 1, std::size_t{32} << 20, 1, ReduceDType::same_as_grad},
-      {"one unit per bucket, accumulate 2, no prefetch", 2, 1, 0, ReduceDType::same_as_grad},
-      {"3 KiB buckets, accumulate 3, prefetch 2, reduce in fp32", 3, 3072, 2, ReduceDType::fp32},
-      {"one unit per bucket, prefetch 2, reduce in fp32", 1, 1, 2, ReduceDType::fp32},
+      {"defaults", 1, std::size_t{32} << 20, 1, ReduceDType::same_as_grad, false, 0},
+      {"one unit per bucket, accumulate 2, no prefetch, delayed update, the least window", 2, 1, 0,
+       ReduceDType::same_as_grad, true, 1},
+      {"3 KiB buckets, accumulate 3, prefetch 2, reduce in fp32, 3 least windows", 3, 3072, 2, ReduceDType::fp32,
+       false, 3},
+      {"one unit per bucket, prefetch 2, reduce in fp32, delayed update", 1, 1, 2, ReduceDType::fp32, true, 0},
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
   for (const auto& model : models)
     for (const int ranks : {1, 2, 3, 4, 7})
       for (const auto& v : variants) {
-        INFO("stage " << TestType::stage << ", " << plan::name(plan::precision_of<typename TestType::Precision>()) << ", " << TestType::Optimizer::name << ", " << ranks << " rank(s), " << v.name
-                      << ", model " << model.units.size() << " units");
+        INFO("stage " << O::stage << ", " << plan::name(plan::precision_of<typename O::precision_policy>()) << ", "
+                      << O::optimizer_policy::name << ", offload " << O::offload_policy::name << ", backend "
+                      << O::backend_policy::name << ", " << ranks << " rank(s), " << v.name << ", model "
+                      << model.units.size() << " units");
         zero::Options options;
         options.grad_accumulation_steps = v.accumulation;
         options.bucket_bytes = v.bucket_bytes;
         options.prefetch_units = v.prefetch;
         options.reduce_dtype = v.reduce;
+        options.delayed_update = device_offload && v.delayed_update;
+        options.delayed_update_warmup = 0;
+        std::optional<TempDir> dir;
+        if constexpr (nvme) {
+          dir.emplace();
+          options.nvme.directory = dir->path.string();
+          if (v.windows != 0)
+            options.nvme.window_bytes = v.windows * zero::offload::disk_least_window_bytes(O::state_slots);
+        }
         // Host communicators do not overlap: one staging set.
-        const plan::Config config = plan::config_for<Opt>(model, ranks, options, false);
+        const plan::Config config = plan::config_for<O>(model, ranks, options, false);
         const plan::Plan p = plan::make_plan(config);
-        const auto measured = measure<Opt>(model, ranks, config.options, steps);
-        for (const auto& [m, c] : measured) {
+        const auto measured = measure<O>(model, ranks, config.options, steps);
+        const std::uint64_t control_bytes = (1 + static_cast<std::uint64_t>(ranks)) * sizeof(double);
+        for (const auto& [m, c, swap_file] : measured) {
           INFO("rank " << m.rank);
           CHECK(p.param_elements == m.param_elements);
           CHECK(p.padded_elements == m.padded_elements);
-          CHECK(p.line("params").device == m.params);
-          CHECK(p.line("grads").device == m.grads);
-          CHECK(p.line("master").device == m.master);
-          CHECK(p.line("optimizer_states").device == m.optimizer_states);
-          CHECK(p.line("padding").device == m.padding);
+          // Every line of memory_report(), by place.
+          CHECK(p.placed.params == m.placed.params);
+          CHECK(p.placed.grads == m.placed.grads);
+          CHECK(p.placed.master == m.placed.master);
+          CHECK(p.placed.optimizer_states == m.placed.optimizer_states);
+          CHECK(p.placed.communication_buffers == m.placed.communication_buffers);
+          CHECK(placed(p.line("params")) == m.placed.params);
+          CHECK(placed(p.line("grads")) == m.placed.grads);
+          CHECK(placed(p.line("master")) == m.placed.master);
+          CHECK(placed(p.line("optimizer_states")) == m.placed.optimizer_states);
+          CHECK(p.line("padding").total() == m.padding);
+          CHECK(p.model_states() == m.model_states());
           CHECK(p.communication_buffers() == m.communication_buffers);
-          // The step's control doubles (1 + N) are the one allocation memory_report() leaves out.
-          CHECK(p.line("control").device == (1 + static_cast<std::size_t>(ranks)) * sizeof(double));
-          CHECK(p.total.device == m.total() + p.line("control").device);
-          CHECK(p.total.host == 0);
-          CHECK(p.total.disk == 0);
+          // The backend keeps everything but the disk tier's in host memory,
+          // or holds the parameters on the device.
+          CHECK((O::backend_policy::device ? m.placed.params.device : m.placed.params.host) > 0);
+          // What memory_report() leaves out: the step's control values (on
+          // the backend and their host copy), and the swap files' rounding
+          // to whole records, which the files on disk show.
+          CHECK(p.line("control").total() == 2 * control_bytes);
+          CHECK(p.line("control").host >= control_bytes);
+          CHECK(swap_file == m.placed.master.disk + m.placed.optimizer_states.disk + p.line("swap_padding").disk);
+          CHECK(nvme == (swap_file > 0));
+          zero::PlacedBytes planned_total{p.total.device, p.total.host, p.total.disk};
+          zero::PlacedBytes reported_total = m.placed.total();
+          reported_total += placed(p.line("control"));
+          reported_total += placed(p.line("swap_padding"));
+          CHECK(planned_total == reported_total);
 
           REQUIRE(c.steps == steps);
           CHECK(c.sent_per_step() == static_cast<double>(p.comm.bytes_sent));
           CHECK(c.received_per_step() == static_cast<double>(p.comm.bytes_received));
           // Named capture: Clang 14 cannot capture a structured binding.
-          auto per_step = [&counters = c.counters, steps](zero::comm::Collective k) {
-            return counters.sent[static_cast<std::size_t>(k)] / static_cast<std::uint64_t>(steps);
+          auto per_step = [&counters = c.counters, steps](const auto& field, zero::comm::Collective k) {
+            return field(counters)[static_cast<std::size_t>(k)] / static_cast<std::uint64_t>(steps);
           };
-          CHECK(per_step(zero::comm::Collective::all_reduce) == p.comm.all_reduce_bytes);
-          CHECK(per_step(zero::comm::Collective::reduce_scatter) == p.comm.reduce_scatter_bytes);
-          CHECK(per_step(zero::comm::Collective::all_gather) == p.comm.all_gather_bytes);
-          CHECK(per_step(zero::comm::Collective::control) == p.comm.control_bytes);
+          auto sent = [](const zero::comm::ByteCounters& b) { return b.sent; };
+          auto calls = [](const zero::comm::ByteCounters& b) { return b.calls; };
+          using zero::comm::Collective;
+          CHECK(per_step(sent, Collective::all_reduce) == p.comm.all_reduce_bytes);
+          CHECK(per_step(sent, Collective::reduce_scatter) == p.comm.reduce_scatter_bytes);
+          CHECK(per_step(sent, Collective::all_gather) == p.comm.all_gather_bytes);
+          CHECK(per_step(sent, Collective::control) == p.comm.control_bytes);
+          CHECK(per_step(calls, Collective::all_reduce) == p.comm.all_reduce_calls);
+          CHECK(per_step(calls, Collective::reduce_scatter) == p.comm.reduce_scatter_calls);
+          CHECK(per_step(calls, Collective::all_gather) == p.comm.all_gather_calls);
+          CHECK(per_step(calls, Collective::control) == p.comm.control_calls);
+          CHECK(c.counters.calls[static_cast<std::size_t>(Collective::broadcast)] == 0);
         }
       }
 }
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("the planner's bytes and traffic equal what real optimizers allocate and send",
+                        "[engine][plan]", ResidentTypes) {
+  check_plan_against_optimizers<TestType>();
+}
+
+TEMPLATE_LIST_TEST_CASE("offload::Cpu: the planner's bytes by place and traffic equal the optimizer's",
+                        "[engine][plan][offload]", CpuTypes) {
+  check_plan_against_optimizers<TestType>();
+}
+
+#if defined(ZERO_TEST_DISK_TIER)
+TEMPLATE_LIST_TEST_CASE("offload::Nvme: the planner's bytes by place, swap files and traffic equal the optimizer's",
+                        "[engine][plan][offload][nvme]", NvmeTypes) {
+  check_plan_against_optimizers<TestType>();
+}
+#endif
 
 TEST_CASE("the planner follows the ZeRO paper's formulas where the paper is exact", "[engine][plan]") {
   // GPT-2 small (124M): its published parameter count.
@@ -181,7 +314,8 @@ TEST_CASE("the planner follows the ZeRO paper's formulas where the paper is exac
     }
 }
 
-TEST_CASE("offload moves master, states and the gradient shard off the device", "[engine][plan]") {
+TEST_CASE("offload moves master and states off the device: the figures by hand", "[engine][plan][offload]") {
+  // Four units of 65536 elements on 4 ranks: no padding, 65536 owned elements.
   plan::Config c;
   c.model = plan::uniform_model(4 * 1024 * 64, 4);
   c.ranks_per_node = 4;
@@ -190,28 +324,87 @@ TEST_CASE("offload moves master, states and the gradient shard off the device", 
   const plan::Plan none = plan::make_plan(c);
   c.offload = plan::Offload::cpu;
   const plan::Plan cpu = plan::make_plan(c);
+  // The device keeps its bf16 parameters and accumulates the bf16 gradient
+  // shard; the host holds fp32 master, m and v, the shard's copy the CPU
+  // update reads and the bf16 parameters it writes (ZeRO-Offload).
+  CHECK(cpu.line("params").device == none.line("params").device);
+  CHECK(placed(cpu.line("grads")) == zero::PlacedBytes{2 * shard, 2 * shard, 0});
+  CHECK(placed(cpu.line("master")) == zero::PlacedBytes{0, 4 * shard, 0});
+  CHECK(placed(cpu.line("optimizer_states")) == zero::PlacedBytes{0, 8 * shard, 0});
+  CHECK(placed(cpu.line("param_staging")) == zero::PlacedBytes{0, 2 * shard, 0});
+  CHECK(cpu.total.device == none.total.device - 12 * shard);
+  c.options.delayed_update = true;  // a second host gradient set
+  CHECK(plan::make_plan(c).line("grads").host == 4 * shard);
+  c.options.delayed_update = false;
+
+  // The disk tier (ZeRO-Infinity): master and states on disk, streamed
+  // through the window of Options::nvme.window_bytes. At the 64 MiB default
+  // a chunk would be 1820 x 1024 elements, more than the 65536 owned: one
+  // chunk of 65536, the window three records of 3 arrays of it, and a swap
+  // file of exactly the owned state.
   c.offload = plan::Offload::nvme;
   const plan::Plan nvme = plan::make_plan(c);
-  // The device keeps its 16-bit parameters and accumulates the bf16
-  // gradient shard; the host holds fp32 master, m, v, the shard's copy the
-  // CPU update reads and the bf16 parameters it writes (ZeRO-Offload), or the
-  // disk holds master and states behind a host window of two unit shards
-  // (ZeRO-Infinity).
-  CHECK(cpu.line("params").device == none.line("params").device);
-  CHECK(cpu.line("grads").device == 2 * shard);
-  CHECK(cpu.line("grads").host == 2 * shard);
-  CHECK(cpu.line("master").host == 4 * shard);
-  CHECK(cpu.line("optimizer_states").host == 8 * shard);
-  CHECK(cpu.line("param_staging").host == 2 * shard);
-  CHECK(cpu.total.device == none.total.device - 12 * shard);
-  CHECK(nvme.line("master").disk == 4 * shard);
-  CHECK(nvme.line("optimizer_states").disk == 8 * shard);
-  CHECK(nvme.line("nvme_window").host == 2 * (shard / 4) * 12);
+  CHECK(placed(nvme.line("master")) == zero::PlacedBytes{0, 0, 4 * shard});
+  CHECK(placed(nvme.line("optimizer_states")) == zero::PlacedBytes{0, 0, 8 * shard});
+  CHECK(placed(nvme.line("grads")) == zero::PlacedBytes{2 * shard, 2 * shard, 0});
+  CHECK(nvme.line("param_staging").host == 2 * shard);
+  CHECK(nvme.line("nvme_window").host == 3 * 3 * 65536 * 4);
+  CHECK(nvme.line("swap_padding").disk == 0);
   CHECK(nvme.total.disk == 12 * shard);
+  // A 1 MiB window: chunks of 28 x 1024 elements (1 MiB / 36 bytes, in
+  // whole 4 KiB blocks), three of them for 65536 elements, so the swap file
+  // is 3 x 28672 x 12 bytes.
+  c.options.nvme.window_bytes = std::size_t{1} << 20;
+  const plan::Plan small = plan::make_plan(c);
+  CHECK(small.line("nvme_window").host == 3 * 3 * 28672 * 4);
+  CHECK(small.line("swap_padding").disk == 3 * 28672 * 12 - 12 * shard);
+  CHECK(small.sizes.disk_chunk == 28672);
+  // On backend::Host nothing is staged: the update reads and writes the
+  // backend's own buffers, all in host memory.
+  c.device_backend = false;
+  const plan::Plan host = plan::make_plan(c);
+  CHECK(placed(host.line("params")) == zero::PlacedBytes{0, none.line("params").device, 0});
+  CHECK(placed(host.line("grads")) == zero::PlacedBytes{0, 2 * shard, 0});
+  CHECK(host.line("param_staging").total() == 0);
+  CHECK(host.total.device == 0);
   // The wire does not change.
   CHECK(cpu.comm.bytes_sent == none.comm.bytes_sent);
+  CHECK(nvme.comm.bytes_sent == none.comm.bytes_sent);
+
+  // What the engine refuses, the planner refuses.
+  c.offload = plan::Offload::cpu;
+  CHECK_THROWS_WITH(plan::make_plan(c), Catch::Contains("backend::Host"));
+  c.offload = plan::Offload::nvme;
+  c.options.delayed_update = true;
+  CHECK_THROWS_WITH(plan::make_plan(c), Catch::Contains("delayed_update"));
+  c.options.delayed_update = false;
+  c.options.nvme.window_bytes = 3 * 4096 * 3 - 1;
+  CHECK_THROWS_WITH(plan::make_plan(c), Catch::Contains("window_bytes") && Catch::Contains("36864"));
+  c.options.nvme.window_bytes = 3 * 4096 * 3;
+  CHECK_NOTHROW(plan::make_plan(c));
   c.stage = 0;
   CHECK_THROWS_WITH(plan::make_plan(c), Catch::Contains("stage >= 1"));
+}
+
+TEST_CASE("the disk window and the swap file, by hand", "[engine][plan][offload]") {
+  using zero::offload::disk_chunk_elements;
+  using zero::offload::disk_swap_file_bytes;
+  using zero::offload::disk_window_elements;
+  const std::size_t window = std::size_t{64} << 20;
+  // Adam (2 slots): 3 chunks x 3 arrays x 4 bytes = 36 bytes per chunk
+  // element; 64 MiB / 36 = 1864135, in whole blocks of 1024: 1820 blocks.
+  CHECK(disk_chunk_elements(window, 2, 10'000'000) == 1820 * 1024);
+  CHECK(disk_window_elements(window, 2, 10'000'000) == 9 * 1820 * 1024);
+  // 10^7 elements in chunks of 1863680: 6 records of 3 arrays.
+  CHECK(disk_swap_file_bytes(window, 2, 10'000'000) == 6u * 1863680 * 12);
+  // SGD (1 slot): 24 bytes per chunk element, 2730 blocks.
+  CHECK(disk_chunk_elements(window, 1, 10'000'000) == 2730 * 1024);
+  // Few owned elements: one block of 1024, not the window's worth.
+  CHECK(disk_window_elements(window, 2, 1000) == 9 * 1024);
+  CHECK(disk_swap_file_bytes(window, 2, 1000) == 1024 * 12);
+  CHECK(disk_swap_file_bytes(window, 2, 0) == 1024 * 12);  // one record at least
+  CHECK(zero::offload::disk_least_window_bytes(2) == 36864);
+  CHECK(zero::offload::disk_least_window_bytes(1) == 24576);
 }
 
 namespace {

@@ -92,19 +92,47 @@ nvme = plan_json("--params", "7B", "--units", "32", "--stage", "2", "--ranks-per
 check_schema(cpu, "offload cpu")
 check_schema(nvme, "offload nvme")
 check(cpu["total"]["device"] < none["total"]["device"] and cpu["total"]["host"] > 0, "offload cpu tiers")
+
+
+def line(doc, name):
+    return next(l for l in doc["lines"] if l["name"] == name)
+
+
 disk = 12 * 7_000_000_000 // 8  # fp32 master, m and v of Φ/N, plus a little padding
-check(disk <= nvme["total"]["disk"] < disk * 1.001, f"offload nvme: disk {nvme['total']['disk']}, about {disk}")
+states_on_disk = line(nvme, "master")["disk"] + line(nvme, "optimizer_states")["disk"]
+check(disk <= states_on_disk < disk * 1.001, f"offload nvme: master + states on disk {states_on_disk}, about {disk}")
+# The swap file holds whole records (a chunk of each array); a chunk fills a
+# third of the window at most, so the rounding is below a third of it.
+window = 64 << 20
+check(nvme["config"]["nvme_window_bytes"] == window, f"offload nvme: window {nvme['config']}")
+check(0 <= line(nvme, "swap_padding")["disk"] < window // 3, f"offload nvme: swap padding {line(nvme, 'swap_padding')}")
+check(nvme["total"]["disk"] == states_on_disk + line(nvme, "swap_padding")["disk"], "offload nvme: disk total")
+check(window - 3 * 12 * 1024 < line(nvme, "nvme_window")["host"] <= window, f"offload nvme: {line(nvme, 'nvme_window')}")
 check(nvme["total"]["host"] < cpu["total"]["host"], "offload nvme needs less host memory than cpu")
+# --nvme-window-mib, the trainers' option, sizes the window.
+small = plan_json("--params", "7B", "--units", "32", "--stage", "2", "--ranks-per-node", "8", "--offload", "nvme",
+                  "--nvme-window-mib", "1")
+check(small["config"]["nvme_window_bytes"] == 1 << 20 and line(small, "nvme_window")["host"] <= 1 << 20,
+      f"--nvme-window-mib 1: {small['config']}, {line(small, 'nvme_window')}")
+# The host backend: every buffer in host memory, and no offload cpu.
+host = plan_json("--params", "7B", "--units", "32", "--stage", "2", "--ranks-per-node", "8", "--backend", "host")
+check(host["total"]["device"] == 0 and host["total"]["host"] > 0 and host["config"]["backend"] == "host",
+      f"--backend host: {host['total']}")
 
 # --help lists the options with their defaults.
 h = run("--help")
 check(h.returncode == 0, "--help exits 0")
-for text in ("--params", "--unit-sizes", "--offload", "--bucket-bytes", "32M", "bf16", "adamw", "--device-memory"):
+for text in ("--params", "--unit-sizes", "--offload", "--bucket-bytes", "32M", "bf16", "adamw", "--device-memory",
+             "--nvme-window-mib", "--backend"):
     check(text in h.stdout, f"--help mentions {text}")
 
 # Bad input: exit 2 and a message that names the option.
 for args, option in ((["--params", "7X"], "--params"), (["--params", "7B", "--stage", "5"], "--stage"),
                      (["--params", "7B", "--stage", "0", "--offload", "cpu"], "--offload"),
+                     (["--params", "7B", "--stage", "1", "--offload", "cpu", "--backend", "host"], "--offload cpu"),
+                     (["--params", "7B", "--stage", "1", "--offload", "nvme", "--nvme-window-mib", "0.01"],
+                      "--nvme-window-mib"),
+                     (["--params", "7B", "--stage", "1", "--delayed-update"], "--delayed-update"),
                      (["--params", "7B", "--precision", "fp8"], "--precision"),
                      (["--params", "7B", "--device-memory", "lots"], "--device-memory"),
                      (["--layers", "2", "--width", "30", "--vocab", "5", "--context", "4", "--heads", "4"], "--heads"),

@@ -1,10 +1,12 @@
 // Why: how many elements each of the optimizer's buffers holds follows from
-// the layout, the stage, the precision, the optimizer's state count and a few
-// Options. ZeroOptimizer::finalize() allocates exactly these sizes, and the
-// planner (engine/plan.hpp) predicts memory from them without allocating, so
-// the two cannot drift apart by a rule written twice. memory_report() stays
-// measured from the real buffers, so a test still sees any disagreement
-// between what is planned and what is held.
+// the layout, the stage, the precision, the optimizer's state count, the
+// offload tier and a few Options. ZeroOptimizer::finalize() allocates exactly
+// these sizes, and the planner (engine/plan.hpp, through engine/schedule.hpp,
+// which adds where each buffer lives and what each step sends) predicts
+// memory from them without allocating, so the two cannot drift apart by a
+// rule written twice. memory_report() stays measured from the real buffers,
+// so a test still sees any disagreement between what is planned and what is
+// held.
 #pragma once
 
 #include <algorithm>
@@ -15,17 +17,38 @@
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/stage_plan.hpp"
+#include "zero/offload/disk_window.hpp"
 
 namespace zero {
 
 // What of the optimizer's type and run decides its buffer sizes.
 struct BufferSpec {
   StagePlan stage = stage_plan(0);
-  bool separate_master = true;   // mixed precision: an fp32 master beside the 16-bit parameters
+  bool separate_master = true;   // an fp32 master beside the parameters (mixed precision, or any offload)
   std::size_t grad_bytes = 2;    // bytes per gradient element (2 for bf16/fp16, 4 for fp32)
   int state_slots = 2;           // fp32 optimizer-state arrays (Adam: m and v; SGD: momentum)
   bool overlap = false;          // communication overlaps compute: gradient staging double-buffered
+  // The offload buffers (BufferSizes::host_grads and below) are sized from
+  // these two; left at their defaults, there are none.
+  OffloadTier offload = OffloadTier::none;
+  bool device_backend = false;   // the backend's memory is a device's (backend::Cuda), not the host's
 };
+
+// Offloaded from a device: the owned gradient is copied to the host for the
+// CPU update and the updated parameters staged back (backend::Host with
+// offload::Nvme updates straight from and into its own buffers).
+inline bool offload_host_staging(const BufferSpec& spec) {
+  return spec.offload != OffloadTier::none && spec.device_backend;
+}
+// The parameters the CPU writes are staged in host memory, then copied to the
+// device: 16-bit parameters (mixed precision: the engine keeps parameters and
+// gradients in one type), and fp32 ones under offload::Nvme (its master is in
+// the window only in passing); fp32 ones under offload::Cpu are uploaded from
+// the master itself.
+inline bool offload_stages_params(const BufferSpec& spec) {
+  const bool mixed = spec.grad_bytes != 4;
+  return offload_host_staging(spec) && (mixed || spec.offload == OffloadTier::nvme);
+}
 
 // Stages 0 and 1 without accumulation take the caller's gradient straight
 // into the full gradient buffer (no staging, no copy).
@@ -123,6 +146,19 @@ struct BufferSizes {
   std::size_t control = 0;         // doubles: the step's [sum of squares, one report per rank]
   std::size_t max_unit = 0;        // largest padded unit
   std::size_t max_shard = 0;       // largest shard
+  // Offload (BufferSpec::offload), host memory. From a device backend: the
+  // owned gradient's host copy the CPU update reads (gradient type, one set
+  // per step in flight: two with Options::delayed_update) and the parameters
+  // the CPU writes before they are copied to the device (parameter type;
+  // offload_stages_params). offload::Nvme: the window the state streams
+  // through (fp32), and the swap file on disk (bytes: whole records, so at
+  // least the owned master and state).
+  std::size_t host_grad_sets = 0;
+  std::size_t host_grads = 0;
+  std::size_t host_params = 0;
+  std::size_t disk_window = 0;
+  std::size_t disk_chunk = 0;       // elements of one array per chunk of the window
+  std::size_t swap_file_bytes = 0;
 };
 
 // `layout` must be finalized (its padding decides every size).
@@ -159,6 +195,17 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     s.gather_slots = gather_arena_elements(layout, s.gather_slot_count);
   }
   s.control = 1 + static_cast<std::size_t>(layout.ranks());
+  if (offload_host_staging(spec)) {
+    s.host_grad_sets = options.delayed_update ? 2 : 1;
+    s.host_grads = checked_mul(owned, s.host_grad_sets, "finalize(): the host gradient");
+    if (offload_stages_params(spec)) s.host_params = owned;
+  }
+  if (spec.offload == OffloadTier::nvme) {
+    const std::size_t window = options.nvme.window_bytes;
+    s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned);
+    s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned);
+    s.swap_file_bytes = offload::disk_swap_file_bytes(window, spec.state_slots, owned);
+  }
   return s;
 }
 

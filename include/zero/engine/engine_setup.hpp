@@ -48,14 +48,17 @@ void Engine<P, O, B>::finalize() {
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
   const StagePlan& rules = plan_.rules;
   layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
-  update_.configure(plan_.offload, options_);
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
   comm_.open(first_slot_event + gather_slots);
   check_agreement();
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
-  const BufferSizes sizes = buffer_sizes(
-      layout_, BufferSpec{rules, update_.separate_master(), sizeof(grad_type), state_slots, comm_.overlaps()},
-      options_);
+  // fp32 training keeps no master apart from the parameters unless offload
+  // moves it to the host (the device then keeps a working copy).
+  const bool separate_master = P::mixed || plan_.offload != OffloadTier::none;
+  const BufferSpec spec{rules,          separate_master, sizeof(grad_type), state_slots, comm_.overlaps(),
+                        plan_.offload, B::device};
+  const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
+  update_.configure(spec, options_);
 
   // What makes each buffer smaller, for the out-of-memory message.
   const char* shard_params = "stage 3 shards the parameters: use stage<3> or more ranks";
@@ -73,7 +76,7 @@ void Engine<P, O, B>::finalize() {
           "needs offload::Cpu or offload::Nvme with a device backend (backend::Cuda); clear the option otherwise");
   // (a generic lambda, not an explicit template one: nvcc 13 refuses those in
   // a member of a class template with default arguments)
-  update_.allocate(ownership(), params_.data(), grad_buffers.accumulator.data(), options_, rank(), disk_,
+  update_.allocate(ownership(), sizes, params_.data(), grad_buffers.accumulator.data(), options_, rank(), disk_,
                    [&](auto buffer_type, std::size_t n, const char* what) {
                      using Buf = typename decltype(buffer_type)::type;
                      return allocate_as<Buf>(n, what, rules.states_sharded ? "more ranks" : shard_states);

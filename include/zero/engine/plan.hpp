@@ -1,22 +1,20 @@
 // Why: "will my model fit, and what will it cost?" should be answered before
 // anyone rents GPUs. The planner computes, per rank, the bytes of every
 // buffer ZeroOptimizer would allocate for a model, a rank count, a stage, a
-// precision, an optimizer and the Options that size buffers, split by where
-// they would live (device, host, disk), and the bytes each rank sends and
+// precision, an optimizer, an offload tier (none, cpu, nvme), a backend
+// (device or host) and the Options that size buffers, split by where they
+// would live (device, host, disk), and the bytes each rank sends and
 // receives per optimizer step, counted as the communicators count them. It
 // allocates nothing: it runs the engine's own layout (engine/layout.hpp) and
-// buffer-size rules (engine/buffer_sizes.hpp) on a description of the model.
+// schedule (engine/schedule.hpp: the buffer sizes finalize() allocates, their
+// places, and the collectives the stage plan makes) on a description of the
+// model; this file only names lines and adds them up.
 // tests/engine/test_engine_plan.cpp holds it to memory_report() and
-// comm_report() of real optimizers, to the byte. examples/plan/zero_plan.cpp
-// is its command line.
-//
-// Offload (offload::Cpu / offload::Nvme) is not implemented in the engine
-// yet; for it the planner follows the ZeRO-Offload and ZeRO-Infinity papers:
-// the fp32 master, the optimizer states and the owned gradient shard live in
-// host memory (Cpu), or master and states on disk behind a pinned host window
-// of a few shards (Nvme); 16-bit parameters stay on the device.
+// comm_report() of real optimizers, every stage x tier x precision, to the
+// byte. examples/plan/zero_plan.cpp is its command line.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -30,13 +28,15 @@
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
+#include "zero/engine/schedule.hpp"
+#include "zero/engine/stage_plan.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::plan {
 
 enum class Precision { fp32, bf16, fp16 };
-enum class Offload { none, cpu, nvme };
+using Offload = OffloadTier;  // (the planner's name for it)
 
 inline const char* name(Precision p) {
   switch (p) {
@@ -127,29 +127,44 @@ struct Config {
   std::string optimizer = "adamw";
   int state_slots = 2;  // fp32 arrays per parameter: Adam/AdamW 2, SGD 1 (kept even without momentum)
   Offload offload = Offload::none;
+  // The backend's memory is a device's (backend::Cuda); false: backend::Host,
+  // where every buffer but the disk tier's is host memory.
+  bool device_backend = true;
+  // Options that size buffers: bucket_bytes, prefetch_units,
+  // grad_accumulation_steps, reduce_dtype, delayed_update (two host
+  // gradient sets) and nvme.window_bytes (the disk tier's host window).
   Options options{};
   // Communication on a stream of its own (comm::Nccl's default on GPUs):
-  // gradient staging is double-buffered. Host communicators do not overlap.
+  // gradient staging is double-buffered. Host communicators, and
+  // backend::Host, do not overlap.
   bool overlap = true;
-  // Nvme: owned shards of master + states staged in pinned host memory at once.
-  std::size_t nvme_window_shards = 2;
 
   int ranks() const { return ranks_per_node * nodes; }
+
+  // What the schedule needs (engine/schedule.hpp).
+  ScheduleSpec schedule_spec() const {
+    ScheduleSpec s;
+    s.stage = stage_plan(stage);
+    s.offload = offload;
+    s.device_backend = device_backend;
+    s.element_bytes = element_bytes(precision);
+    s.state_slots = state_slots;
+    s.overlap = overlap;
+    return s;
+  }
 
   void validate() const {
     require(!model.units.empty(), "plan: the model has no units");
     require(ranks_per_node >= 1 && nodes >= 1, "plan: ranks per node and nodes must be >= 1");
     require(stage >= 0 && stage <= 3, "plan: stage must be 0, 1, 2 or 3, got ", stage);
     require(state_slots >= 0 && state_slots <= 4, "plan: state_slots must be in [0, 4]");
-    require(offload == Offload::none || stage >= 1,
-            "plan: offload moves this rank's partition of the optimizer state; stage 0 has none: use stage >= 1");
-    require(nvme_window_shards >= 1, "plan: the NVMe host window needs at least one shard");
     options.validate();
   }
 };
 
-// The configuration of an optimizer type (precision, optimizer, stage) on
-// `ranks` ranks of one node, as ZeroOptimizer<...> would run it.
+// The configuration of an optimizer type (precision, optimizer, stage,
+// offload tier, backend) on `ranks` ranks of one node, as ZeroOptimizer<...>
+// would run it.
 template <class Opt>
 Config config_for(Model model, int ranks, const Options& options, bool overlap) {
   Config c;
@@ -159,6 +174,8 @@ Config config_for(Model model, int ranks, const Options& options, bool overlap) 
   c.precision = precision_of<typename Opt::precision_policy>();
   c.optimizer = Opt::optimizer_policy::name;
   c.state_slots = Opt::state_slots;
+  c.offload = offload_tier<typename Opt::offload_policy>();
+  c.device_backend = Opt::backend_policy::device;
   c.options = options;
   c.overlap = overlap;
   return c;
@@ -179,18 +196,31 @@ struct CommVolume {
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0;
   std::uint64_t control_bytes = 0;  // the step control all-reduce: norm and one report per rank
+  // Collective calls per step (one per unit each time; comm_report()'s calls).
+  std::uint64_t all_reduce_calls = 0, reduce_scatter_calls = 0, all_gather_calls = 0, control_calls = 0;
 };
+
+// The planner's lines, in the order it prints them: the model states
+// (params, grads, master, optimizer_states), "padding" (the share of those
+// four that is padding: included in them, not added to the total), the
+// communication buffers, and what memory_report() does not count (control,
+// swap_padding). Each is the sum of the schedule's buffers of that name.
+inline constexpr const char* model_state_lines[] = {"params", "grads", "master", "optimizer_states"};
+inline constexpr const char* buffer_lines[] = {"gradient_staging", "reduce_staging_fp32", "shard_staging",
+                                               "gather_slots",     "param_staging",       "nvme_window",
+                                               "control",          "swap_padding"};
 
 struct Plan {
   Config config;
   std::uint64_t param_elements = 0;   // Φ
   std::uint64_t padded_elements = 0;  // Φ with the layout's padding
-  BufferSizes sizes;
-  // Model states first (params, grads, master, optimizer_states), then
-  // "padding" (the share of those four that is padding: included in them, not
-  // added to the total), then the communication buffers.
-  std::vector<Line> lines;
+  Schedule schedule;                  // every buffer and collective (engine/schedule.hpp)
+  BufferSizes sizes;                  // = schedule.sizes
+  std::vector<Line> lines;            // model_state_lines, "padding", buffer_lines
   Line total{"total"};
+  // memory_report().placed of the planned optimizer (its other lines are
+  // these added up, and padding).
+  MemoryReport::Placement placed;
   std::uint64_t paper_model_state_bytes = 0;  // the ZeRO paper's formula, with Φ unpadded
   std::uint64_t paper_comm_elements = 0;      // 2Φ(N-1)/N (stages 0-2) or 3Φ(N-1)/N (stage 3)
   CommVolume comm;
@@ -201,27 +231,68 @@ struct Plan {
     throw Error("plan: no line named '" + n + "'");
   }
   // Bytes of the four model-state lines, all tiers.
-  std::uint64_t model_states() const {
-    return line("params").total() + line("grads").total() + line("master").total() +
-           line("optimizer_states").total();
-  }
-  // Bytes of the lines memory_report() counts as communication buffers (the
-  // control doubles and the NVMe window are not among them).
-  std::uint64_t communication_buffers() const {
-    return line("gradient_staging").total() + line("reduce_staging_fp32").total() + line("shard_staging").total() +
-           line("gather_slots").total() + line("param_staging").total();
-  }
+  std::uint64_t model_states() const { return placed.model_states().total(); }
+  // Bytes memory_report() counts as communication buffers: staging,
+  // the gather arena, the offload host staging and window (not the control
+  // values).
+  std::uint64_t communication_buffers() const { return placed.communication_buffers.total(); }
 };
+
+// The paper's model-state bytes per parameter: p + g + K split into what
+// every rank keeps whole and what it keeps 1/N of, as the stage plan shards.
+struct PaperShares {
+  std::uint64_t whole = 0, sharded = 0;
+};
+inline PaperShares paper_shares(const StagePlan& stage, std::uint64_t p, std::uint64_t g, std::uint64_t k) {
+  PaperShares s;
+  (stage.params_sharded ? s.sharded : s.whole) += p;
+  (stage.grads_sharded ? s.sharded : s.whole) += g;
+  (stage.states_sharded ? s.sharded : s.whole) += k;
+  return s;
+}
 
 // "(2+2+K)Φ" and friends for this configuration's byte sizes.
 inline std::string paper_formula(int stage, std::size_t p, std::size_t g, std::size_t k) {
-  const std::string ps = std::to_string(p), gs = std::to_string(g), ks = std::to_string(k);
-  switch (stage) {
-    case 0: return "(" + ps + "+" + gs + "+" + ks + ")Φ";
-    case 1: return "(" + ps + "+" + gs + ")Φ + " + ks + "Φ/N";
-    case 2: return ps + "Φ + (" + gs + "+" + ks + ")Φ/N";
-    default: return "(" + ps + "+" + gs + "+" + ks + ")Φ/N";
-  }
+  const StagePlan rules = stage_plan(stage);
+  std::string whole, sharded;
+  int whole_terms = 0, sharded_terms = 0;
+  auto term = [&](bool is_sharded, std::size_t bytes) {
+    std::string& to = is_sharded ? sharded : whole;
+    to += (to.empty() ? "" : "+") + std::to_string(bytes);
+    ++(is_sharded ? sharded_terms : whole_terms);
+  };
+  term(rules.params_sharded, p);
+  term(rules.grads_sharded, g);
+  term(rules.states_sharded, k);
+  auto group = [](const std::string& t, int terms) { return terms > 1 ? "(" + t + ")" : t; };
+  std::string f;
+  if (whole_terms) f = group(whole, whole_terms) + "Φ";
+  if (sharded_terms) f += (f.empty() ? "" : " + ") + group(sharded, sharded_terms) + "Φ/N";
+  return f;
+}
+
+// memory_report()'s padding (its share of all model-state bytes) split by
+// place in proportion to the bytes there, so the parts add up to it exactly:
+// each part rounded down, the rest (a byte or two) to the largest place.
+inline PlacedBytes split_padding(std::uint64_t padding, const PlacedBytes& states) {
+  PlacedBytes p;
+  const double total = static_cast<double>(states.total());
+  if (total == 0) return p;
+  std::uint64_t given = 0;
+  auto share = [&](std::uint64_t bytes) {
+    const auto part = static_cast<std::uint64_t>(static_cast<double>(padding) * (static_cast<double>(bytes) / total));
+    const std::uint64_t kept = std::min(part, padding - given);
+    given += kept;
+    return kept;
+  };
+  p.device = share(states.device);
+  p.host = share(states.host);
+  p.disk = share(states.disk);
+  const std::uint64_t rest = padding - given;
+  if (states.device >= states.host && states.device >= states.disk) p.device += rest;
+  else if (states.host >= states.disk) p.host += rest;
+  else p.disk += rest;
+  return p;
 }
 
 inline Plan make_plan(const Config& config) {
@@ -233,73 +304,27 @@ inline Plan make_plan(const Config& config) {
     const UnitId id = layout.add_unit(u.name);
     for (std::size_t i = 0; i < u.params.size(); ++i) layout.add_param(id, u.name + "." + std::to_string(i), u.params[i]);
   }
-  layout.finalize();
+  layout.finalize(sizeof(float));  // as ZeroOptimizer::finalize()
 
   Plan plan;
   plan.config = config;
   plan.param_elements = layout.param_total();
   plan.padded_elements = layout.padded_total();
-  const std::size_t pb = element_bytes(config.precision), gb = pb;
-  const bool mixed = config.precision != Precision::fp32;
-  const bool offload = config.offload != Offload::none;
-  const BufferSizes s =
-      buffer_sizes(layout, BufferSpec{stage_plan(config.stage), mixed, gb, config.state_slots, config.overlap},
-                   config.options);
-  plan.sizes = s;
-  const StagePlan rules = stage_plan(config.stage);
-  const std::uint64_t owned = rules.states_sharded ? layout.shard_total() : layout.padded_total();
+  const ScheduleSpec spec = config.schedule_spec();
+  plan.schedule = schedule(layout, spec, config.options);
+  plan.sizes = plan.schedule.sizes;
+  plan.placed = plan.schedule.placement();
 
-  // Model states. Offloaded: the gradient still accumulates on the device
-  // (whole at stage 1, the owned shard at stages 2-3: one add per
-  // micro-batch at device bandwidth instead of a transfer), and the owned
-  // shard's host copy is what the CPU update reads; the fp32 master (fp32
-  // training too: the device copy is the working parameters) and states
-  // leave the device.
-  Line params{"params"}, grads{"grads"}, master{"master"}, states{"optimizer_states"};
-  params.device = s.params * pb;
-  if (!offload) {
-    grads.device = s.grads * gb;
-    master.device = s.master * 4;
-    states.device = s.state_per_slot * 4 * static_cast<std::uint64_t>(config.state_slots);
-  } else {
-    grads.device = s.grads * gb;
-    grads.host = owned * gb * (config.options.delayed_update ? 2 : 1);  // two sets: one per step in flight
-    const std::uint64_t m = owned * 4, st = owned * 4 * static_cast<std::uint64_t>(config.state_slots);
-    if (config.offload == Offload::cpu) {
-      master.host = m;
-      states.host = st;
-    } else {
-      master.disk = m;
-      states.disk = st;
-    }
-  }
-  Line padding{"padding"};
-  auto pad = [&](std::uint64_t bytes) {
-    return MemoryReport::padding_share(plan.param_elements, plan.padded_elements, bytes);
+  auto line = [&](const char* name) {
+    const PlacedBytes b = plan.schedule.line(name);
+    return Line{name, b.device, b.host, b.disk};
   };
-  padding.device = pad(params.device + grads.device + master.device + states.device);
-  padding.host = pad(params.host + grads.host + master.host + states.host);
-  padding.disk = pad(params.disk + grads.disk + master.disk + states.disk);
-
-  // Communication buffers (device memory, as the engine allocates them).
-  Line staging{"gradient_staging"}, wide{"reduce_staging_fp32"}, shard{"shard_staging"}, slots{"gather_slots"},
-      control{"control"};
-  staging.device = s.grad_staging * gb;
-  wide.device = s.reduce_staging_fp32 * 4;
-  shard.device = s.shard_staging * gb;
-  slots.device = s.gather_slots * pb;
-  control.device = s.control * sizeof(double);
-  // Offloaded mixed precision: the CPU writes the 16-bit parameters into
-  // host staging, whence they are copied to the device unit by unit.
-  Line param_staging{"param_staging"};
-  if (offload && mixed) param_staging.host = owned * pb;
-  plan.lines = {params, grads, master, states, padding, staging, wide, shard, slots, param_staging, control};
-  if (config.offload == Offload::nvme) {
-    // Pinned host window: shards of master + states in flight to and from disk.
-    Line window{"nvme_window"};
-    window.host = config.nvme_window_shards * s.max_shard * 4 * (1 + static_cast<std::uint64_t>(config.state_slots));
-    plan.lines.push_back(window);
-  }
+  for (const char* name : model_state_lines) plan.lines.push_back(line(name));
+  const PlacedBytes states = plan.placed.model_states();
+  const PlacedBytes padding = split_padding(
+      MemoryReport::padding_share(plan.param_elements, plan.padded_elements, states.total()), states);
+  plan.lines.push_back(Line{"padding", padding.device, padding.host, padding.disk});
+  for (const char* name : buffer_lines) plan.lines.push_back(line(name));
   for (const auto& l : plan.lines) {
     if (l.name == "padding") continue;  // included in the model-state lines
     plan.total.device += l.device;
@@ -308,53 +333,30 @@ inline Plan make_plan(const Config& config) {
   }
 
   // The paper: p and g bytes per parameter and gradient, K of optimizer state
-  // (fp32 master when mixed, plus the fp32 state arrays).
+  // (fp32 master when mixed, plus the fp32 state arrays), each term whole or
+  // 1/N as the stage shards it.
   const std::uint64_t phi = plan.param_elements;
-  const std::uint64_t k = (mixed ? 4 : 0) + 4 * static_cast<std::uint64_t>(config.state_slots);
-  switch (config.stage) {
-    case 0: plan.paper_model_state_bytes = (pb + gb + k) * phi; break;
-    case 1: plan.paper_model_state_bytes = (pb + gb) * phi + k * phi / N; break;
-    case 2: plan.paper_model_state_bytes = pb * phi + (gb + k) * phi / N; break;
-    default: plan.paper_model_state_bytes = (pb + gb + k) * phi / N; break;
-  }
-  plan.paper_comm_elements = (config.stage == 3 ? 3 : 2) * phi * (N - 1) / N;
+  const std::uint64_t pb = spec.element_bytes;
+  const std::uint64_t k = (spec.mixed() ? 4 : 0) + 4 * static_cast<std::uint64_t>(config.state_slots);
+  const PaperShares shares = paper_shares(spec.stage, pb, pb, k);
+  plan.paper_model_state_bytes = shares.whole * phi + shares.sharded * phi / N;
+  plan.paper_comm_elements = (spec.stage.params_sharded ? 3 : 2) * phi * (N - 1) / N;
 
-  // Communication per optimizer step, collective by collective as the engine
-  // issues them (each unit on its own), with the training loop of
-  // zero_optimizer.hpp: every micro-batch acquires each unit in forward and
-  // again in backward. Gradients travel in fp32 when reduce_dtype is fp32.
-  const std::uint64_t rb = (config.options.reduce_dtype == ReduceDType::fp32) ? 4 : gb;
-  const std::uint64_t micro = static_cast<std::uint64_t>(config.options.grad_accumulation_steps);
+  // Communication per optimizer step: the schedule's collectives.
+  using comm::Collective;
+  const Schedule& sched = plan.schedule;
   CommVolume& c = plan.comm;
-  auto ring = [n](std::uint64_t bytes) { return comm::ByteCounters::ring_share(bytes, n); };
-  for (const auto& u : layout.units()) {
-    const std::uint64_t full = u.padded;
-    switch (config.stage) {
-      case 0:  // all-reduce on the last micro-batch
-        c.all_reduce_bytes += 2 * ring(full * rb);
-        c.elements += 2 * ring(full);
-        break;
-      case 1:  // reduce-scatter at the step, all-gather the updated parameters
-        c.reduce_scatter_bytes += ring(full * rb);
-        c.all_gather_bytes += ring(full * pb);
-        c.elements += 2 * ring(full);
-        break;
-      case 2:  // reduce-scatter every micro-batch, all-gather after the step
-        c.reduce_scatter_bytes += micro * ring(full * rb);
-        c.all_gather_bytes += ring(full * pb);
-        c.elements += (micro + 1) * ring(full);
-        break;
-      default:  // every micro-batch: gather in forward and backward, reduce-scatter
-        c.reduce_scatter_bytes += micro * ring(full * rb);
-        c.all_gather_bytes += 2 * micro * ring(full * pb);
-        c.elements += 3 * micro * ring(full);
-        break;
-    }
-  }
+  c.all_reduce_bytes = sched.bytes(Collective::all_reduce);
+  c.reduce_scatter_bytes = sched.bytes(Collective::reduce_scatter);
+  c.all_gather_bytes = sched.bytes(Collective::all_gather);
+  c.control_bytes = sched.bytes(Collective::control);
+  c.all_reduce_calls = sched.calls(Collective::all_reduce);
+  c.reduce_scatter_calls = sched.calls(Collective::reduce_scatter);
+  c.all_gather_calls = sched.calls(Collective::all_gather);
+  c.control_calls = sched.calls(Collective::control);
+  c.elements = sched.elements(Collective::all_reduce) + sched.elements(Collective::reduce_scatter) +
+               sched.elements(Collective::all_gather);
   c.bytes_sent = c.bytes_received = c.all_reduce_bytes + c.reduce_scatter_bytes + c.all_gather_bytes;
-  // The step's control all-reduce (every stage): the squared norm and one
-  // report per rank (hyper-parameter fingerprint, inf/NaN and invalid flags).
-  c.control_bytes = 2 * ring((1 + static_cast<std::size_t>(config.ranks())) * sizeof(double));
   return plan;
 }
 
@@ -374,7 +376,9 @@ inline std::string to_json(const Plan& p) {
     << ",\"prefetch_units\":" << c.options.prefetch_units
     << ",\"grad_accumulation_steps\":" << c.options.grad_accumulation_steps << ",\"reduce_dtype\":\""
     << (c.options.reduce_dtype == ReduceDType::fp32 ? "fp32" : "same_as_grad") << "\",\"overlap\":"
-    << (c.overlap ? "true" : "false") << "},\"lines\":[";
+    << (c.overlap ? "true" : "false") << ",\"backend\":\"" << (c.device_backend ? "device" : "host")
+    << "\",\"delayed_update\":" << (c.options.delayed_update ? "true" : "false")
+    << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << "},\"lines\":[";
   for (std::size_t i = 0; i < p.lines.size(); ++i) {
     o << (i ? "," : "") << "{\"name\":\"" << p.lines[i].name << "\",";
     tiers(p.lines[i]);

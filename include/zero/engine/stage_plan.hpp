@@ -8,6 +8,10 @@
 
 #include "zero/config.hpp"
 
+#include <type_traits>
+
+#include "zero/policies.hpp"
+
 namespace zero {
 
 struct StagePlan {
@@ -50,6 +54,14 @@ constexpr const char* name(OffloadTier t) {
     case OffloadTier::nvme: return "nvme";
   }
   return "?";
+}
+
+// The tier of an offload policy (zero/policies.hpp).
+template <class OffloadPolicy>
+constexpr OffloadTier offload_tier() {
+  if constexpr (std::is_same_v<OffloadPolicy, offload::Cpu>) return OffloadTier::cpu;
+  else if constexpr (std::is_same_v<OffloadPolicy, offload::Nvme>) return OffloadTier::nvme;
+  else return OffloadTier::none;
 }
 
 constexpr StagePlan stage_plan(int stage) {

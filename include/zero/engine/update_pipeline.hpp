@@ -27,6 +27,7 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/backend/ops.hpp"
+#include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/ownership.hpp"
@@ -60,13 +61,14 @@ class UpdatePipeline {
   template <class T>
   using Pinned = typename std::conditional_t<can_offload, Ops, HostOps>::template PinnedBuffer<T>;
 
-  // What the tier implies (before allocate()).
-  void configure(OffloadTier tier, const Options& options) {
-    tier_ = tier;
-    offloaded_ = tier != OffloadTier::none;
-    host_staging_ = offloaded_ && Backend::device && can_offload;
-    stage_params_ = host_staging_ && (Precision::mixed || tier == OffloadTier::nvme);
-    separate_master_ = Precision::mixed || offloaded_;
+  // What the tier implies (before allocate()): the schedule's rules
+  // (buffer_sizes.hpp), so the planner and the engine read the same ones.
+  void configure(const BufferSpec& spec, const Options& options) {
+    tier_ = spec.offload;
+    offloaded_ = tier_ != OffloadTier::none;
+    host_staging_ = can_offload && offload_host_staging(spec);
+    stage_params_ = host_staging_ && offload_stages_params(spec);
+    separate_master_ = spec.separate_master;
     delayed_ = options.delayed_update;
     delayed_warmup_ = options.delayed_update_warmup;
     threads_ = offloaded_ ? options.offload_threads : 0;
@@ -85,7 +87,8 @@ class UpdatePipeline {
   // what)` is the engine's allocator (an error naming the buffer on
   // failure); `disk` makes the nvme tier's store.
   template <class Allocate>
-  void allocate(const Ownership& own, param_type* params, grad_type* grads, const Options& options, int rank,
+  void allocate(const Ownership& own, const BufferSizes& sizes, param_type* params, grad_type* grads,
+                const Options& options, int rank,
                 DiskStoreMaker<Optimizer, grad_type, param_type> disk, Allocate&& allocate) {
     own_ = own;
     params_ = params;
@@ -107,13 +110,13 @@ class UpdatePipeline {
       case OffloadTier::nvme: store_ = disk(options.nvme, rank, owned); break;
     }
     if (!host_staging_) return;
-    host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{},
-                           checked_mul(owned, std::size_t{delayed_ ? 2u : 1u}, "the host gradient"),
-                           delayed_ ? "host copies of the owned gradient (two: delayed update)"
-                                    : "host copy of the owned gradient");
+    host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, sizes.host_grads,
+                           sizes.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
+                                                     : "host copy of the owned gradient");
     updated_master_.assign(own.layout->units().size(), nullptr);
     if (stage_params_)
-      host_params_ = allocate(std::type_identity<Pinned<param_type>>{}, owned, "host staging of the parameters");
+      host_params_ = allocate(std::type_identity<Pinned<param_type>>{}, sizes.host_params,
+                              "host staging of the parameters");
   }
 
   Store& store() { return *store_; }

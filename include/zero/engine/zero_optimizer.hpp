@@ -30,14 +30,6 @@
 
 namespace zero {
 
-// The offload policy's tier as a value.
-template <OffloadPolicy Offload>
-constexpr OffloadTier offload_tier() {
-  if constexpr (std::is_same_v<Offload, offload::Cpu>) return OffloadTier::cpu;
-  else if constexpr (std::is_same_v<Offload, offload::Nvme>) return OffloadTier::nvme;
-  else return OffloadTier::none;
-}
-
 template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
           BackendPolicy Backend = backend::Host>
 class ZeroOptimizer : public detail::Engine<Precision, Optimizer, Backend> {

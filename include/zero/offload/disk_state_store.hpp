@@ -36,26 +36,16 @@
 #include "zero/kernels/fused_step.hpp"
 #include "zero/offload/aligned_buffer.hpp"
 #include "zero/offload/disk_swap.hpp"
+#include "zero/offload/disk_window.hpp"
 
 namespace zero::offload {
-
-// Elements per chunk for a window of `window_bytes` (three records of
-// 1 + state_slots arrays): a multiple of 1024 (4 KiB of fp32), at least one
-// block, no more than the owned elements need.
-inline std::size_t disk_chunk_elements(std::size_t window_bytes, int state_slots, std::size_t owned) {
-  constexpr std::size_t block = disk_alignment / sizeof(float);
-  const std::size_t per_element = 3 * sizeof(float) * (1 + static_cast<std::size_t>(state_slots));
-  std::size_t c = window_bytes / per_element / block * block;
-  c = std::max(c, block);
-  return std::min(c, std::max(block, (owned + block - 1) / block * block));
-}
 
 template <optim::Policy Optimizer>
 class DiskStateStore {
  public:
   static constexpr int state_slots = Optimizer::state_slots;
   static constexpr int arrays = 1 + state_slots;  // master, then the state slots
-  static constexpr int window_slots = 3;          // read ahead, update, write behind
+  static constexpr int window_slots = static_cast<int>(disk_window_chunks);  // read ahead, update, write behind
 
   // Creates the swap file for `owned` elements (the master always: it lives
   // on disk) and the window, 4 KiB aligned for O_DIRECT, which is why this
@@ -66,7 +56,7 @@ class DiskStateStore {
             "files of the master weights and optimizer state");
     // Three chunks of at least one 4 KiB block per array; a smaller window
     // would be silently exceeded.
-    const std::size_t least = std::size_t{window_slots} * disk_alignment * arrays;
+    const std::size_t least = disk_least_window_bytes(state_slots);
     require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
             "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
             state_slots, " state slot(s) of ", Optimizer::name, "): it must be at least ", least,
@@ -81,9 +71,9 @@ class DiskStateStore {
     disk.queue_depth = options_.queue_depth;
     disk.direct = options_.direct;
     disk.option_names = "Options::nvme.";  // what the engine's users set
-    swap_ = std::make_unique<DiskSwap>(checked_mul(std::max<std::size_t>(chunks_, 1), record_bytes(), "the swap file"),
-                                       disk, rank_);
-    window_ = AlignedBuffer<float>(record_floats_ * window_slots);
+    // Sized by disk_window.hpp, which the planner's schedule reads too.
+    swap_ = std::make_unique<DiskSwap>(disk_swap_file_bytes(options_.window_bytes, state_slots, owned), disk, rank_);
+    window_ = AlignedBuffer<float>(disk_window_elements(options_.window_bytes, state_slots, owned));
     if (!io_) io_ = std::make_unique<zero::detail::UpdateWorker>();
     for (Slot& s : slots_) s = Slot{};
   }

@@ -1,0 +1,251 @@
+// Why: what one rank of a run holds and sends follows from the stage plan
+// (engine/stage_plan.hpp), the offload tier, whether the backend is a device,
+// the element sizes and the Options, and nothing else. The schedule derives
+// it in one place: every buffer ZeroOptimizer::finalize() allocates, with its
+// elements and its place (device, host or disk), from the sizes finalize()
+// itself allocates (engine/buffer_sizes.hpp, offload/disk_window.hpp), and
+// every collective of a step with its calls and bytes, from the stage plan's
+// decisions (which collective, when), never from the stage number. The
+// planner (engine/plan.hpp) is this schedule printed; tests hold it to real
+// optimizers' memory_report() and comm_report(), to the byte.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "zero/comm/communicator.hpp"
+#include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/engine/reports.hpp"
+#include "zero/engine/stage_plan.hpp"
+#include "zero/error.hpp"
+#include "zero/policies.hpp"
+
+namespace zero {
+
+// What of an optimizer's type and run decides its schedule.
+struct ScheduleSpec {
+  StagePlan stage = stage_plan(0);
+  OffloadTier offload = OffloadTier::none;
+  bool device_backend = true;      // backend::Cuda; false: backend::Host (everything in host memory)
+  std::size_t element_bytes = 2;   // a parameter or gradient element (one type): 2 mixed precision, 4 fp32
+  int state_slots = 2;             // fp32 optimizer-state arrays (Adam: m and v; SGD: momentum)
+  bool overlap = false;            // communication on a stream of its own: gradient staging double-buffered
+  // Stage 3: acquire_unit() calls per unit and micro-batch, each a gather:
+  // the documented training loop acquires every unit once in forward and
+  // once in backward (zero_optimizer.hpp).
+  int acquires_per_micro_batch = 2;
+
+  bool mixed() const { return element_bytes != 4; }  // 16-bit parameters beside an fp32 master
+};
+
+// The spec of the optimizer type Opt (a ZeroOptimizer); `overlap`: whether
+// its communicator runs on a stream of its own (comm::Nccl on GPUs).
+template <class Opt>
+constexpr ScheduleSpec schedule_spec_for(bool overlap) {
+  ScheduleSpec s;
+  s.stage = Opt::rules;
+  s.offload = offload_tier<typename Opt::offload_policy>();
+  s.device_backend = Opt::backend_policy::device;
+  s.element_bytes = sizeof(typename Opt::param_type);
+  s.state_slots = Opt::state_slots;
+  s.overlap = overlap;
+  return s;
+}
+
+enum class Place { device, host, disk };
+
+// The memory_report() line that counts a buffer (not_reported: the step's
+// control values and the swap file's rounding to whole records).
+enum class ReportedAs { params, grads, master, optimizer_states, communication_buffers, not_reported };
+
+struct ScheduledBuffer {
+  const char* name;  // as finalize() names it in its allocation errors
+  const char* line;  // the planner's line that holds it (docs/planner.md)
+  ReportedAs reported;
+  Place place;
+  std::uint64_t elements = 0;
+  std::uint64_t element_bytes = 0;
+  std::uint64_t bytes() const { return elements * element_bytes; }
+};
+
+// One kind of collective the step makes, per optimizer step and rank, as the
+// communicators count it (comm/communicator.hpp: a ring moves B(N-1)/N per
+// reduce-scatter or all-gather of a B-byte buffer, twice that per
+// all-reduce); each unit is a call of its own.
+struct ScheduledCollective {
+  const char* name;  // what it moves, and when
+  comm::Collective kind;
+  std::uint64_t calls = 0;
+  std::uint64_t elements = 0;  // sent by this rank (= received)
+  std::uint64_t bytes = 0;     // sent by this rank (= received)
+};
+
+struct Schedule {
+  BufferSizes sizes;
+  std::vector<ScheduledBuffer> buffers;          // in the order finalize() allocates them
+  std::vector<ScheduledCollective> collectives;  // in the order a step makes them
+
+  // Bytes of the buffers on one of the planner's lines, by place.
+  PlacedBytes line(std::string_view name) const {
+    PlacedBytes p;
+    for (const auto& b : buffers)
+      if (name == b.line) add(p, b);
+    return p;
+  }
+  // memory_report().placed of an optimizer built on this schedule.
+  MemoryReport::Placement placement() const {
+    MemoryReport::Placement m;
+    for (const auto& b : buffers) {
+      switch (b.reported) {
+        case ReportedAs::params: add(m.params, b); break;
+        case ReportedAs::grads: add(m.grads, b); break;
+        case ReportedAs::master: add(m.master, b); break;
+        case ReportedAs::optimizer_states: add(m.optimizer_states, b); break;
+        case ReportedAs::communication_buffers: add(m.communication_buffers, b); break;
+        case ReportedAs::not_reported: break;
+      }
+    }
+    return m;
+  }
+  // Per step: calls, elements and bytes sent (= received) of one kind.
+  std::uint64_t calls(comm::Collective kind) const { return sum(kind, &ScheduledCollective::calls); }
+  std::uint64_t elements(comm::Collective kind) const { return sum(kind, &ScheduledCollective::elements); }
+  std::uint64_t bytes(comm::Collective kind) const { return sum(kind, &ScheduledCollective::bytes); }
+
+ private:
+  static void add(PlacedBytes& p, const ScheduledBuffer& b) {
+    (b.place == Place::device ? p.device : b.place == Place::host ? p.host : p.disk) += b.bytes();
+  }
+  std::uint64_t sum(comm::Collective kind, std::uint64_t ScheduledCollective::*field) const {
+    std::uint64_t s = 0;
+    for (const auto& c : collectives)
+      if (c.kind == kind) s += c.*field;
+    return s;
+  }
+};
+
+// The combinations ZeroOptimizer refuses (at compile time or at finalize()),
+// refused here with the planner's words.
+inline void require_valid_schedule(const ScheduleSpec& spec, const Options& options) {
+  const bool offloaded = spec.offload != OffloadTier::none;
+  require(!offloaded || spec.stage.states_sharded,
+          "schedule: offload moves this rank's partition of the optimizer state; stage 0 has none: use stage >= 1");
+  require(spec.offload != OffloadTier::cpu || spec.device_backend,
+          "schedule: offload::Cpu moves the optimizer state from device memory to the host, but with backend::Host "
+          "it is in host memory already; use offload none (or nvme, to move it to disk)");
+  require(!options.delayed_update || (offloaded && spec.device_backend),
+          "schedule: Options::delayed_update overlaps the CPU update of offload with the next step's work on the "
+          "device; it needs offload cpu or nvme with a device backend; clear the option otherwise");
+  require(spec.offload != OffloadTier::nvme ||
+              options.nvme.window_bytes >= offload::disk_least_window_bytes(spec.state_slots),
+          "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, "; the window holds three chunks of "
+          "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot): it "
+          "must be at least ", offload::disk_least_window_bytes(spec.state_slots), " bytes");
+  require(spec.element_bytes == 2 || spec.element_bytes == 4, "schedule: element_bytes is ", spec.element_bytes,
+          "; parameters and gradients are 2 bytes (bf16, fp16) or 4 (fp32)");
+  require(spec.acquires_per_micro_batch >= 1, "schedule: acquires_per_micro_batch must be >= 1");
+}
+
+// `layout` must be finalized (its padding decides every size).
+inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const Options& options) {
+  require_valid_schedule(spec, options);
+  const StagePlan& stage = spec.stage;
+  const bool offloaded = spec.offload != OffloadTier::none;
+  Schedule s;
+  // fp32 training keeps no master of its own unless the master leaves the
+  // backend (the backend then holds a working copy): as finalize().
+  const bool separate_master = spec.mixed() || offloaded;
+  s.sizes = buffer_sizes(layout,
+                         BufferSpec{stage, separate_master, spec.element_bytes, spec.state_slots, spec.overlap,
+                                    spec.offload, spec.device_backend},
+                         options);
+  const BufferSizes& z = s.sizes;
+  const std::uint64_t eb = spec.element_bytes;
+
+  // ---- Buffers ----
+  const Place backend = spec.device_backend ? Place::device : Place::host;
+  // The store of master and state (engine/state_store.hpp,
+  // offload/disk_state_store.hpp): the backend's memory, page-locked host
+  // memory, or the swap file.
+  const Place store = spec.offload == OffloadTier::none  ? backend
+                      : spec.offload == OffloadTier::cpu ? Place::host
+                                                         : Place::disk;
+  auto add = [&](const char* name, const char* line, ReportedAs reported, Place place, std::uint64_t elements,
+                 std::uint64_t element_bytes) {
+    if (elements != 0) s.buffers.push_back({name, line, reported, place, elements, element_bytes});
+  };
+  add("parameters", "params", ReportedAs::params, backend, z.params, eb);
+  add("gradients", "grads", ReportedAs::grads, backend, z.grads, eb);
+  add("fp32 master weights", "master", ReportedAs::master, store, z.master, 4);
+  for (int k = 0; k < spec.state_slots; ++k)
+    add("optimizer state", "optimizer_states", ReportedAs::optimizer_states, store, z.state_per_slot, 4);
+  add(z.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
+                            : "host copy of the owned gradient",
+      "grads", ReportedAs::grads, Place::host, z.host_grads, eb);
+  add("host staging of the parameters", "param_staging", ReportedAs::communication_buffers, Place::host,
+      z.host_params, eb);
+  add("gradient staging (one bucket)", "gradient_staging", ReportedAs::communication_buffers, backend, z.grad_staging,
+      eb);
+  add("fp32 reduction staging", "reduce_staging_fp32", ReportedAs::communication_buffers, backend,
+      z.reduce_staging_fp32, 4);
+  add("reduce-scatter staging", "shard_staging", ReportedAs::communication_buffers, backend, z.shard_staging, eb);
+  add("stage-3 gather arena", "gather_slots", ReportedAs::communication_buffers, backend, z.gather_slots, eb);
+  // The step's control values, on the backend and their host copy (page-
+  // locked where the backend has such memory).
+  add("control values", "control", ReportedAs::not_reported, backend, z.control, sizeof(double));
+  add("control values (host copy)", "control", ReportedAs::not_reported, Place::host, z.control, sizeof(double));
+  add("offload::Nvme host window", "nvme_window", ReportedAs::communication_buffers, Place::host, z.disk_window, 4);
+  if (spec.offload == OffloadTier::nvme) {
+    // The swap file holds whole records: what the owned master and state
+    // leave of the last one is on disk too.
+    const std::uint64_t state = static_cast<std::uint64_t>(z.state_per_slot) * 4 * (1 + spec.state_slots);
+    add("swap file (rounded to whole records)", "swap_padding", ReportedAs::not_reported, Place::disk,
+        z.swap_file_bytes - state, 1);
+  }
+
+  // ---- Collectives per optimizer step ----
+  const int n = layout.ranks();
+  auto ring = [n](std::uint64_t bytes) { return comm::ByteCounters::ring_share(bytes, n); };
+  const std::uint64_t micro = static_cast<std::uint64_t>(options.grad_accumulation_steps);
+  // Gradients travel in fp32 when reduce_dtype asks and they are 16-bit.
+  const std::uint64_t reduce_bytes = options.reduce_dtype == ReduceDType::fp32 ? 4 : eb;
+  // `times` calls per unit and step, each moving the whole padded unit
+  // (`passes`: 2 for an all-reduce, which reduces and then distributes).
+  auto per_unit = [&](const char* name, comm::Collective kind, std::uint64_t times, std::uint64_t element_bytes,
+                      std::uint64_t passes) {
+    ScheduledCollective c{name, kind};
+    for (const auto& u : layout.units()) {
+      c.calls += times;
+      c.elements += times * passes * ring(u.padded);
+      c.bytes += times * passes * ring(u.padded * element_bytes);
+    }
+    s.collectives.push_back(c);
+  };
+  using comm::Collective;
+  if (stage.params_sharded)
+    per_unit("parameter all-gather at every acquire_unit (forward and backward, every micro-batch)",
+             Collective::all_gather, micro * static_cast<std::uint64_t>(spec.acquires_per_micro_batch), eb, 1);
+  if (stage.all_reduce_on_flush)
+    per_unit("gradient all-reduce on the last micro-batch", Collective::all_reduce, 1, reduce_bytes, 2);
+  if (stage.reduce_scatter_on_flush)
+    per_unit("gradient reduce-scatter as each bucket fills, every micro-batch", Collective::reduce_scatter, micro,
+             reduce_bytes, 1);
+  if (stage.reduce_scatter_at_step)
+    per_unit("gradient reduce-scatter at the step", Collective::reduce_scatter, 1, reduce_bytes, 1);
+  // One control all-reduce decides the step: the squared norm and one report
+  // per rank (hyper-parameter fingerprint, inf/NaN and invalid flags).
+  s.collectives.push_back({"control all-reduce at the step (norm, one report per rank)", Collective::control, 1,
+                           2 * ring(z.control), 2 * ring(z.control * sizeof(double))});
+  if (stage.all_gather_after_step)
+    per_unit("parameter all-gather after the update", Collective::all_gather, 1, eb, 1);
+  return s;
+}
+
+}  // namespace zero
