@@ -35,34 +35,16 @@
 
 namespace zero::plan {
 
-enum class Precision { fp32, bf16, fp16 };
-using Offload = OffloadTier;  // (the planner's name for it)
-
-inline const char* name(Precision p) {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-  }
-  return "?";
-}
-inline const char* name(Offload o) {
-  switch (o) {
-    case Offload::none: return "none";
-    case Offload::cpu: return "cpu";
-    case Offload::nvme: return "nvme";
-  }
-  return "?";
-}
+using Precision = PrecisionChoice;  // (the planner's names for the plan's values: engine/stage_plan.hpp)
+using Offload = OffloadTier;
+using zero::name;  // of a Precision and an Offload
 // Bytes of a parameter or gradient element (the engine keeps both in one type).
 inline std::size_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
 // The planner's name for a precision policy (zero/policies.hpp).
 template <class PrecisionPolicy>
 constexpr Precision precision_of() {
-  if constexpr (!PrecisionPolicy::mixed) return Precision::fp32;
-  else if constexpr (std::is_same_v<typename PrecisionPolicy::param_type, bf16>) return Precision::bf16;
-  else return Precision::fp16;
+  return precision_choice<PrecisionPolicy>();
 }
 
 // A model as the engine sees it: units (what stage 3 gathers at once), each a

@@ -56,6 +56,26 @@ constexpr const char* name(OffloadTier t) {
   return "?";
 }
 
+// The precision policy as a value: precision::Full<float>,
+// precision::Mixed<bf16>, precision::Mixed<fp16>.
+enum class PrecisionChoice { fp32, bf16, fp16 };
+
+constexpr const char* name(PrecisionChoice p) {
+  switch (p) {
+    case PrecisionChoice::fp32: return "fp32";
+    case PrecisionChoice::bf16: return "bf16";
+    case PrecisionChoice::fp16: return "fp16";
+  }
+  return "?";
+}
+
+template <class Precision>
+constexpr PrecisionChoice precision_choice() {
+  if constexpr (!Precision::mixed) return PrecisionChoice::fp32;
+  else if constexpr (std::is_same_v<typename Precision::param_type, bf16>) return PrecisionChoice::bf16;
+  else return PrecisionChoice::fp16;
+}
+
 // The tier of an offload policy (zero/policies.hpp).
 template <class OffloadPolicy>
 constexpr OffloadTier offload_tier() {

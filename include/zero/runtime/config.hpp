@@ -23,18 +23,6 @@
 
 namespace zero {
 
-// precision::Full<float>, precision::Mixed<bf16>, precision::Mixed<fp16>.
-enum class PrecisionChoice { fp32, bf16, fp16 };
-
-constexpr const char* name(PrecisionChoice p) {
-  switch (p) {
-    case PrecisionChoice::fp32: return "fp32";
-    case PrecisionChoice::bf16: return "bf16";
-    case PrecisionChoice::fp16: return "fp16";
-  }
-  return "?";
-}
-
 // Every value of each enum a configuration names, in the order messages list them.
 inline constexpr PrecisionChoice all_precisions[] = {PrecisionChoice::fp32, PrecisionChoice::bf16,
                                                      PrecisionChoice::fp16};

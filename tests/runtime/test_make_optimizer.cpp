@@ -1,0 +1,239 @@
+// zero::make_optimizer: the engine a zero::Config names behind AnyOptimizer
+// trains exactly as the ZeroOptimizer type of the same choices (masters,
+// parameters, reports, bit for bit), its fp32 calls convert as the element
+// type's own conversion does, and a bad config is an error naming the
+// setting and the fix.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <unistd.h>
+
+#include "zero/offload/disk_state_store.hpp"
+#include "zero/runtime/make_optimizer.hpp"
+#include "zero/zero.hpp"
+
+namespace {
+
+// Three units of odd sizes (alignment gaps and tails inside).
+const std::vector<std::vector<std::size_t>> kModel = {{37, 5}, {130}, {17, 3, 64}};
+
+struct Outcome {
+  std::vector<float> masters;
+  std::vector<float> params;  // as fp32
+  zero::MemoryReport memory;
+  zero::comm::ByteCounters counters;
+  std::int64_t steps = 0;
+};
+
+float init_value(std::size_t unit, std::size_t param, std::size_t i) {
+  return 0.01f * static_cast<float>((unit * 131 + param * 17 + i * 7) % 23) - 0.1f;
+}
+// The gradient of element i of a unit: a function of the parameter (so the
+// trajectory depends on the update) and of the rank and step.
+float grad_value(float w, std::size_t i, int rank, int step) {
+  return 0.125f * w + 0.001f * static_cast<float>((static_cast<int>(i) * 3 + rank * 5 + step) % 11) - 0.005f;
+}
+
+// Registers kModel, sets it, trains `steps` micro-batches through `unit_io`:
+// (opt, unit) -> {params as fp32 pointer, write fp32 gradient}.
+template <class Opt, class Acquire, class Write>
+Outcome train(Opt& opt, int steps, Acquire&& acquire, Write&& write_grad) {
+  std::vector<zero::UnitId> units;
+  std::vector<std::vector<zero::ParamId>> params(kModel.size());
+  for (std::size_t u = 0; u < kModel.size(); ++u) {
+    units.push_back(opt.add_unit("unit" + std::to_string(u)));
+    for (std::size_t p = 0; p < kModel[u].size(); ++p)
+      params[u].push_back(opt.add_param(units[u], "u" + std::to_string(u) + ".p" + std::to_string(p), kModel[u][p]));
+  }
+  opt.finalize();
+  for (std::size_t u = 0; u < kModel.size(); ++u)
+    for (std::size_t p = 0; p < kModel[u].size(); ++p) {
+      std::vector<float> v(kModel[u][p]);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = init_value(u, p, i);
+      opt.set_param(params[u][p], v.data());
+    }
+  const zero::Layout& layout = opt.layout();
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<float>> seen(kModel.size());
+    for (std::size_t u = 0; u < kModel.size(); ++u) {  // forward
+      const float* w = acquire(opt, units[u]);
+      seen[u].assign(w, w + layout.units()[u].numel);
+      opt.release_unit(units[u]);
+    }
+    for (std::size_t u = kModel.size(); u-- > 0;) {  // backward
+      acquire(opt, units[u]);
+      std::vector<float> g(layout.units()[u].padded, 0.0f);
+      for (std::size_t i = 0; i < seen[u].size(); ++i) g[i] = grad_value(seen[u][i], i, opt.rank(), step);
+      write_grad(opt, units[u], g);
+      opt.grad_ready(units[u]);
+      opt.release_unit(units[u]);
+    }
+    opt.step();
+  }
+  Outcome out;
+  out.masters.resize(layout.padded_total());
+  opt.gather_masters(out.masters.data());
+  out.memory = opt.memory_report();
+  out.counters = opt.comm_report().counters;
+  out.steps = opt.step_count();
+  return out;
+}
+
+// A typed ZeroOptimizer, its element type converted by hand (zero::to_float / from_float).
+template <class Opt>
+Outcome train_typed(zero::comm::Local& c, const typename Opt::Hyper& hyper, const zero::Options& options, int steps) {
+  using T = typename Opt::param_type;
+  Opt opt(c, hyper, options);
+  std::vector<float> wide;
+  return train(
+      opt, steps,
+      [&](Opt& o, zero::UnitId u) {
+        const T* p = o.acquire_unit(u);
+        wide.resize(o.layout().units()[u.index].padded);
+        for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = zero::to_float(p[i]);
+        return static_cast<const float*>(wide.data());
+      },
+      [&](Opt& o, zero::UnitId u, const std::vector<float>& g) {
+        T* dst = o.grad_buffer(u);
+        const auto& info = o.layout().units()[u.index];
+        for (std::size_t i = 0; i < info.numel; ++i) dst[i] = zero::from_float<T>(g[i]);
+      });
+}
+
+// The same choices through make_optimizer and its fp32 calls.
+Outcome train_any(zero::comm::Local& c, const zero::Config& config, int steps) {
+  auto opt = zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier>(c, config);
+  return train(
+      *opt, steps, [](zero::AnyOptimizer& o, zero::UnitId u) { return o.acquire_fp32(u); },
+      [](zero::AnyOptimizer& o, zero::UnitId u, const std::vector<float>& g) {
+        float* dst = o.grad_buffer_fp32(u);
+        std::memcpy(dst, g.data(), o.layout().units()[u.index].numel * sizeof(float));
+      });
+}
+
+void require_same(const Outcome& a, const Outcome& b) {
+  REQUIRE(a.steps == b.steps);
+  REQUIRE(a.masters.size() == b.masters.size());
+  REQUIRE(std::memcmp(a.masters.data(), b.masters.data(), a.masters.size() * sizeof(float)) == 0);
+  CHECK(a.memory.to_json() == b.memory.to_json());
+  CHECK(a.counters.sent == b.counters.sent);  // per collective kind, bytes and calls
+  CHECK(a.counters.received == b.counters.received);
+  CHECK(a.counters.calls == b.counters.calls);
+}
+
+template <class Precision, int Stage, class Offload>
+void compare(zero::PrecisionChoice precision, const std::string& dir) {
+  using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<Stage>, Offload>;
+  zero::Config config;
+  config.precision = precision;
+  config.optimizer = "adamw";
+  config.hyper["lr"] = 1e-2;
+  config.stage = Stage;
+  config.offload = zero::offload_tier<Offload>();
+  config.options.grad_accumulation_steps = 2;
+  config.options.bucket_bytes = 256;
+  config.options.nvme.directory = dir;
+  typename Opt::Hyper hyper;
+  hyper.lr = 1e-2;
+  INFO("stage " << Stage << ", " << zero::name(precision) << ", offload " << zero::name(config.offload));
+  const int ranks = 3;
+  std::vector<Outcome> typed(ranks), any(ranks);
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& c) { typed[c.rank()] = train_typed<Opt>(c, hyper, config.options, 6); });
+  group.run([&](zero::comm::Local& c) { any[c.rank()] = train_any(c, config, 6); });
+  for (int r = 0; r < ranks; ++r) require_same(typed[r], any[r]);
+  REQUIRE(typed[0].steps == 3);
+}
+
+std::string temp_dir() {
+  const auto dir = std::filesystem::temp_directory_path() / ("zero_make_optimizer_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+template <class Thrown>
+std::string error_of(const zero::Config& config) {
+  zero::comm::LocalGroup group(1);
+  std::string what;
+  group.run([&](zero::comm::Local& c) {
+    try {
+      auto opt = zero::make_optimizer<zero::backend::Host>(c, config);
+    } catch (const Thrown& e) {
+      what = e.what();
+    }
+  });
+  return what;
+}
+
+}  // namespace
+
+TEST_CASE("make_optimizer trains as the ZeroOptimizer type of the same choices, bit for bit", "[runtime]") {
+  const std::string dir = temp_dir();
+  using F32 = zero::precision::Full<float>;
+  using B16 = zero::precision::Mixed<zero::bf16>;
+  using F16 = zero::precision::Mixed<zero::fp16>;
+  using zero::PrecisionChoice;
+  compare<F32, 0, zero::offload::None>(PrecisionChoice::fp32, dir);
+  compare<B16, 0, zero::offload::None>(PrecisionChoice::bf16, dir);
+  compare<F32, 1, zero::offload::None>(PrecisionChoice::fp32, dir);
+  compare<F16, 1, zero::offload::None>(PrecisionChoice::fp16, dir);
+  compare<B16, 2, zero::offload::None>(PrecisionChoice::bf16, dir);
+  compare<F16, 2, zero::offload::None>(PrecisionChoice::fp16, dir);
+  compare<F32, 3, zero::offload::None>(PrecisionChoice::fp32, dir);
+  compare<B16, 3, zero::offload::None>(PrecisionChoice::bf16, dir);
+  compare<F32, 1, zero::offload::Nvme>(PrecisionChoice::fp32, dir);
+  compare<B16, 2, zero::offload::Nvme>(PrecisionChoice::bf16, dir);
+  compare<F16, 3, zero::offload::Nvme>(PrecisionChoice::fp16, dir);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("make_optimizer: what it made, typed views and hyper-parameters by name", "[runtime]") {
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {
+    zero::Config config;
+    config.precision = zero::PrecisionChoice::bf16;
+    config.optimizer = "sgd";
+    config.hyper = {{"lr", 0.5}, {"momentum", 0.9}};
+    config.stage = 2;
+    auto opt = zero::make_optimizer(c, config);
+    CHECK(opt->stage() == 2);
+    CHECK(opt->param_dtype() == zero::DType::bf16);
+    CHECK(std::string(opt->optimizer_name()) == "sgd");
+    CHECK(opt->lr() == 0.5);
+    CHECK(opt->hyper_value("momentum") == 0.9);
+    opt->set_lr(0.25);
+    CHECK(opt->lr() == 0.25);
+    CHECK_THROWS_WITH(opt->hyper_value("beta1"), Catch::Contains("no hyper-parameter 'beta1'"));
+    const auto u = opt->add_unit("u");
+    opt->add_param(u, "w", 10);
+    opt->finalize();
+    CHECK(opt->acquire_unit_as<zero::bf16>(u) != nullptr);
+    opt->release_unit(u);
+    CHECK_THROWS_WITH(opt->acquire_unit_as<float>(u), Catch::Contains("keeps its parameters and gradients in bf16"));
+  });
+}
+
+TEST_CASE("make_optimizer: a bad config names the setting and the fix", "[runtime]") {
+  zero::Config config;
+  config.stage = 2;
+  config.optimizer = "lamb";
+  CHECK_THAT(error_of<zero::InvalidArgument>(config),
+             Catch::Contains("optimizer 'lamb' is not one this program knows (adamw, adam, sgd)") &&
+                 Catch::Contains("make_optimizer<Backend, MyPolicy>"));
+  config.optimizer = "adamw";
+  config.offload = zero::OffloadTier::nvme;
+  config.options.nvme.directory = "/tmp";
+  CHECK_THAT(error_of<zero::InvalidArgument>(config),
+             Catch::Contains("offload nvme needs its store") && Catch::Contains("zero::offload::DiskTier"));
+  config.offload = zero::OffloadTier::cpu;
+  CHECK_THAT(error_of<zero::InvalidArgument>(config), Catch::Contains("host"));
+  config.offload = zero::OffloadTier::none;
+  config.stage = 4;
+  CHECK_THAT(error_of<zero::InvalidArgument>(config), Catch::Contains("stage"));
+}
