@@ -7,7 +7,8 @@
 // Compile time is the budget here (nvcc is slow and CI has two cores): the
 // optimizer comes from zero::make_optimizer, which compiles one engine per
 // precision and optimizer (nine) and takes the stage and the offload tier
-// (none, cpu, nvme) as values, so every choice the host accepts is built in.
+// (none, cpu, nvme) as values, so every choice the host accepts is built in;
+// they are compiled apart, in gpt_optimizer_cuda.cu.
 // Checkpoints (--save, --resume) are the shared loop's, built in where Meson
 // found their headers: the optimizer's I/O reads and writes device state
 // through backend::Ops, as on the host.
@@ -134,7 +135,7 @@ void add_memory_check(TrainHooks& hooks, Comm& comm, std::size_t free_before, in
 double train_rank_on_cuda(zero::comm::AnyCommunicator& comm, const TrainArgs& a, const TextCorpus& corpus,
                           const TrainHooks& hooks) {
   const MakeOptimizer make_optimizer = [&a](zero::comm::AnyCommunicator& c) {
-    return zero::examples::make_example_optimizer<zero::backend::Cuda>(c, optimizer_config(a));
+    return make_cuda_optimizer(c, a);
   };
   return train_rank<zero::backend::Cuda, CudaGpt>(comm, a, corpus, make_optimizer, hooks);
 }

@@ -46,7 +46,7 @@ def main():
     # Every precision, optimizer, stage and tier is built into the CUDA part
     # (zero::make_optimizer); what is refused is what makes no sense.
     expect(["--offload", "cpu"], 2, r"--offload cpu: moves the optimizer state from GPU memory to the host: it needs --backend cuda")
-    expect(["--backend", "cuda", "--offload", "cpu", "--stage", "0"], 2, refused(r"--offload cpu: needs --stage 1, 2 or 3"))
+    expect(["--backend", "cuda", "--offload", "cpu", "--stage", "0"], 2, refused(r"offload cpu: ZeRO-Offload moves this rank.s partition .*stage 0 has no partition: use stage 1 or higher"))
     expect(["--nccl-id-file", "/tmp/x", "--backend", "cuda"], 2, refused(r"--nccl-id-file: needs --comm nccl"))
     expect(["--backend", "cuda", "--comm", "nccl", "--nccl-id-file", "/tmp/x", "--rank", "2", "--world", "2"], 2,
            refused(r"--rank: 2 is not below --world 2"))
