@@ -119,7 +119,6 @@ template <class Opt>
 struct EngineIo {
   using SaveOptions = OptimizerSaveOptions;
   using param_type = typename Opt::param_type;
-  using Ops = backend::Ops<typename Opt::backend_policy>;
   static constexpr bool mixed = Opt::precision_policy::mixed;
   static constexpr int state_slots = Opt::state_slots;
 

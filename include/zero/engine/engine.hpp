@@ -294,7 +294,7 @@ class Engine {
 
   MemoryReport memory_report() const { return memory_; }
   // Offload from a device: the split of the steps' time (OffloadTimes).
-  OffloadTimes offload_times() const { return const_cast<Engine*>(this)->update_.times(); }
+  OffloadTimes offload_times() const { return update_.times(); }
   void reset_offload_times() { update_.times() = {}; }
   CommReport comm_report() const {
     CommReport r;

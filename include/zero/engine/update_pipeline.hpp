@@ -187,7 +187,6 @@ class UpdatePipeline {
     update_units(args, true, host_grad_set_);
     return true;
   }
-  bool pending() const { return pending_; }
   // The background update: waits for it (rethrowing what it threw) and
   // copies its parameters to the device. True if there was one (the caller
   // then publishes the parameters and synchronizes).
@@ -220,6 +219,7 @@ class UpdatePipeline {
   std::uint64_t host_grad_bytes() const { return host_grads_.bytes(); }
   std::uint64_t host_staging_bytes() const { return host_params_.bytes() + store_->window_bytes(); }
   OffloadTimes& times() { return times_; }
+  const OffloadTimes& times() const { return times_; }
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -42,9 +42,8 @@ class ZeroOptimizer : public detail::Engine<Precision, Optimizer, Backend> {
                 "stage 0 has no partition: use stage<1> or higher with offload::Cpu/Nvme");
   using Engine = detail::Engine<Precision, Optimizer, Backend>;
   // offload::Nvme: the store of zero/offload/disk_state_store.hpp (a
-  // static_assert names the include when it is missing).
-  using DiskTier = std::conditional_t<std::is_same_v<Offload, offload::Nvme>, typename detail::DiskTierOf<Offload>::type,
-                                      detail::NoDiskTier>;
+  // static_assert names the include when it is missing); otherwise none.
+  using DiskTier = typename detail::DiskTierOf<Offload>::type;
 
  public:
   using offload_policy = Offload;

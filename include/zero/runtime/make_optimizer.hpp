@@ -149,8 +149,6 @@ class EngineHandle final : public AnyOptimizer {
   checkpoint::LoadResult load(const std::string& path) override { return Io::load(engine_, path); }
   void load_hf(const std::string& path) override { Io::load_hf(engine_, path); }
 
-  E& engine() { return engine_; }
-
  private:
   using Io = checkpoint::OptimizerIo<E>;
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
