@@ -1,6 +1,7 @@
-// Why: the ZeRO and launch choices of the example programs, apart from the
-// command line that fills them (common/cli.hpp), so code compiled without
-// CLI11 (the GPT trainer's CUDA part, built by nvcc) can take them too.
+// Why: the launch and checkpoint choices of the example programs, apart from
+// the command line that fills them (common/cli.hpp), so code compiled
+// without CLI11 (the GPT trainer's CUDA part, built by nvcc) can take them
+// too. The ZeRO choices are a zero::Config (zero/runtime/config.hpp).
 #pragma once
 
 #include <cstddef>
@@ -8,19 +9,7 @@
 
 namespace zero::examples {
 
-// What picks the optimizer's type: ZeroOptimizer<precision, optimizer, stage<S>, ...>.
-struct ZeroChoices {
-  int stage = 3;
-  std::string precision = "bf16";
-  std::string optimizer = "adamw";
-  // Where master weights and optimizer state live: none (with the backend)
-  // or nvme (swap files under nvme_dir, through a host window).
-  std::string offload = "none";
-  std::string nvme_dir;
-  double nvme_window_mib = 64;  // Options::nvme.window_bytes (nvme_window_bytes)
-};
-
-// --nvme-window-mib as Options::nvme.window_bytes.
+// --nvme-window-mib as Options::nvme.window_bytes (the trainers and the planner alike).
 inline std::size_t nvme_window_bytes(double mib) { return static_cast<std::size_t>(mib * 1048576.0); }
 
 // How the data-parallel ranks run.

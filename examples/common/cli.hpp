@@ -48,7 +48,7 @@ inline const std::vector<std::string> kPrecisions = names_of(zero::all_precision
 inline const std::vector<std::string> kOptimizers{"adamw", "adam", "sgd"};
 inline const std::vector<std::string> kOffloadTiers = names_of(zero::all_offload_tiers);
 
-// The help of the flags add_zero_options and add_config_options share.
+// The help of the ZeRO flags (add_config_options; --nvme-window-mib for the planner too).
 inline const char* const kStageHelp =
     "ZeRO stage: 0 plain data parallel, 1 shards optimizer states, 2 also gradients, 3 also parameters";
 inline const char* const kPrecisionHelp = "parameters and gradients: fp32, or bf16/fp16 with fp32 master weights";
@@ -56,44 +56,12 @@ inline const char* const kOptimizerHelp = "optimizer (torch.optim semantics)";
 inline const char* const kNvmeDirHelp = "directory for --offload nvme's swap files (a fast local disk)";
 inline const char* const kNvmeWindowHelp = "host memory --offload nvme streams the state through";
 
-// --stage 0..3, --precision fp32|bf16|fp16, --optimizer adamw|adam|sgd.
-inline void add_zero_options(CLI::App& app, ZeroChoices& choices) {
-  app.add_option("--stage", choices.stage, kStageHelp)->check(CLI::Range(0, 3))->capture_default_str();
-  app.add_option("--precision", choices.precision, kPrecisionHelp)
-      ->check(CLI::IsMember(kPrecisions))
-      ->capture_default_str();
-  app.add_option("--optimizer", choices.optimizer, kOptimizerHelp)
-      ->check(CLI::IsMember(kOptimizers))
-      ->capture_default_str();
-}
-
 // --nvme-window-mib: Options::nvme.window_bytes in MiB (nvme_window_bytes()),
 // for the trainers and the planner alike.
 inline void add_nvme_window_option(CLI::App& app, double& mib) {
   app.add_option("--nvme-window-mib", mib, kNvmeWindowHelp)
       ->check(kPositive)
       ->capture_default_str();
-}
-
-// --offload, one of `tiers` (those this program was built with, the first
-// the default), --nvme-dir DIR and --nvme-window-mib; checked together.
-inline void add_offload_options(CLI::App& app, ZeroChoices& choices, std::vector<std::string> tiers) {
-  app.add_option("--offload", choices.offload,
-                 "where the fp32 master weights and optimizer state live: none (with the parameters), nvme (swap "
-                 "files under --nvme-dir, streamed through a host window; stages 1-3)")
-      ->check(CLI::IsMember(std::move(tiers)))
-      ->capture_default_str();
-  app.add_option("--nvme-dir", choices.nvme_dir, kNvmeDirHelp);
-  add_nvme_window_option(app, choices.nvme_window_mib);
-}
-// The checks between them and --stage (from app.callback()).
-inline void check_offload_choices(const ZeroChoices& choices) {
-  if (choices.offload == "none") return;
-  if (choices.stage == 0)
-    throw CLI::ValidationError("--offload " + choices.offload,
-                               "needs --stage 1, 2 or 3: stage 0 has no partition of the optimizer state to offload");
-  if (choices.offload == "nvme" && choices.nvme_dir.empty())
-    throw CLI::ValidationError("--offload nvme", "needs --nvme-dir DIR, a directory on a fast local disk");
 }
 
 // What a program takes in a zero::Config beyond what the library checks:
@@ -118,9 +86,7 @@ struct ConfigChoices {
 // JSON, or holds an unknown key or a value of the wrong type is a
 // CLI::ValidationError naming --config and the key (parse_or_exit: exit 2).
 // The settings are checked together by check_config_options, which the
-// program calls from app.callback(). The flags are those of
-// add_zero_options and add_offload_options, which fill a ZeroChoices
-// instead: an app takes one set or the other.
+// program calls from app.callback().
 inline void add_config_options(CLI::App& app, zero::Config& config, const ConfigChoices& accepted = {}) {
   app.add_option_function<std::string>(
          "--config",
@@ -158,9 +124,7 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
   app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
   app.add_option_function<double>(
          "--nvme-window-mib",
-         [&config](double mib) {
-           config.options.nvme.window_bytes = static_cast<std::size_t>(std::llround(mib * 1048576.0));
-         },
+         [&config](double mib) { config.options.nvme.window_bytes = nvme_window_bytes(mib); },
          kNvmeWindowHelp)
       ->check(kPositive)
       ->default_str(std::to_string(config.options.nvme.window_bytes >> 20));

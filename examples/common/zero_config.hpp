@@ -1,8 +1,10 @@
-// Why: the example programs take the ZeRO choices on their command lines
-// (common/cli.hpp fills ZeroChoices) and hand them to the library as a
-// zero::Config; zero::make_optimizer then builds the engine they name, so a
-// training loop is compiled once, not once per optimizer type. This is that
-// one mapping, and the offload tiers each program was built with.
+// Why: the example programs take the ZeRO choices from --config FILE and
+// their command lines into a zero::Config (common/cli.hpp,
+// add_config_options) and add their own settings (the schedule's learning
+// rate, seed, clipping, accumulation); zero::make_optimizer then builds the
+// engine it names, so a training loop is compiled once, not once per
+// optimizer type. This is that one step, and the offload tiers each program
+// was built with.
 #pragma once
 
 #include <memory>

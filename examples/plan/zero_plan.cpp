@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
   app.add_flag("--overlap,!--no-overlap", config.overlap,
                "Communication on its own stream (default on, as comm::Nccl on GPUs): gradient staging double-buffered; "
                "--no-overlap for host communicators (Local, Mpi); --backend host never overlaps");
-  double nvme_window_mib = zero::examples::ZeroChoices{}.nvme_window_mib;  // the trainers' default
+  double nvme_window_mib = static_cast<double>(zero::Options{}.nvme.window_bytes) / 1048576.0;  // the trainers' default
   zero::examples::add_nvme_window_option(app, nvme_window_mib);
   app.add_flag("--delayed-update", config.options.delayed_update,
                "Options::delayed_update (offload with --backend cuda): the owned gradient's host copy is two sets");

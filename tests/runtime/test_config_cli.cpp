@@ -121,16 +121,3 @@ TEST_CASE("check_config_options: the library's checks and the program's choices,
   CHECK_THAT(message(c, false, built), Catch::Contains("--offload nvme: this program was built with these offload "
                                                        "tiers (--offload, offload.tier in --config): none"));
 }
-
-TEST_CASE("The ZeroChoices flags still work alongside", "[runtime][cli]") {
-  CLI::App app("test");
-  zero::examples::ZeroChoices choices;
-  zero::examples::add_zero_options(app, choices);
-  zero::examples::add_offload_options(app, choices, {"none", "nvme"});
-  app.parse("--stage 1 --precision fp16 --offload nvme --nvme-dir /d", false);
-  CHECK(choices.stage == 1);
-  CHECK(choices.precision == "fp16");
-  CHECK(choices.offload == "nvme");
-  CHECK(choices.nvme_dir == "/d");
-  CHECK_THROWS_AS(app.parse("--precision bf17", false), CLI::ValidationError);
-}
