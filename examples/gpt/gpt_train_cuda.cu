@@ -8,7 +8,8 @@
 // optimizer comes from zero::make_optimizer, which compiles one engine per
 // precision and optimizer (nine) and takes the stage and the offload tier
 // (none, cpu, nvme) as values, so every choice the host accepts is built in;
-// they are compiled apart, in gpt_optimizer_cuda.cu.
+// the build compiles those engines once, apart (src/zero_engines_cuda.cu,
+// side by side with this file), and this file declares them extern.
 // Checkpoints (--save, --resume) are the shared loop's, built in where Meson
 // found their headers: the optimizer's I/O reads and writes device state
 // through backend::Ops, as on the host.
@@ -24,9 +25,15 @@
 #include "gpt/gpt_flops.hpp"
 #include "gpt/gpt_train_cuda.hpp"
 #include "gpt/gpt_trainer.hpp"
+#include "common/zero_config.hpp"
 #include "zero/zero_cuda.cuh"
 #if defined(ZERO_EXAMPLE_HAVE_NCCL)
 #include "zero/comm/nccl.cuh"
+#endif
+#if defined(ZERO_PRECOMPILED_CUDA_ENGINES)  // compiled once, apart: src/zero_engines_cuda.cu
+#include "zero/runtime/precompiled.hpp"
+ZERO_EXTERN_ENGINES(::zero::backend::Cuda)
+ZERO_EXTERN_HANDLES(::zero::backend::Cuda)
 #endif
 
 namespace gpt {
@@ -135,7 +142,7 @@ void add_memory_check(TrainHooks& hooks, Comm& comm, std::size_t free_before, in
 double train_rank_on_cuda(zero::comm::AnyCommunicator& comm, const TrainArgs& a, const TextCorpus& corpus,
                           const TrainHooks& hooks) {
   const MakeOptimizer make_optimizer = [&a](zero::comm::AnyCommunicator& c) {
-    return make_cuda_optimizer(c, a);
+    return zero::examples::make_example_optimizer<zero::backend::Cuda>(c, optimizer_config(a));
   };
   return train_rank<zero::backend::Cuda, CudaGpt>(comm, a, corpus, make_optimizer, hooks);
 }

@@ -21,10 +21,6 @@ namespace gpt {
 // validation loss (every rank has it).
 double train_on_cuda(const TrainArgs& args, const TextCorpus& corpus, const std::vector<unsigned char>& nccl_id);
 
-// This rank's optimizer on backend::Cuda from optimizer_config(args)
-// (gpt_optimizer_cuda.cu, compiled apart: it holds the nine engines).
-std::unique_ptr<zero::AnyOptimizer> make_cuda_optimizer(zero::comm::AnyCommunicator& comm, const TrainArgs& args);
-
 // Rank 0's part of an NCCL bootstrap over the caller's channel: the unique id's bytes.
 std::vector<unsigned char> new_nccl_unique_id();
 

@@ -7,12 +7,13 @@
 // (b) end 3 steps later bit for bit where the uninterrupted run ends: masters,
 // 16-bit copies, forward parameters, step count and loss scale.
 //
-// One source, one executable per placement of the state (ZERO_TEST_PLACEMENT,
-// set by meson.build), so the 39 optimizer types compile in parallel:
-//   0  offload::None on backend::Host
-//   1  offload::Cpu  on a device backend (test::LateCopies: late async copies)
-//   2  offload::Nvme on backend::Host
-//   3  offload::Nvme on a device backend (test::LateCopies)
+// Four placements of the state, each its own test case (tagged [none],
+// [cpu], [nvme_host], [nvme_device]; meson.build runs each as a test of its
+// own, side by side); their engines are the build's, compiled once:
+//   none         offload::None on backend::Host
+//   cpu          offload::Cpu  on a device backend (test::LateCopies: late async copies)
+//   nvme_host    offload::Nvme on backend::Host
+//   nvme_device  offload::Nvme on a device backend (test::LateCopies)
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -30,40 +31,27 @@ namespace {
 using namespace zero::test::ckpt;
 using zero::optim::AdamW;
 
-#if ZERO_TEST_PLACEMENT == 0
-using Tier = zero::offload::None;
-using Backend = zero::backend::Host;
-constexpr int kFirstStage = 0;
-#elif ZERO_TEST_PLACEMENT == 1
-using Tier = zero::offload::Cpu;
-using Backend = zero::backend::LateCopies;
-constexpr int kFirstStage = 1;  // offload needs a partition (stage 1 or higher)
-#elif ZERO_TEST_PLACEMENT == 2
-using Tier = zero::offload::Nvme;
-using Backend = zero::backend::Host;
-constexpr int kFirstStage = 1;
-#elif ZERO_TEST_PLACEMENT == 3
-using Tier = zero::offload::Nvme;
-using Backend = zero::backend::LateCopies;
-constexpr int kFirstStage = 1;
-#else
-#error "ZERO_TEST_PLACEMENT must be 0-3 (see the comment at the top)"
-#endif
-
-template <class P, int S>
-using Opt = zero::ZeroOptimizer<P, AdamW, zero::stage<S>, Tier, Backend>;
-
-// Every precision at stages kFirstStage..3.
-template <class P>
-using Stages = std::conditional_t<kFirstStage == 0, std::tuple<Opt<P, 0>, Opt<P, 1>, Opt<P, 2>, Opt<P, 3>>,
-                                  std::tuple<Opt<P, 1>, Opt<P, 2>, Opt<P, 3>>>;
 template <class... Lists>
 struct Concat;
 template <class... A, class... B, class... C>
 struct Concat<std::tuple<A...>, std::tuple<B...>, std::tuple<C...>> {
   using type = std::tuple<A..., B..., C...>;
 };
-using Configs = Concat<Stages<Full<float>>, Stages<Mixed<bf16>>, Stages<Mixed<fp16>>>::type;
+
+// Every precision at stages FirstStage..3 (offload needs a partition: stage 1 or higher).
+template <class Tier, class Backend, int FirstStage>
+struct Placement {
+  template <class P, int S>
+  using Opt = zero::ZeroOptimizer<P, AdamW, zero::stage<S>, Tier, Backend>;
+  template <class P>
+  using Stages = std::conditional_t<FirstStage == 0, std::tuple<Opt<P, 0>, Opt<P, 1>, Opt<P, 2>, Opt<P, 3>>,
+                                    std::tuple<Opt<P, 1>, Opt<P, 2>, Opt<P, 3>>>;
+  using Configs = typename Concat<Stages<Full<float>>, Stages<Mixed<bf16>>, Stages<Mixed<fp16>>>::type;
+};
+using NoneOnHost = Placement<zero::offload::None, zero::backend::Host, 0>::Configs;
+using CpuOnDevice = Placement<zero::offload::Cpu, zero::backend::LateCopies, 1>::Configs;
+using NvmeOnHost = Placement<zero::offload::Nvme, zero::backend::Host, 1>::Configs;
+using NvmeOnDevice = Placement<zero::offload::Nvme, zero::backend::LateCopies, 1>::Configs;
 
 struct RankResult {
   std::vector<float> forward_at_save, masters_at_save;  // the saved run, right after the save
@@ -74,9 +62,10 @@ struct RankResult {
 
 }  // namespace
 
-TEMPLATE_LIST_TEST_CASE("every precision, stage and tier resumes bit for bit, forward parameters included",
-                        "[checkpoint][resume][matrix]", Configs) {
-  using O = TestType;
+namespace {
+
+template <class O>
+void check_resume() {
   const int ranks = 2;
   TempDir dir, swap_saved, swap_resumed;
   const auto hyper = zero::test::test_hyper<AdamW>();
@@ -108,7 +97,7 @@ TEMPLATE_LIST_TEST_CASE("every precision, stage and tier resumes bit for bit, fo
     resumed[r].forward_end = forward_params(fresh);
   });
   for (int r = 0; r < ranks; ++r) {
-    INFO("stage " << O::stage << ", " << Tier::name << " on " << Backend::name << ", precision "
+    INFO("stage " << O::stage << ", " << O::offload_policy::name << " on " << O::backend_policy::name << ", precision "
                   << zero::dtype_name(zero::dtype_traits<typename O::param_type>::dtype) << ", rank " << r);
     const RankResult &want = uninterrupted[static_cast<std::size_t>(r)], &got = resumed[static_cast<std::size_t>(r)];
     CHECK(got.masters_loaded == want.masters_at_save);
@@ -119,4 +108,23 @@ TEMPLATE_LIST_TEST_CASE("every precision, stage and tier resumes bit for bit, fo
     CHECK(got.end.steps == want.end.steps);
     CHECK(got.end.loss_scale == want.end.loss_scale);
   }
+}
+
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("every precision and stage resumes bit for bit: offload::None on the host",
+                        "[checkpoint][resume][matrix][none]", NoneOnHost) {
+  check_resume<TestType>();
+}
+TEMPLATE_LIST_TEST_CASE("every precision and stage resumes bit for bit: offload::Cpu on a device backend",
+                        "[checkpoint][resume][matrix][cpu]", CpuOnDevice) {
+  check_resume<TestType>();
+}
+TEMPLATE_LIST_TEST_CASE("every precision and stage resumes bit for bit: offload::Nvme on the host",
+                        "[checkpoint][resume][matrix][nvme_host]", NvmeOnHost) {
+  check_resume<TestType>();
+}
+TEMPLATE_LIST_TEST_CASE("every precision and stage resumes bit for bit: offload::Nvme on a device backend",
+                        "[checkpoint][resume][matrix][nvme_device]", NvmeOnDevice) {
+  check_resume<TestType>();
 }

@@ -35,6 +35,10 @@
 
 #include "../engine/reference.hpp"
 #include "zero/zero_cuda.cuh"
+#if defined(ZERO_PRECOMPILED_CUDA_ENGINES)  // compiled once for the build: src/zero_engines_cuda.cu
+#include "zero/runtime/precompiled.hpp"
+ZERO_EXTERN_ENGINES(::zero::backend::Cuda)
+#endif
 
 #if defined(ZERO_TEST_WITH_NCCL)
 #include <unistd.h>

@@ -161,3 +161,8 @@ struct Ops<LateCopies> {
 static_assert(OffloadOps<Ops<LateCopies>>);
 
 }  // namespace zero::backend
+
+#if defined(ZERO_TEST_PRECOMPILED_LATE_COPIES)  // late_copies_engines.cpp
+#include "zero/runtime/precompiled.hpp"
+ZERO_EXTERN_ENGINES(::zero::backend::LateCopies)
+#endif

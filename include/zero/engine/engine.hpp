@@ -424,3 +424,8 @@ class Engine {
 #include "zero/engine/engine_setup.hpp"
 #include "zero/engine/engine_step.hpp"
 #include "zero/engine/engine_values.hpp"
+
+#if defined(ZERO_PRECOMPILED_ENGINES)  // compiled once elsewhere (zero/runtime/precompiled.hpp)
+#include "zero/runtime/precompiled.hpp"
+ZERO_EXTERN_ENGINES(::zero::backend::Host)
+#endif

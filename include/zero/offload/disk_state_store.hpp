@@ -278,17 +278,22 @@ namespace zero::offload {
 struct DiskTier {
   template <optim::Policy Optimizer, class Grad, class Param>
   static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const NvmeOptions& options, int rank,
-                                                                      std::size_t owned) {
-    auto model = std::make_unique<StoreModel<DiskStateStore<Optimizer>, Optimizer, Grad, Param>>();
-    model->store.configure(options, rank);
-    model->store.allocate(owned);
-    return model;
-  }
+                                                                      std::size_t owned);
   template <optim::Policy Optimizer, class Grad, class Param>
   static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
     return &make<Optimizer, Grad, Param>;
   }
 };
+// (Outside the class, so not inline: an `extern template` of it,
+// zero/runtime/precompiled.hpp, keeps the store out of the files that name it.)
+template <optim::Policy Optimizer, class Grad, class Param>
+std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> DiskTier::make(const NvmeOptions& options, int rank,
+                                                                       std::size_t owned) {
+  auto model = std::make_unique<StoreModel<DiskStateStore<Optimizer>, Optimizer, Grad, Param>>();
+  model->store.configure(options, rank);
+  model->store.allocate(owned);
+  return model;
+}
 }  // namespace zero::offload
 namespace zero::detail {
 template <>
@@ -296,3 +301,8 @@ struct DiskTierOf<offload::Nvme> {
   using type = offload::DiskTier;
 };
 }  // namespace zero::detail
+
+#if defined(ZERO_PRECOMPILED_DISK_TIER)  // compiled once elsewhere (zero/runtime/precompiled.hpp)
+#include "zero/runtime/precompiled.hpp"
+ZERO_EXTERN_DISK_STORES()
+#endif

@@ -223,3 +223,8 @@ std::unique_ptr<AnyOptimizer> make_optimizer(Comm& comm, const Config& config) {
 }
 
 }  // namespace zero
+
+#if defined(ZERO_PRECOMPILED_ENGINES)  // compiled once elsewhere (zero/runtime/precompiled.hpp)
+#include "zero/runtime/precompiled.hpp"
+ZERO_EXTERN_HANDLES(::zero::backend::Host)
+#endif

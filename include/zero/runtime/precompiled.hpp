@@ -1,0 +1,100 @@
+// Why: an engine is a large template (the step, the checkpoint I/O, the
+// offload stores, the host SIMD step in three instruction sets), and every
+// translation unit that makes one compiles it again: a program of ten files
+// that each call make_optimizer pays ten times for the same nine engines.
+// This header names the engines make_optimizer makes without being told
+// more (three precisions x three optimizers, on backend::Host), so that a
+// program compiles each of them once:
+//
+//   // One file of your build per precision (they compile in parallel):
+//   #include "zero/runtime/make_optimizer.hpp"
+//   #include "zero/offload/disk_state_store.hpp"  // where the program has the disk tier
+//   #include "zero/runtime/precompiled.hpp"
+//   ZERO_INSTANTIATE_ENGINES(zero::precision::Mixed<zero::bf16>, zero::backend::Host)
+//   ZERO_INSTANTIATE_HANDLES(zero::precision::Mixed<zero::bf16>, zero::backend::Host)
+//   ZERO_INSTANTIATE_DISK_STORES(zero::precision::Mixed<zero::bf16>)  // with the disk tier
+//
+// and every file of the program compiled with -DZERO_PRECOMPILED_ENGINES
+// (and -DZERO_PRECOMPILED_DISK_TIER where the stores are compiled too),
+// which makes engine.hpp, make_optimizer.hpp and disk_state_store.hpp
+// declare these engines `extern template`: those files then call the
+// engines compiled once instead of compiling their own. Nothing else
+// changes (the same code runs), and a file compiled without the macro still
+// works: it compiles its own copy, which the linker merges. A missing
+// instantiation is a link error naming the engine's function.
+//
+// What is compiled once, per precision P and optimizer O of the nine:
+//   detail::Engine<P, O, backend::Host>        every ZeroOptimizer<P, O, stage, offload, Host>
+//   detail::EngineHandle<P, O, backend::Host>  make_optimizer's handle, with its checkpoint I/O
+//                                              (needs nlohmann-json and xxhash.h)
+//   offload::DiskTier::make<O, G, P>           the disk tier's store, where ZERO_PRECOMPILED_DISK_TIER
+//                                              is defined too (needs liburing)
+// Meson builds them as the dependency `zero_engines` (meson.build), which
+// adds the macros; the tests and example programs of this repository use it.
+// User policies (Lion) and other backends are compiled where they are used.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include "zero/backend/host.hpp"
+#include "zero/optim/adam.hpp"
+#include "zero/optim/sgd.hpp"
+#include "zero/policies.hpp"
+
+// X(Optimizer, Precision, Backend) for the three built-in optimizers of one
+// precision, and for all nine (the list make_optimizer chooses from).
+#define ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, Precision, Backend) \
+  X(::zero::optim::Adam, Precision, Backend)                   \
+  X(::zero::optim::AdamW, Precision, Backend)                  \
+  X(::zero::optim::Sgd, Precision, Backend)
+#define ZERO_FOR_EACH_BUILTIN_ENGINE(X, Backend)                                        \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ::zero::precision::Full<float>, Backend)          \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ::zero::precision::Mixed<::zero::bf16>, Backend)  \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ::zero::precision::Mixed<::zero::fp16>, Backend)
+
+// One instance of each template: KEYWORD is `extern` to declare it, nothing
+// to compile it. (The disk store does not depend on the backend.)
+#define ZERO_DETAIL_ENGINE_INSTANCE(KEYWORD, Optimizer, Precision, Backend) \
+  KEYWORD template class ::zero::detail::Engine<Precision, Optimizer, Backend>;
+#define ZERO_DETAIL_HANDLE_INSTANCE(KEYWORD, Optimizer, Precision, Backend) \
+  KEYWORD template class ::zero::detail::EngineHandle<Precision, Optimizer, Backend>;
+#define ZERO_DETAIL_DISK_STORE_INSTANCE(KEYWORD, Optimizer, Precision)                                    \
+  KEYWORD template auto                                                                                    \
+  ::zero::offload::DiskTier::make<Optimizer, typename Precision::grad_type, typename Precision::param_type>( \
+      const ::zero::NvmeOptions&, int, std::size_t)                                                        \
+      ->std::unique_ptr<                                                                                   \
+          ::zero::AnyStateStore<Optimizer, typename Precision::grad_type, typename Precision::param_type>>;
+
+#define ZERO_DETAIL_EXTERN_ENGINE(O, P, B) ZERO_DETAIL_ENGINE_INSTANCE(extern, O, P, B)
+#define ZERO_DETAIL_EXTERN_HANDLE(O, P, B) ZERO_DETAIL_HANDLE_INSTANCE(extern, O, P, B)
+#define ZERO_DETAIL_EXTERN_DISK_STORE(O, P, B) ZERO_DETAIL_DISK_STORE_INSTANCE(extern, O, P)
+#define ZERO_DETAIL_ENGINE(O, P, B) ZERO_DETAIL_ENGINE_INSTANCE(, O, P, B)
+#define ZERO_DETAIL_HANDLE(O, P, B) ZERO_DETAIL_HANDLE_INSTANCE(, O, P, B)
+#define ZERO_DETAIL_DISK_STORE(O, P, B) ZERO_DETAIL_DISK_STORE_INSTANCE(, O, P)
+
+// The nine engines of a backend declared compiled elsewhere: at the end of
+// engine.hpp (backend::Host, under ZERO_PRECOMPILED_ENGINES), or after the
+// header of a backend of your own (tests/engine/late_copies.hpp does).
+#define ZERO_EXTERN_ENGINES(Backend) ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_ENGINE, Backend)
+#define ZERO_EXTERN_HANDLES(Backend) ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_HANDLE, Backend)
+#define ZERO_EXTERN_DISK_STORES() ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_DISK_STORE, )
+
+// What the file that compiles one precision's engines writes: the engines;
+// make_optimizer's handles, after including zero/runtime/make_optimizer.hpp
+// (nlohmann-json, xxhash.h); the disk tier's stores, after including
+// zero/offload/disk_state_store.hpp (liburing).
+#define ZERO_INSTANTIATE_ENGINES(Precision, Backend) \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_ENGINE, Precision, Backend)
+#define ZERO_INSTANTIATE_HANDLES(Precision, Backend) \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_HANDLE, Precision, Backend)
+#define ZERO_INSTANTIATE_DISK_STORES(Precision) ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_DISK_STORE, Precision, )
+
+// The precision policy a build names by its short name (fp32, bf16, fp16),
+// for a file compiled once per precision with -DNAME=fp32 and so on:
+// ZERO_PRECISION_POLICY(NAME) (src/zero_engines.cpp).
+#define ZERO_DETAIL_PRECISION_fp32 ::zero::precision::Full<float>
+#define ZERO_DETAIL_PRECISION_bf16 ::zero::precision::Mixed<::zero::bf16>
+#define ZERO_DETAIL_PRECISION_fp16 ::zero::precision::Mixed<::zero::fp16>
+#define ZERO_DETAIL_PASTE(a, b) a##b
+#define ZERO_DETAIL_PRECISION(name) ZERO_DETAIL_PASTE(ZERO_DETAIL_PRECISION_, name)
+#define ZERO_PRECISION_POLICY(NAME) ZERO_DETAIL_PRECISION(NAME)
