@@ -8,12 +8,18 @@
   check_compile.py warnings CXX... -- INCLUDE_DIR PROGRAM
                                                     a user's program (user_program.cpp) compiles
                                                     to code at -O2 without a single diagnostic
+  check_compile.py precompiled CXX... -- INCLUDE_DIR PROGRAM
+                                                    a file compiled with ZERO_PRECOMPILED_ENGINES
+                                                    (precompiled_program.cpp) calls the engines,
+                                                    handles and disk stores without compiling them
 
 CXX is the compiler command (as Meson gives it). Exits non-zero naming the
-header or case that broke the contract.
+header or case that broke the contract (77, a skip, where a mode's headers
+are not installed).
 """
 import concurrent.futures
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -115,12 +121,65 @@ def check_warnings(cxx, include, program):
     return 0 if ok else 1
 
 
+# What a file compiled with ZERO_PRECOMPILED_ENGINES (and _DISK_TIER) must
+# not compile (it would be compiled in every file again), and what it must
+# call instead: the engine's and the handle's heavy members and the disk
+# tier's store maker, compiled once in src/zero_engines.cpp.
+PRECOMPILED_FLAGS = ["-DZERO_PRECOMPILED_ENGINES", "-DZERO_PRECOMPILED_DISK_TIER"]
+COMPILED_ELSEWHERE = re.compile(
+    r"zero::detail::Engine(Handle)?<.*>::(finalize|step|set_param|grad_ready|gather_masters|save|load)\(|"
+    r"zero::offload::DiskTier::make<|^vtable for zero::detail::EngineHandle<")
+MUST_CALL = [
+    "zero::detail::Engine<zero::precision::Mixed<zero::bf16>, zero::optim::AdamW, zero::backend::Host>::step()",
+    "vtable for zero::detail::EngineHandle<",
+    "zero::offload::DiskTier::make<zero::optim::Sgd,",
+]
+
+
+def check_precompiled(cxx, include, program):
+    """The program's object defines none of COMPILED_ELSEWHERE and refers to each of MUST_CALL."""
+    probe = "#include <nlohmann/json.hpp>\n#include <xxhash.h>\n#include <liburing.h>\nint main() {}\n"
+    if compile_source(cxx, include, probe, "probe")[1] != 0:
+        print("skip: nlohmann-json, xxHash or liburing headers are not installed")
+        return 77
+    with open(program) as f:
+        source = f.read()
+    with tempfile.TemporaryDirectory() as work:
+        obj = os.path.join(work, "program.o")
+        label, rc, out = compile_source(cxx, include, source, os.path.basename(program),
+                                        ["-std=c++20", "-O1", *PRECOMPILED_FLAGS, "-c", "-o", obj])
+        if rc != 0:
+            print(f"FAIL {label} does not compile:\n{out[:3000]}")
+            return 1
+        symbols = {}
+        for which in ("--defined-only", "--undefined-only"):
+            r = subprocess.run(["nm", "-C", which, obj], capture_output=True, text=True, check=True)
+            # "ADDRESS TYPE NAME" or "         U NAME"
+            symbols[which] = [line.split(maxsplit=2)[-1] if which == "--defined-only" else line.split(maxsplit=1)[-1]
+                              for line in r.stdout.splitlines() if line.strip()]
+    compiled = [name for name in symbols["--defined-only"] if COMPILED_ELSEWHERE.search(name)]
+    missing = [want for want in MUST_CALL if not any(want in name for name in symbols["--undefined-only"])]
+    for name in compiled:
+        print(f"FAIL compiled here, though declared extern: {name[:300]}")
+    for want in missing:
+        print(f"FAIL not called (compiled here, or the program changed): {want}")
+    ok = not compiled and not missing
+    if ok:
+        print(f"ok   {label}: {len(symbols['--defined-only'])} symbols defined, none of the engines'; "
+              f"{len(MUST_CALL)} calls to the engines compiled once")
+    else:
+        print(f"FAIL {label}: {len(compiled)} engine symbols compiled here, {len(missing)} calls missing")
+    return 0 if ok else 1
+
+
 def main():
     mode = sys.argv[1]
     sep = sys.argv.index("--")
     cxx, include = sys.argv[2:sep], sys.argv[sep + 1]
     if mode == "warnings":
         return check_warnings(cxx, include, sys.argv[sep + 2])
+    if mode == "precompiled":
+        return check_precompiled(cxx, include, sys.argv[sep + 2])
     jobs = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         if mode == "headers":
