@@ -4,6 +4,9 @@
 # call, so every branch (root, sudo, no sudo, refusal, failure, no apt) runs
 # here without touching this machine's packages.
 set -uo pipefail
+# The cases set what they test; a caller's setting (CI runs the tests under
+# scripts/zero.sh with ZERO_NO_INSTALL=1) must not reach them.
+unset ZERO_NO_INSTALL
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 script="$repo/scripts/zero.sh"
 work=$(mktemp -d)
