@@ -29,9 +29,13 @@
 //                                              (needs nlohmann-json and xxhash.h)
 //   offload::DiskTier::make<O, G, P>           the disk tier's store, where ZERO_PRECOMPILED_DISK_TIER
 //                                              is defined too (needs liburing)
-// Meson builds them as the dependency `zero_engines` (meson.build), which
-// adds the macros; the tests and example programs of this repository use it.
-// User policies (Lion) and other backends are compiled where they are used.
+// Meson builds them as `engines_dep` (meson.build; `zero-engines` for a
+// project that takes zero as a subproject), which adds the macros; the tests
+// and example programs of this repository use it. Another backend's nine
+// are compiled the same way with ZERO_EXTERN_ENGINES(Backend) after its
+// header (backend::Cuda: src/zero_engines_cuda.cu; the late-copies test
+// backend: tests/engine/late_copies_engines.cpp). User policies (Lion) are
+// compiled where they are used.
 #pragma once
 
 #include "zero/config.hpp"
