@@ -51,10 +51,19 @@
   X(::zero::optim::Adam, Precision, Backend)                   \
   X(::zero::optim::AdamW, Precision, Backend)                  \
   X(::zero::optim::Sgd, Precision, Backend)
-#define ZERO_FOR_EACH_BUILTIN_ENGINE(X, Backend)                                        \
-  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ::zero::precision::Full<float>, Backend)          \
-  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ::zero::precision::Mixed<::zero::bf16>, Backend)  \
-  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ::zero::precision::Mixed<::zero::fp16>, Backend)
+#define ZERO_FOR_EACH_BUILTIN_ENGINE(X, Backend)                              \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(fp32), Backend)   \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(bf16), Backend)   \
+  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(fp16), Backend)
+
+// The precision policy of each short name (fp32, bf16, fp16), the one list
+// of the three: also for a file compiled once per precision with
+// -DNAME=fp32 and so on (src/zero_engines.cpp), where NAME is expanded first.
+#define ZERO_DETAIL_PRECISION_fp32 ::zero::precision::Full<float>
+#define ZERO_DETAIL_PRECISION_bf16 ::zero::precision::Mixed<::zero::bf16>
+#define ZERO_DETAIL_PRECISION_fp16 ::zero::precision::Mixed<::zero::fp16>
+#define ZERO_DETAIL_PASTE(a, b) a##b
+#define ZERO_PRECISION_POLICY(NAME) ZERO_DETAIL_PASTE(ZERO_DETAIL_PRECISION_, NAME)
 
 // One instance of each template: KEYWORD is `extern` to declare it, nothing
 // to compile it. (The disk store does not depend on the backend.)
@@ -92,13 +101,3 @@
 #define ZERO_INSTANTIATE_HANDLES(Precision, Backend) \
   ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_HANDLE, Precision, Backend)
 #define ZERO_INSTANTIATE_DISK_STORES(Precision) ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_DISK_STORE, Precision, )
-
-// The precision policy a build names by its short name (fp32, bf16, fp16),
-// for a file compiled once per precision with -DNAME=fp32 and so on:
-// ZERO_PRECISION_POLICY(NAME) (src/zero_engines.cpp).
-#define ZERO_DETAIL_PRECISION_fp32 ::zero::precision::Full<float>
-#define ZERO_DETAIL_PRECISION_bf16 ::zero::precision::Mixed<::zero::bf16>
-#define ZERO_DETAIL_PRECISION_fp16 ::zero::precision::Mixed<::zero::fp16>
-#define ZERO_DETAIL_PASTE(a, b) a##b
-#define ZERO_DETAIL_PRECISION(name) ZERO_DETAIL_PASTE(ZERO_DETAIL_PRECISION_, name)
-#define ZERO_PRECISION_POLICY(NAME) ZERO_DETAIL_PRECISION(NAME)
