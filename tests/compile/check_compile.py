@@ -3,6 +3,17 @@
 
   check_compile.py headers  CXX... -- INCLUDE_DIR   every public header compiles on its own,
                                                     without a warning under -Wall -Wextra
+  check_compile.py headers-together CXX... -- INCLUDE_DIR
+                                                    every public header in one file, without a
+                                                    warning (the second compiler: whether a header
+                                                    includes what it uses is the same question for
+                                                    both, which share libstdc++)
+  check_compile.py engines  CXX... -- INCLUDE_DIR ENGINES_CPP
+                                                    the nine built-in engines, their handles and
+                                                    disk stores (src/zero_engines.cpp, once per
+                                                    precision) instantiated without a warning: all
+                                                    the engine code the test programs run, through
+                                                    the second compiler
   check_compile.py fail     CXX... -- INCLUDE_DIR   each nonsensical configuration fails with
                                                     its plain-English static_assert or #error
   check_compile.py warnings CXX... -- INCLUDE_DIR PROGRAM
@@ -18,6 +29,7 @@ header or case that broke the contract (77, a skip, where a mode's headers
 are not installed).
 """
 import concurrent.futures
+import contextlib
 import os
 import re
 import subprocess
@@ -172,6 +184,70 @@ def check_precompiled(cxx, include, program):
     return 0 if ok else 1
 
 
+def public_headers(cxx, include):
+    """The public headers (paths under INCLUDE_DIR) whose dependencies are installed."""
+    skip = set(SKIP)
+    if compile_source(cxx, include, DISK_TIER_PROBE, "disk tier probe")[1] != 0:
+        print("skip zero/offload/{uring,disk_swap}.hpp: liburing.h or xxhash.h is not installed")
+        skip |= DISK_TIER
+    # The checkpoint headers need nlohmann-json and xxHash; where those
+    # are not installed, neither are the checkpoint tests.
+    probe = "#include <nlohmann/json.hpp>\n#include <xxhash.h>\nint main() {}\n"
+    if compile_source(cxx, include, probe, "probe")[1] != 0:
+        print("skip zero/checkpoint/: nlohmann-json or xxHash headers are not installed")
+        skip.update(f"zero/checkpoint/{n}" for n in os.listdir(os.path.join(include, "zero", "checkpoint")))
+    headers = []
+    for root, _, files in os.walk(os.path.join(include, "zero")):
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(root, name), include)
+            if name.endswith(".hpp") and rel not in skip:
+                headers.append(rel)
+    return sorted(headers)
+
+
+def check_engines(cxx, include, engines_cpp):
+    """src/zero_engines.cpp for each precision, with the disk tier's stores: no diagnostic."""
+    if compile_source(cxx, include, DISK_TIER_PROBE + "#include <nlohmann/json.hpp>\n", "probe")[1] != 0:
+        print("skip: nlohmann-json, xxHash or liburing headers are not installed")
+        return 77
+    with open(engines_cpp) as f:
+        source = f.read()
+    flags = ["-std=c++20", "-fsyntax-only", *WARNINGS, "-DZERO_ENGINES_WITH_DISK_TIER"]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        jobs = [pool.submit(compile_source, cxx, include, source, f"engines {precision}",
+                            flags + [f"-DZERO_ENGINES_PRECISION={precision}"])
+                for precision in ("fp32", "bf16", "fp16")]
+        results = [j.result() for j in jobs]
+    failed = 0
+    for label, rc, out in results:
+        ok = rc == 0 and out.strip() == ""
+        print(f"{'ok  ' if ok else 'FAIL'} {label}: {' '.join(cxx + flags)}" + ("" if ok else "\n" + out[:3000]))
+        failed += not ok
+    return 1 if failed else 0
+
+
+def precompile_umbrella(cxx, include, work):
+    """zero/zero.hpp precompiled once into WORK for the FAIL_CASES, which all
+    start by including it (parsing it was most of each case's time); the
+    flags that make a case use it. Where precompiling fails, none: the cases
+    then parse the header themselves, only slower."""
+    version = subprocess.run(cxx + ["--version"], capture_output=True, text=True).stdout
+    header = os.path.join(include, "zero", "zero.hpp")
+    if "clang" in version:
+        pch = os.path.join(work, "zero.pch")
+        use = ["-include-pch", pch]
+    else:  # g++ finds DIR/zero/zero.hpp.gch first when DIR comes first on the include path
+        os.makedirs(os.path.join(work, "zero"))
+        pch = os.path.join(work, "zero", "zero.hpp.gch")
+        use = ["-I", work]
+    r = subprocess.run(cxx + ["-std=c++20", "-fopenmp", "-I", include, "-x", "c++-header", header, "-o", pch],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"note: zero/zero.hpp not precompiled, each case parses it:\n{r.stderr[:1000]}")
+        return []
+    return use
+
+
 def main():
     mode = sys.argv[1]
     sep = sys.argv.index("--")
@@ -180,33 +256,28 @@ def main():
         return check_warnings(cxx, include, sys.argv[sep + 2])
     if mode == "precompiled":
         return check_precompiled(cxx, include, sys.argv[sep + 2])
+    if mode == "engines":
+        return check_engines(cxx, include, sys.argv[sep + 2])
     jobs = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+    flags = ("-std=c++20", "-fsyntax-only", *WARNINGS)
+    with contextlib.ExitStack() as stack, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         if mode == "headers":
-            skip = set(SKIP)
-            if compile_source(cxx, include, DISK_TIER_PROBE, "disk tier probe")[1] != 0:
-                print("skip zero/offload/{uring,disk_swap}.hpp: liburing.h or xxhash.h is not installed")
-                skip |= DISK_TIER
-            # The checkpoint headers need nlohmann-json and xxHash; where those
-            # are not installed, neither are the checkpoint tests.
-            probe = "#include <nlohmann/json.hpp>\n#include <xxhash.h>\nint main() {}\n"
-            if compile_source(cxx, include, probe, "probe")[1] != 0:
-                print("skip zero/checkpoint/: nlohmann-json or xxHash headers are not installed")
-                skip.update(f"zero/checkpoint/{n}" for n in os.listdir(os.path.join(include, "zero", "checkpoint")))
-            for root, _, files in os.walk(os.path.join(include, "zero")):
-                for name in sorted(files):
-                    if not name.endswith(".hpp"):
-                        continue
-                    rel = os.path.relpath(os.path.join(root, name), include)
-                    if rel in skip:
-                        continue
-                    src = f'#include "{rel}"\n#include "{rel}"  // twice: #pragma once\nint main() {{}}\n'
-                    flags = ("-std=c++20", "-fsyntax-only", *WARNINGS)
-                    jobs.append(pool.submit(compile_source, cxx, include, src, rel, flags))
+            for rel in public_headers(cxx, include):
+                src = f'#include "{rel}"\n#include "{rel}"  // twice: #pragma once\nint main() {{}}\n'
+                jobs.append(pool.submit(compile_source, cxx, include, src, rel, flags))
+        elif mode == "headers-together":
+            headers = public_headers(cxx, include)
+            src = "".join(f'#include "{rel}"\n' for rel in headers) + "int main() {}\n"
+            jobs.append(pool.submit(compile_source, cxx, include, src, f"all {len(headers)} public headers", flags))
         else:
+            work = tempfile.TemporaryDirectory()
+            stack.callback(work.cleanup)
+            pch_flags = precompile_umbrella(cxx, include, work.name)
             for name, code, _ in FAIL_CASES:
                 src = f'#include "zero/zero.hpp"\n{code}\nint main() {{}}\n'
-                jobs.append(pool.submit(compile_source, cxx, include, src, name))
+                jobs.append(pool.submit(compile_source, cxx, include, src, name,
+                                        ("-std=c++20", "-fsyntax-only", *pch_flags)))
             for name, header, _ in OLD_STANDARD_CASES:
                 src = f'#include "{header}"\nint main() {{}}\n'
                 jobs.append(pool.submit(compile_source, cxx, include, src, name, (OLD_STANDARD, "-fsyntax-only")))
@@ -215,7 +286,7 @@ def main():
     expected = {name: text for name, _, text in FAIL_CASES + OLD_STANDARD_CASES}
     first_only = {name for name, _, _ in OLD_STANDARD_CASES} | FIRST_ERROR_CASES
     for label, rc, out in sorted(results):
-        if mode == "headers":
+        if mode.startswith("headers"):
             ok = rc == 0 and out.strip() == ""
             why = "" if ok else "\n" + out[:3000]
         else:
