@@ -122,12 +122,14 @@ void print_table(const plan::Plan& p) {
               static_cast<unsigned long long>(k), plan::name(c.offload), c.device_backend ? "device" : "host");
   const zero::GradientBuckets& buckets = p.sizes.buckets;
   std::printf("options: bucket %s (%zu bucket(s) of up to %zu unit(s), the largest %s; %zu staging set(s)), "
-              "prefetch %d, accumulation %d, reduce in %s, overlap %s\n\n",
+              "gradients %s, prefetch %d, accumulation %d, reduce in %s, overlap %s\n\n",
               bytes_text(c.options.bucket_bytes).c_str(), buckets.buckets.size(), buckets.max_units,
               bytes_text(buckets.max_elements * pb).c_str(), p.sizes.staging_sets,
+              c.options.grad_writes == zero::GradWrites::accumulate ? "added (accumulate)" : "assigned (overwrite)",
               c.options.prefetch_units, c.options.grad_accumulation_steps,
               c.options.reduce_dtype == zero::ReduceDType::fp32 ? "fp32" : plan::name(c.precision),
               c.overlap ? "on" : "off");
+  if (!p.schedule.gradient_note.empty()) std::printf("%s\n\n", p.schedule.gradient_note.c_str());
   std::printf("%-28s %14s %14s %14s\n", "per rank", "device", "host", "disk");
   for (const auto& l : p.lines) {
     if (l.total() == 0 && l.name != "params") continue;
@@ -305,6 +307,13 @@ int main(int argc, char** argv) {
   std::string bucket_text = "32M";
   app.add_option("--bucket-bytes", bucket_text, "Options::bucket_bytes: gradient bucket, K/M/G suffixes (powers of "
                                                 "1024)");
+  std::string grad_writes = "overwrite";
+  app.add_option("--grad-writes", grad_writes, "Options::grad_writes: overwrite (backward assigns one unit's gradient at a "
+                                               "time) or accumulate (adds into zeroed buffers of any units: stages 0-1 "
+                                               "need no staging, stages 2-3 stage --live-buckets buckets)")
+      ->check(CLI::IsMember({"overwrite", "accumulate"}));
+  app.add_option("--live-buckets", config.options.live_buckets, "Options::live_buckets (with --grad-writes accumulate)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--prefetch-units", config.options.prefetch_units, "Options::prefetch_units (the stage-3 gather "
                                                                     "arena holds this + 1 of the largest units)")
       ->check(CLI::Range(0, 16));
@@ -365,6 +374,7 @@ int main(int argc, char** argv) {
     config.state_slots = optimizer == "sgd" ? 1 : 2;
     config.options.bucket_bytes = parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
     config.options.reduce_dtype = reduce == "fp32" ? zero::ReduceDType::fp32 : zero::ReduceDType::same_as_grad;
+    config.options.grad_writes = grad_writes == "accumulate" ? zero::GradWrites::accumulate : zero::GradWrites::overwrite;
     const std::size_t least_window = zero::offload::disk_least_window_bytes(config.state_slots);
     if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
       throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "

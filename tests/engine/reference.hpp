@@ -202,6 +202,12 @@ struct TrainSpec {
   // gave after set_param and after the last step (catches a stage-3 gather,
   // or a stage 1/2 all-gather, read before it completed).
   bool check_acquired = false;
+  // Backward as a trainer that adds into its gradients (+=) writes them, for
+  // Options::grad_writes = accumulate: unit 0 is a tied weight that gets
+  // half of its gradient at the start of backward and the rest at the end,
+  // every other unit gets its gradient in two halves (grad_buffer twice),
+  // and unit 0 is left for step() to make final.
+  bool adds_into_gradients = false;
 };
 
 // The steady-state allocation tests' run (host and CUDA): three units of
@@ -273,6 +279,59 @@ struct Variant {
   }
 };
 
+// This micro-batch's gradient of element i of parameter p on `rank`, as the
+// trainer writes it (scaled by the loss scale).
+template <class G>
+G gradient_value(const TrainSpec& spec, int rank, std::size_t p, std::size_t i, int step, int micro, float scale) {
+  float v = 0;
+  if (spec.sum_all_parts)
+    for (int part = 0; part < spec.parts; ++part) v += grad_part(part, p, i, step, micro);
+  else
+    v = grad_part(rank, p, i, step, micro);
+  return from_float<G>(v * scale);
+}
+
+// TrainSpec::adds_into_gradients: one micro-batch's backward, adding into
+// the buffers grad_buffer() hands out (read back, add, write: the buffer
+// may be a device's).
+template <class Opt, class Acquire>
+void backward_adding(Opt& opt, int rank, const std::vector<UnitId>& units, const TrainSpec& spec, int step,
+                     int micro, Acquire acquire) {
+  using G = typename Opt::grad_type;
+  using Ops = backend::Ops<typename Opt::backend_policy>;
+  const Layout& layout = opt.layout();
+  const float scale = static_cast<float>(opt.loss_scale());
+  // Adds elements [begin, end) of each of unit u's parameters' gradients.
+  auto add = [&](UnitId u, double begin, double end) {
+    const UnitInfo& unit = layout.unit(u);
+    G* g = opt.grad_buffer(u);
+    std::vector<G> host(unit.padded);
+    Ops::download(host.data(), g, unit.padded);
+    for (std::size_t p : unit.params) {
+      const ParamInfo& info = layout.params()[p];
+      const auto from = static_cast<std::size_t>(begin * static_cast<double>(info.numel));
+      const auto to = static_cast<std::size_t>(end * static_cast<double>(info.numel));
+      for (std::size_t i = from; i < to; ++i)
+        host[info.offset + i] = from_float<G>(to_float(host[info.offset + i]) +
+                                              to_float(gradient_value<G>(spec, rank, p, i, step, micro, scale)));
+    }
+    Ops::upload(g, host.data(), unit.padded);
+  };
+  acquire(units.front());  // the tied weight's first use in backward (a language model's output layer)
+  add(units.front(), 0.0, 0.5);
+  opt.release_unit(units.front());
+  for (std::size_t k = units.size(); k-- > 1;) {
+    acquire(units[k]);
+    add(units[k], 0.0, 0.5);
+    add(units[k], 0.5, 1.0);
+    opt.grad_ready(units[k]);
+    opt.release_unit(units[k]);
+  }
+  acquire(units.front());  // its use as the input embedding; step() makes it final
+  add(units.front(), 0.5, 1.0);
+  opt.release_unit(units.front());
+}
+
 // Drives one rank of a ZeroOptimizer through `spec.steps` optimizer steps,
 // exactly as a trainer would. Gradients are made on the host and uploaded
 // through the optimizer's backend (a copy on Host, host-to-device on CUDA).
@@ -325,6 +384,13 @@ RunResult train(Comm& comm, const typename Opt::Hyper& hyper, const Options& opt
         acquire(u, "forward", step);
         opt.release_unit(u);
       }
+      if (spec.adds_into_gradients) {
+        backward_adding(opt, comm.rank(), units, spec, step, micro, [&](UnitId u) { acquire(u, "backward", step); });
+        const StepResult r = opt.step();
+        if (micro == options.grad_accumulation_steps - 1) result.steps.push_back(r);
+        if (r.stepped) snapshot();
+        continue;
+      }
       for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward
         acquire(*it, "backward", step);
         G* g = opt.grad_buffer(*it);
@@ -333,14 +399,8 @@ RunResult train(Comm& comm, const typename Opt::Hyper& hyper, const Options& opt
         std::vector<G> host(unit.padded, from_float<G>(0.0f));
         for (std::size_t p : unit.params) {
           const ParamInfo& info = layout.params()[p];
-          for (std::size_t i = 0; i < info.numel; ++i) {
-            float v = 0;
-            if (spec.sum_all_parts)
-              for (int part = 0; part < spec.parts; ++part) v += grad_part(part, p, i, step, micro);
-            else
-              v = grad_part(comm.rank(), p, i, step, micro);
-            host[info.offset + i] = from_float<G>(v * scale);
-          }
+          for (std::size_t i = 0; i < info.numel; ++i)
+            host[info.offset + i] = gradient_value<G>(spec, comm.rank(), p, i, step, micro, scale);
         }
         if (spec.tamper) spec.tamper(comm.rank(), step, micro, it->index, host.data());
         Ops::upload(g, host.data(), host.size());

@@ -1,5 +1,7 @@
 // Bad input gets a clear error naming the problem and the fix; a rank that
 // disagrees or fails never leaves the others hanging.
+#include <algorithm>
+
 #include "engine_harness.hpp"
 
 namespace {
@@ -159,7 +161,7 @@ TEST_CASE("Ranks in different collective calls get an error naming each rank's c
         std::vector<float> masters(opt.layout().padded_total());
         opt.gather_masters(masters.data());
       } else {
-        opt.grad_buffer(u);
+        std::fill_n(opt.grad_buffer(u), 1000, typename Opt2::grad_type{});  // assigned, as overwrite needs
         opt.grad_ready(u);  // the unit's bucket is complete: reduce-scattered now
       }
     } catch (const zero::CommError& e) {
@@ -185,7 +187,7 @@ TEST_CASE("A rank that returns or throws fails the others' collectives at once, 
         const auto u = opt.add_unit("layer0");
         opt.add_param(u, "w", 100);
         opt.finalize();
-        opt.grad_buffer(u);
+        std::fill_n(opt.grad_buffer(u), 100, typename Opt1::grad_type{});  // assigned, as overwrite needs
         opt.grad_ready(u);
         if (c.rank() == 1) {
           if (throws) throw zero::InvalidArgument("bad batch on rank 1");

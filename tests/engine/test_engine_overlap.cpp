@@ -13,6 +13,7 @@
 // What this cannot see is a lane that starts too EARLY (before compute work
 // it needs): on the GPU every lane forks from the compute stream's latest
 // event, which this host model gets for free.
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <utility>
@@ -343,7 +344,7 @@ TEST_CASE("a communicator whose stream changes after finalize() is a clear error
     int elsewhere = 0;
     comm.moved_to = &elsewhere;
     try {
-      opt.grad_buffer(u);
+      std::fill_n(opt.grad_buffer(u), 100, 0.0f);  // (assigned: the contract the first micro-batch checks)
       opt.grad_ready(u);
     } catch (const zero::Error& e) {
       message = e.what();

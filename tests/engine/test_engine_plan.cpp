@@ -156,6 +156,8 @@ struct Variant {
   zero::ReduceDType reduce;
   bool delayed_update;    // where the optimizer can (offload from a device), from the first step
   std::size_t windows;    // offload::Nvme's window in least windows (0: the 64 MiB default)
+  zero::GradWrites writes = zero::GradWrites::overwrite;
+  int live_buckets = 2;
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -182,6 +184,10 @@ void check_plan_against_optimizers() {
       {"3 KiB buckets, accumulate 3, prefetch 2, reduce in fp32, 3 least windows", 3, 3072, 2, ReduceDType::fp32,
        false, 3},
       {"one unit per bucket, prefetch 2, reduce in fp32, delayed update", 1, 1, 2, ReduceDType::fp32, true, 0},
+      {"gradients added: one unit per bucket, accumulate 2, 3 live buckets, reduce in fp32", 2, 1, 1,
+       ReduceDType::fp32, false, 0, zero::GradWrites::accumulate, 3},
+      {"gradients added: whole-model bucket, accumulate 3", 3, std::size_t{32} << 20, 1, ReduceDType::same_as_grad,
+       true, 0, zero::GradWrites::accumulate},
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
@@ -197,6 +203,8 @@ void check_plan_against_optimizers() {
         options.bucket_bytes = v.bucket_bytes;
         options.prefetch_units = v.prefetch;
         options.reduce_dtype = v.reduce;
+        options.grad_writes = v.writes;
+        options.live_buckets = v.live_buckets;
         options.delayed_update = device_offload && v.delayed_update;
         options.delayed_update_warmup = 0;
         std::optional<TempDir> dir;
@@ -528,4 +536,25 @@ TEST_CASE("units of unequal size: gradient buckets and the gather arena are size
   CHECK(single.groups.size() == 10);
   CHECK(single.memory.communication_buffers == (1024 + 512 + 1024) * 4);
   CHECK(single.masters == run.masters);
+}
+
+TEST_CASE("stages 2-3 say when their buckets defeat the gradient's sharding, and the planner says it too",
+          "[engine][plan]") {
+  using Opt = zero::ZeroOptimizer<Full<float>, AdamW, zero::stage<2>, zero::offload::None, zero::backend::Host>;
+  zero::Options options;  // 32 MiB buckets
+  // 4 units of 1 Mi elements, 16 MiB of fp32 gradient: one default bucket holds all of it, so the 1/2
+  // shard plus the staging (the bucket and its reduce-scatter result) is twice stage 0's gradient.
+  const plan::Model model = plan::uniform_model(std::uint64_t{4} << 20, 4);
+  const std::string note = plan::make_plan(plan::config_for<Opt>(model, 2, options, false)).schedule.gradient_note;
+  CHECK(note == "zero: stage 2 holds 32.00 MiB of gradients per rank (a 1/2 shard, 8.00 MiB, and staging for 1 "
+                "bucket(s) of up to 4 unit(s), 24.00 MiB), no less than stage 0's whole gradient (16.00 MiB): lower "
+                "Options::bucket_bytes (now 33554432) below the gradient's size, or register smaller units (a bucket "
+                "holds at least one)");
+  // A bucket per unit saves: 8 + 4 + 2 MiB against 16.
+  options.bucket_bytes = std::size_t{4} << 20;
+  CHECK(plan::make_plan(plan::config_for<Opt>(model, 2, options, false)).schedule.gradient_note.empty());
+  // One unit for the whole model cannot save, whatever the bucket; one rank has nothing to save.
+  CHECK(!plan::make_plan(plan::config_for<Opt>(plan::uniform_model(std::uint64_t{4} << 20, 1), 2, options, false))
+             .schedule.gradient_note.empty());
+  CHECK(plan::make_plan(plan::config_for<Opt>(model, 1, zero::Options{}, false)).schedule.gradient_note.empty());
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,7 +35,7 @@ namespace {
 // every_setting_changed() below.
 [[maybe_unused]] void members_have_keys(Config& c) {
   [[maybe_unused]] auto& [precision, optimizer, hyper, stage, offload, options] = c;
-  [[maybe_unused]] auto& [bucket_bytes, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
+  [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
                           loss_scale, reduce_dtype, seed, stochastic_rounding, offload_threads, require_pinned_memory,
                           pinned_piece_bytes, delayed_update, delayed_update_warmup, nvme] = c.options;
   [[maybe_unused]] auto& [initial_scale, growth_interval, growth_factor, backoff_factor, hysteresis, min_scale] =
@@ -52,6 +53,8 @@ Config every_setting_changed() {
   c.offload = OffloadTier::nvme;
   auto& o = c.options;
   o.bucket_bytes = 12345;
+  o.grad_writes = zero::GradWrites::accumulate;
+  o.live_buckets = 5;
   o.prefetch_units = 3;
   o.grad_accumulation_steps = 4;
   o.clip_norm = 1.5;
@@ -127,7 +130,8 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
   CHECK(j["reduce_dtype"] == "fp32");
   std::set<std::string> top;
   for (const auto& item : j.items()) top.insert(item.key());
-  CHECK(top == std::set<std::string>{"precision", "optimizer", "stage", "offload", "bucket_bytes", "prefetch_units",
+  CHECK(top == std::set<std::string>{"precision", "optimizer", "stage", "offload", "bucket_bytes", "grad_writes",
+                                     "live_buckets", "prefetch_units",
                                      "grad_accumulation_steps", "clip_norm", "gradient_divisor", "loss_scale",
                                      "reduce_dtype", "seed", "stochastic_rounding", "offload_threads",
                                      "require_pinned_memory", "pinned_piece_bytes", "delayed_update",
@@ -341,7 +345,8 @@ namespace {
 
 // Field-by-field, written out here rather than through fields(): an
 // independent view of the structs.
-bool same(const zero::optim::AdamHyper& a, const zero::optim::AdamHyper& b) {
+template <class D>
+bool same(const zero::optim::BasicAdamHyper<D>& a, const zero::optim::BasicAdamHyper<D>& b) {
   return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps && a.weight_decay == b.weight_decay;
 }
 bool same(const zero::optim::Sgd::Hyper& a, const zero::optim::Sgd::Hyper& b) {
@@ -374,6 +379,21 @@ void each_field_sets_only_itself(
 
 }  // namespace
 
+TEST_CASE("Hyper structs are aggregates: designated initialisers keep the other defaults", "[runtime][hyper]") {
+  const zero::optim::AdamW::Hyper adamw{.lr = 3e-4, .weight_decay = 0.0};
+  CHECK((adamw.lr == 3e-4 && adamw.beta1 == 0.9 && adamw.beta2 == 0.999 && adamw.eps == 1e-8 &&
+         adamw.weight_decay == 0.0));
+  const zero::optim::AdamW::Hyper adamw_default{.lr = 3e-4};
+  CHECK(adamw_default.weight_decay == 1e-2);  // torch.optim.AdamW's
+  const zero::optim::Adam::Hyper adam{.beta2 = 0.95};
+  CHECK((adam.lr == 1e-3 && adam.beta2 == 0.95 && adam.weight_decay == 0.0));
+  const zero::optim::Sgd::Hyper sgd{.lr = 0.1, .momentum = 0.9, .nesterov = true};
+  CHECK((sgd.lr == 0.1 && sgd.momentum == 0.9 && sgd.dampening == 0.0 && sgd.nesterov));
+  STATIC_REQUIRE(std::is_aggregate_v<zero::optim::AdamW::Hyper>);
+  STATIC_REQUIRE(std::is_aggregate_v<zero::optim::Adam::Hyper>);
+  STATIC_REQUIRE(std::is_aggregate_v<zero::optim::Sgd::Hyper>);
+}
+
 TEST_CASE("hyper_from starts from each policy's defaults (torch.optim's)", "[runtime][hyper]") {
   using zero::optim::Adam;
   using zero::optim::AdamW;
@@ -394,16 +414,18 @@ TEST_CASE("hyper_from starts from each policy's defaults (torch.optim's)", "[run
 }
 
 TEST_CASE("hyper_from: a field set by name changes exactly that field", "[runtime][hyper]") {
-  const std::vector<std::tuple<std::string, double, std::function<void(zero::optim::AdamHyper&)>>> adam_fields{
-      {"lr", 0.02, [](auto& h) { h.lr = 0.02; }},
-      {"beta1", 0.8, [](auto& h) { h.beta1 = 0.8; }},
-      {"beta2", 0.95, [](auto& h) { h.beta2 = 0.95; }},
-      {"eps", 1e-6, [](auto& h) { h.eps = 1e-6; }},
-      {"weight_decay", 0.1, [](auto& h) { h.weight_decay = 0.1; }}};
-  std::vector<std::tuple<std::string, double, std::function<void(zero::optim::AdamW::Hyper&)>>> adamw_fields;
-  for (const auto& [n, v, set] : adam_fields) adamw_fields.emplace_back(n, v, [f = set](auto& h) { f(h); });
-  each_field_sets_only_itself<zero::optim::Adam>(adam_fields);
-  each_field_sets_only_itself<zero::optim::AdamW>(adamw_fields);
+  // Adam's and AdamW's Hyper are two types with the same fields.
+  auto adam_fields = [](auto hyper) {
+    using H = decltype(hyper);
+    return std::vector<std::tuple<std::string, double, std::function<void(H&)>>>{
+        {"lr", 0.02, [](auto& h) { h.lr = 0.02; }},
+        {"beta1", 0.8, [](auto& h) { h.beta1 = 0.8; }},
+        {"beta2", 0.95, [](auto& h) { h.beta2 = 0.95; }},
+        {"eps", 1e-6, [](auto& h) { h.eps = 1e-6; }},
+        {"weight_decay", 0.1, [](auto& h) { h.weight_decay = 0.1; }}};
+  };
+  each_field_sets_only_itself<zero::optim::Adam>(adam_fields(zero::optim::Adam::Hyper{}));
+  each_field_sets_only_itself<zero::optim::AdamW>(adam_fields(zero::optim::AdamW::Hyper{}));
   // Nesterov needs momentum: every SGD field is set over momentum 0.5.
   each_field_sets_only_itself<zero::optim::Sgd>(
       {{"lr", 0.1, [](auto& h) { h.lr = 0.1; }},

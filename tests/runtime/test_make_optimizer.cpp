@@ -219,6 +219,41 @@ TEST_CASE("make_optimizer: what it made, typed views and hyper-parameters by nam
   });
 }
 
+TEST_CASE("make_optimizer: the fp32 calls over 16-bit storage check an overwriting backward too", "[runtime]") {
+  for (const auto precision : {zero::PrecisionChoice::bf16, zero::PrecisionChoice::fp32}) {
+    INFO(zero::name(precision));
+    zero::comm::LocalGroup group(1);
+    group.run([&](zero::comm::Local& c) {
+      zero::Config config;
+      config.precision = precision;
+      auto opt = zero::make_optimizer(c, config);
+      const auto u = opt->add_unit("u");
+      opt->add_param(u, "w", 10);
+      opt->finalize();
+      // A backward that adds into the fp32 gradient it is handed, in the first micro-batch.
+      float* g = opt->grad_buffer_fp32(u);
+      std::vector<float> host(10);
+      zero::backend::Ops<zero::backend::Host>::download(host.data(), g, 10);
+      for (std::size_t i = 0; i < 10; ++i) g[i] = host[i] + 1.0f;  // g += 1 (backend::Host: host memory)
+      CHECK_THROWS_WITH(opt->grad_ready(u), Catch::Contains("grad_ready('u'): 10 of 10 gradient elements (the first: "
+                                                            "'w'[0]) were not assigned"));
+    });
+  }
+  // And with accumulate, the fp32 calls over 16-bit storage are refused with the way out.
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& c) {
+    zero::Config config;
+    config.precision = zero::PrecisionChoice::bf16;
+    config.options.grad_writes = zero::GradWrites::accumulate;
+    auto opt = zero::make_optimizer(c, config);
+    const auto u = opt->add_unit("u");
+    opt->add_param(u, "w", 10);
+    opt->finalize();
+    CHECK_THROWS_WITH(opt->grad_buffer_fp32(u), Catch::Contains("needs Options::grad_writes = overwrite; with "
+                                                                "accumulate, add into grad_buffer_as<bf16>()"));
+  });
+}
+
 TEST_CASE("make_optimizer: a bad config names the setting and the fix", "[runtime]") {
   zero::Config config;
   config.stage = 2;

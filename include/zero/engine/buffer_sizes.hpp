@@ -11,12 +11,16 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/stage_plan.hpp"
+#include "zero/error.hpp"
 #include "zero/offload/disk_window.hpp"
 
 namespace zero {
@@ -50,10 +54,23 @@ inline bool offload_stages_params(const BufferSpec& spec) {
   return offload_host_staging(spec) && (mixed || spec.offload == OffloadTier::nvme);
 }
 
-// Stages 0 and 1 without accumulation take the caller's gradient straight
-// into the full gradient buffer (no staging, no copy).
+// Stages 0 and 1 take the caller's gradient straight into the full gradient
+// buffer (no staging, no copy) without accumulation, or with it when the
+// caller adds into its gradients (GradWrites::accumulate: the accumulator
+// is zeroed at the window's start, and backward's += sums the micro-batches).
 inline bool gradients_in_place(const StagePlan& stage, const Options& options) {
-  return !stage.grads_sharded && options.grad_accumulation_steps == 1;
+  return !stage.grads_sharded &&
+         (options.grad_accumulation_steps == 1 || options.grad_writes == GradWrites::accumulate);
+}
+
+// Gradient staging sets: one bucket each. Overwriting backward fills one
+// bucket at a time (a second set lets it fill the next while the last is
+// reduced, when communication overlaps compute); accumulating backward may
+// keep Options::live_buckets of them live at once, plus one being reduced.
+inline std::size_t staging_set_count(const Options& options, bool overlap) {
+  const std::size_t reducing = overlap ? 1 : 0;
+  if (options.grad_writes == GradWrites::accumulate) return static_cast<std::size_t>(options.live_buckets) + reducing;
+  return 1 + reducing;
 }
 
 // Gradient buckets: runs of consecutive units whose reductions are launched
@@ -137,7 +154,7 @@ struct BufferSizes {
   std::size_t state_per_slot = 0;  // each optimizer-state array (fp32)
   // Communication buffers.
   GradientBuckets buckets;         // which units are reduced together, and where each is staged
-  std::size_t staging_sets = 1;    // 2 when double-buffered
+  std::size_t staging_sets = 1;    // buckets staged at once (staging_set_count)
   std::size_t grad_staging = 0;    // gradient type: where the caller writes a unit's gradient
   std::size_t reduce_staging_fp32 = 0;  // fp32: 16-bit gradients widened to reduce in fp32
   std::size_t shard_staging = 0;   // gradient type: a reduce-scatter's result before accumulation
@@ -175,7 +192,7 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   s.max_unit = layout.max_unit();
   for (const auto& u : layout.units()) s.max_shard = std::max(s.max_shard, u.shard);
   s.buckets = gradient_buckets(layout, spec.grad_bytes, options.bucket_bytes);
-  s.staging_sets = spec.overlap ? 2 : 1;
+  s.staging_sets = staging_set_count(options, spec.overlap);
   // Products of a set count and a bucket size: checked, a huge bucket must not wrap.
   auto sets = [](std::size_t count, std::size_t per_set, const char* what) {
     return checked_mul(count, per_set, "finalize(): the ", what, " (", count, " sets)");
@@ -207,6 +224,32 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     s.swap_file_bytes = offload::disk_swap_file_bytes(window, spec.state_slots, owned);
   }
   return s;
+}
+
+// Stages 2-3 shard the gradient, but the buckets' staging holds whole
+// units: where the shard and the staging together are no smaller than
+// stage 0's whole gradient (a small model inside one default bucket, or one
+// unit for the whole model), the stage saves no gradient memory. The one
+// line finalize() prints on rank 0 and the planner prints then, or "" (also
+// below 1 MiB of gradient, where there is nothing worth saving).
+inline std::string gradient_saving_note(const BufferSizes& s, const BufferSpec& spec, const Layout& layout,
+                                        const Options& options) {
+  if (!spec.stage.grads_sharded || layout.ranks() < 2) return "";
+  const std::uint64_t gb = spec.grad_bytes;
+  const std::uint64_t whole = gb * layout.padded_total();
+  const std::uint64_t shard = gb * s.grads;
+  const std::uint64_t staging = gb * (s.grad_staging + s.shard_staging) + 4 * s.reduce_staging_fp32;
+  if (shard + staging < whole || whole < (std::uint64_t{1} << 20)) return "";
+  auto mib = [](std::uint64_t b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(b) / 1048576.0);
+    return std::string(text);
+  };
+  return detail::concat("zero: stage ", spec.stage.stage, " holds ", mib(shard + staging), " of gradients per rank (a 1/",
+                layout.ranks(), " shard, ", mib(shard), ", and staging for ", s.staging_sets, " bucket(s) of up to ",
+                s.buckets.max_units, " unit(s), ", mib(staging), "), no less than stage 0's whole gradient (",
+                mib(whole), "): lower Options::bucket_bytes (now ", options.bucket_bytes,
+                ") below the gradient's size, or register smaller units (a bucket holds at least one)");
 }
 
 }  // namespace zero

@@ -209,16 +209,21 @@ class Engine {
   const param_type* param_data(ParamId id) const;
 
   // Where this micro-batch's gradient of unit u goes (padded flat layout,
-  // same offsets as the parameters). Overwrite it: accumulation across
-  // micro-batches is the optimizer's job. For fp16 the gradient is of the
-  // scaled loss (loss * loss_scale()).
+  // same offsets as the parameters). Options::grad_writes says how backward
+  // writes it: overwrite (the default) assigns every element, one unit at a
+  // time; accumulate gets a zeroed buffer to add into, for any unit, at any
+  // time, as often as needed. Accumulation across micro-batches is the
+  // optimizer's job either way. For fp16 the gradient is of the scaled loss
+  // (loss * loss_scale()).
   grad_type* grad_buffer(UnitId id) {
     const comm::ApiCall api_call("grad_buffer");
     require_finalized("grad_buffer");
     require_unit(id, "grad_buffer");
     return reducer_.hand_out(id.index, first_micro(), last_micro());
   }
-  // Collective: unit u's gradient is complete. Stage 2/3 reduce-scatter it now.
+  // Collective: unit u's gradient is complete (final for this micro-batch).
+  // Stage 2/3 reduce-scatter it with its bucket. With GradWrites::accumulate
+  // it is optional: step() makes every unit final.
   void grad_ready(UnitId id) {
     const comm::ApiCall api_call("grad_ready");
     require_finalized("grad_ready");
@@ -283,6 +288,14 @@ class Engine {
   template <class Io = checkpoint::OptimizerIo<Engine>>
   void load_hf(const std::string& path) {
     checkpoint::Included<Io>::load_hf(*this, path);
+  }
+
+  // Collective: the mean over the ranks of a value each passes (the loss of
+  // its micro-batch, an accuracy), for logging; counted as control traffic.
+  double mean_over_ranks(double value) {
+    const comm::ApiCall api_call("mean_over_ranks");
+    require_finalized("mean_over_ranks");
+    return control_.mean_over_ranks(value);
   }
 
   double loss_scale() const { return control_.scaler().scale(); }
@@ -366,8 +379,9 @@ class Engine {
   }
 
   // Events of the channel: one per gradient staging set (the reducer's
-  // first two), then the gatherer's (one per gather slot).
-  static constexpr std::size_t first_slot_event = 2;
+  // first ones: as many as it may use with overlap), then the gatherer's
+  // (one per gather slot).
+  std::size_t first_slot_event() const { return staging_set_count(options_, true); }
   bool first_micro() const { return micro_ == 0; }
   bool last_micro() const { return micro_ == options_.grad_accumulation_steps - 1; }
   // Offload at stages 2-3: the reducer copies each finished shard to the

@@ -10,6 +10,7 @@
 #include "zero/config.hpp"
 
 #include <cstdint>
+#include <cstdio>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -49,7 +50,7 @@ void Engine<P, O, B>::finalize() {
   const StagePlan& rules = plan_.rules;
   layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
-  comm_.open(first_slot_event + gather_slots);
+  comm_.open(first_slot_event() + gather_slots);
   check_agreement();
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
   // fp32 training keeps no master apart from the parameters unless offload
@@ -58,6 +59,8 @@ void Engine<P, O, B>::finalize() {
   const BufferSpec spec{rules,          separate_master, sizeof(grad_type), state_slots, comm_.overlaps(),
                         plan_.offload, B::device};
   const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
+  if (const std::string note = gradient_saving_note(sizes, spec, layout_, options_); !note.empty() && rank() == 0)
+    std::fprintf(stderr, "%s\n", note.c_str());
   update_.configure(spec, options_);
 
   // What makes each buffer smaller, for the out-of-memory message.
@@ -86,14 +89,14 @@ void Engine<P, O, B>::finalize() {
       allocate<float>(sizes.reduce_staging_fp32, "fp32 reduction staging",
                       "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " + fewer_units);
   grad_buffers.shard_staging = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
-  reducer_.bind(std::move(grad_buffers), sizes.buckets, rules, gradients_in_place(rules, options_),
-                sizes.staging_sets, layout_, comm_);
+  reducer_.bind(std::move(grad_buffers), sizes.buckets, rules, options_.grad_writes,
+                gradients_in_place(rules, options_), sizes.staging_sets, layout_, comm_);
   aim_final_copies();
   if (rules.params_sharded) {
     gatherer_.bind(allocate<param_type>(sizes.gather_slots, "stage-3 gather arena",
                                         "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
                                         "largest units), or split the largest units"),
-                   sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event);
+                   sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event());
   }
   control_.bind(sizes.control, comm_);
   account_memory();

@@ -21,7 +21,7 @@ StepResult Engine<P, O, B>::step() {
   const comm::ApiCall api_call("step");
   require_finalized("step");
   const StagePlan& rules = plan_.rules;
-  reducer_.require_all_ready();
+  reducer_.finish_units(first_micro(), last_micro());
   if (rules.params_sharded && micro_ + 1 == options_.grad_accumulation_steps) {
     // The update changes every shard: a gathered copy in use would go stale.
     if (const auto held = gatherer_.any_acquired())

@@ -11,25 +11,83 @@
 //   stages 2-3  reduce_scatter of each bucket as it fills, every micro-batch.
 // It reads the stage as a value (StagePlan), not a type.
 //
-// Contract, per micro-batch: hand_out(u) then ready(u) for every unit, one
-// unit at a time (a complete bucket is reduced as it fills); at the step,
-// require_all_ready() and end_micro_batch() reduce what is pending.
+// Contract, per micro-batch, by Options::grad_writes:
+//   overwrite   hand_out(u) then ready(u) for every unit, one unit at a time;
+//               the caller assigns every element (checked in the run's
+//               first micro-batch, against a marker the buffer is filled with);
+//   accumulate  hand_out(u) for any unit, in any order, as often as needed
+//               (zeroed when first handed out), ready(u) once it is final;
+// a bucket is reduced once its last unit is ready (a staging set per open
+// bucket). At the step, finish_units() and end_micro_batch() reduce the rest.
 #pragma once
 
 #include "zero/config.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/comm_channel.hpp"
 #include "zero/engine/layout.hpp"
+#include "zero/engine/options.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::detail {
+
+// GradWrites::overwrite, the run's first micro-batch: a handed-out gradient
+// buffer is filled with the type's largest finite value, which a backward
+// that assigns every element replaces and one that adds (+=) keeps (x + g ==
+// x for any gradient below 1e31 in fp32, below 16 in fp16), and check()
+// names the first element still holding it. Also the fp32 adapter's
+// (zero/runtime/make_optimizer.hpp) over its own fp32 buffer.
+template <class Ops, class G>
+class UnwrittenCheck {
+ public:
+  void fill(G* g, std::size_t n) {
+    host_.assign(n, marker());
+    Ops::upload(g, host_.data(), n);
+  }
+  void check(const Layout& layout, const UnitInfo& u, const G* g) {
+    host_.resize(u.padded);
+    Ops::download(host_.data(), g, u.padded);
+    const G m = marker();
+    std::size_t left = 0, elements = 0, first_index = 0;
+    const ParamInfo* first_param = nullptr;
+    for (const std::size_t p : u.params) {
+      const ParamInfo& info = layout.params()[p];
+      elements += info.numel;
+      for (std::size_t i = 0; i < info.numel; ++i)
+        if (std::memcmp(&host_[info.offset + i], &m, sizeof(G)) == 0 && left++ == 0) {
+          first_param = &info;
+          first_index = i;
+        }
+    }
+    if (left != 0)
+      throw InvalidArgument(concat(
+          "grad_ready('", u.name, "'): ", left, " of ", elements, " gradient elements (the first: '",
+          first_param->name, "'[", first_index, "]) were not assigned in the run's first micro-batch; they still "
+          "hold the marker grad_buffer() filled them with. With Options::grad_writes = overwrite (the default) "
+          "backward must assign (=) every element; a backward that adds into its gradients (+=) or leaves some "
+          "alone needs Options::grad_writes = GradWrites::accumulate, which hands out zeroed buffers"));
+  }
+  // The check is over: its host copy goes.
+  void release() { std::vector<G>().swap(host_); }
+
+ private:
+  static G marker() {
+    if constexpr (std::is_same_v<G, float>) return std::numeric_limits<float>::max();
+    else if constexpr (std::is_same_v<G, bf16>) return bf16{0x7F7F};
+    else return fp16{0x7BFF};
+  }
+  std::vector<G> host_;  // a unit's values on the host
+};
 
 template <class Ops, class G>
 class GradientReducer {
@@ -46,19 +104,30 @@ class GradientReducer {
   };
 
   // At finalize(). `in_place`: the caller writes into the accumulator
-  // (gradients_in_place); `sets` staging sets (2 with overlap); staging set
-  // s's event is s on the channel.
-  void bind(Buffers buffers, GradientBuckets buckets, StagePlan plan, bool in_place, std::size_t sets,
-            const Layout& layout, CommChannel<Ops>& channel) {
+  // (gradients_in_place); `sets` staging sets (staging_set_count), staging
+  // set s's event is s on the channel.
+  void bind(Buffers buffers, GradientBuckets buckets, StagePlan plan, GradWrites writes, bool in_place,
+            std::size_t sets, const Layout& layout, CommChannel<Ops>& channel) {
     b_ = std::move(buffers);
     buckets_ = std::move(buckets);
     plan_ = plan;
+    writes_ = writes;
     in_place_ = in_place;
     sets_ = sets;
     layout_ = &layout;
     channel_ = &channel;
-    pending_.reserve(buckets_.max_units);
+    const std::size_t n_buckets = buckets_.buckets.size();
+    set_of_.assign(n_buckets, closed);
+    pending_.assign(n_buckets, {});
+    for (std::size_t b = 0; b < n_buckets; ++b) pending_[b].reserve(buckets_.buckets[b].units);
+    open_.reserve(sets);
+    free_sets_.resize(sets);
+    for (std::size_t i = 0; i < sets; ++i) free_sets_[i] = i;
+    free_head_ = 0;
+    free_count_ = sets;
     ready_this_micro_.assign(layout.units().size(), false);
+    handed_this_micro_.assign(layout.units().size(), false);
+    check_writes_ = writes == GradWrites::overwrite;
   }
 
   G* accumulator() { return b_.accumulator.data(); }
@@ -75,71 +144,116 @@ class GradientReducer {
   bool in_backward() const { return in_backward_; }
 
   // Where this micro-batch's gradient of unit u goes. `first`/`last`: this
-  // micro-batch's place in the accumulation window (a unit of another bucket
-  // flushes the pending part of the current one first).
+  // micro-batch's place in the accumulation window.
   G* hand_out(std::size_t unit, bool first, bool last) {
-    // (a branch, not require(): the message names the unit handed out, which
-    // exists only when the check fails)
-    if (handed_unit_ >= 0 && handed_unit_ != static_cast<int>(unit))
-      throw InvalidArgument(concat(
-          "grad_buffer('", layout_->units()[unit].name, "'): the gradient of unit '",
-          layout_->units()[static_cast<std::size_t>(handed_unit_)].name,
-          "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next"));
-    if (handed_unit_ < 0) {  // not handed out yet (grad_buffer may be called again for the same unit)
-      const UnitInfo& u = layout_->units()[unit];
+    const UnitInfo& u = layout_->units()[unit];
+    if (writes_ == GradWrites::overwrite) {
+      // (a branch, not require(): the message names the unit handed out, which
+      // exists only when the check fails)
+      if (handed_unit_ >= 0 && handed_unit_ != static_cast<int>(unit))
+        throw InvalidArgument(concat(
+            "grad_buffer('", u.name, "'): the gradient of unit '",
+            layout_->units()[static_cast<std::size_t>(handed_unit_)].name,
+            "' was handed out but grad_ready() was not called for it; finish one unit's backward before the next, or "
+            "set Options::grad_writes = GradWrites::accumulate to keep several units' gradients live at once"));
+      if (handed_unit_ >= 0) return where(unit);  // handed out again, before its grad_ready
       // A unit of another bucket (backward out of the usual order): the
-      // pending part of the current bucket is reduced first.
-      if (!pending_.empty() && buckets_.bucket_of[pending_.front().unit] != buckets_.bucket_of[unit])
-        flush(first, last);
-      if (in_place_) {
-        handed_ = b_.accumulator.data() + u.full_offset;
-      } else {
-        // A new bucket reuses a staging set: its previous bucket must be reduced.
-        if (pending_.empty()) channel_->wait(staging_event(set_));
-        handed_ = b_.staging.data() + staging_offset(unit);
-      }
-      handed_unit_ = static_cast<int>(unit);
+      // pending part of the open one is reduced first.
+      if (!open_.empty() && open_.front() != buckets_.bucket_of[unit]) flush(open_.front(), first, last);
+    } else {
+      require(!ready_this_micro_[unit], "grad_buffer('", u.name, "') after grad_ready('", u.name,
+              "') in this micro-batch: grad_ready() says the gradient is final (it may be reduced already); call "
+              "it once, after the unit's last gradient write");
+      if (handed_this_micro_[unit]) return where(unit);
     }
-    return handed_;
+    const std::size_t b = buckets_.bucket_of[unit];
+    if (set_of_[b] == closed) open(b, u);
+    G* g = where(unit);
+    if (writes_ == GradWrites::accumulate) {
+      // In place, the accumulator sums the window's micro-batches: zeroed on the first.
+      if (!in_place_ || first) Ops::zero(g, u.padded);
+    } else if (check_writes_) {
+      unwritten_.fill(g, u.padded);
+    }
+    handed_this_micro_[unit] = true;
+    if (writes_ == GradWrites::overwrite) handed_unit_ = static_cast<int>(unit);
+    return g;
   }
 
-  // Unit u's gradient is written; a complete bucket is reduced now (while
-  // the caller's backward goes on, on a GPU), the last one at the step.
+  // Unit u's gradient is written (final, for accumulate); a bucket whose
+  // units are all ready is reduced now (while the caller's backward goes on,
+  // on a GPU), the rest at the step.
   void ready(std::size_t unit, bool first, bool last) {
     const UnitInfo& u = layout_->units()[unit];
-    require(handed_unit_ == static_cast<int>(unit), "grad_ready('", u.name,
-            "'): call grad_buffer() for this unit and write its gradient first");
     require(!ready_this_micro_[unit], "grad_ready('", u.name,
             "') twice in one micro-batch; call step() after each micro-batch");
-    for (const auto& [b, e] : u.gaps) Ops::zero(handed_ + b, e - b);
-    pending_.push_back(Pending{unit, handed_});
-    if (pending_.size() == buckets_.of(unit).units) flush(first, last);
+    if (writes_ == GradWrites::overwrite)
+      require(handed_unit_ == static_cast<int>(unit), "grad_ready('", u.name,
+              "'): call grad_buffer() for this unit and write its gradient first");
+    else if (!handed_this_micro_[unit])
+      hand_out(unit, first, last);  // no gradient in this micro-batch: zeros
+    G* g = where(unit);
+    for (const auto& [b, e] : u.gaps) Ops::zero(g + b, e - b);
+    if (check_writes_) unwritten_.check(*layout_, u, g);
+    const std::size_t b = buckets_.bucket_of[unit];
+    pending_[b].push_back(Pending{unit, g});
     ready_this_micro_[unit] = true;
     handed_unit_ = -1;
     in_backward_ = true;
+    if (writes_ == GradWrites::overwrite) {
+      if (pending_[b].size() == buckets_.buckets[b].units) flush(b, first, last);
+      return;
+    }
+    // Accumulate: complete buckets are reduced in backward's order, whatever
+    // order their units became final in, so every rank launches the same
+    // collectives in the same order.
+    while (next_flush_ < pending_.size() && pending_[next_flush_].size() == buckets_.buckets[next_flush_].units)
+      flush(next_flush_++, first, last);
   }
 
-  // At step(): every unit must have had its gradient in this micro-batch.
-  void require_all_ready() const {
+  // At step(), before end_micro_batch(). Overwrite: every unit must have had
+  // its gradient in this micro-batch. Accumulate: the units not yet final
+  // become final now, bucket by bucket in backward's order (the same on
+  // every rank: their reductions are collectives).
+  void finish_units(bool first, bool last) {
     const auto& units = layout_->units();
-    for (std::size_t i = 0; i < units.size(); ++i)
-      require(ready_this_micro_[i], "step(): unit '", units[i].name,
-              "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before step()");
+    if (writes_ == GradWrites::overwrite) {
+      for (std::size_t i = 0; i < units.size(); ++i)
+        require(ready_this_micro_[i], "step(): unit '", units[i].name,
+                "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before "
+                "step()");
+      return;
+    }
+    for (std::size_t k = next_flush_; k < buckets_.buckets.size(); ++k) {
+      const auto& bucket = buckets_.buckets[k];
+      for (std::size_t i = bucket.first_unit + bucket.units; i-- > bucket.first_unit;)
+        if (!ready_this_micro_[i]) ready(i, first, last);
+    }
   }
-  // The micro-batch is over (require_all_ready held): the pending bucket is
+  // The micro-batch is over (finish_units ran): the pending buckets are
   // reduced.
   void end_micro_batch(bool first, bool last) {
-    flush(first, last);
+    while (!open_.empty()) flush(open_.front(), first, last);
     std::fill(ready_this_micro_.begin(), ready_this_micro_.end(), false);
+    std::fill(handed_this_micro_.begin(), handed_this_micro_.end(), false);
+    next_flush_ = 0;
     in_backward_ = false;
+    if (check_writes_) {  // the first micro-batch is checked, the steady state is not
+      check_writes_ = false;
+      unwritten_.release();
+    }
   }
 
-  // Launches the reductions of every pending gradient.
-  void flush(bool first, bool last) {
-    if (pending_.empty()) return;
+  // Launches the reductions of bucket b's ready units and closes it (its
+  // staging set is free again once they have run).
+  void flush(std::size_t b, bool first, bool last) {
+    auto& pending = pending_[b];
+    const std::size_t set = set_of_[b];
+    close(b);
+    if (pending.empty()) return;
     constexpr DType gdt = dtype_traits<G>::dtype;
     const bool in_fp32 = b_.staging_fp32.size() != 0;
-    auto wide = [&](const Pending& p) { return b_.staging_fp32.data() + staging_offset(p.unit); };
+    auto wide = [&](const Pending& p) { return b_.staging_fp32.data() + set * buckets_.max_elements + buckets_.offset[p.unit]; };
     auto& comm = *channel_;
     // All of it on the communication lane (no-op without overlap), after the
     // backward that wrote these gradients; the caller's backward of the next
@@ -151,7 +265,7 @@ class GradientReducer {
     if (!plan_.reduce_scatter_on_flush) {
       // Keep the whole gradient; stage 0 all-reduces it on the last micro-batch.
       const bool all_reduce = plan_.all_reduce_on_flush && last;
-      for (const Pending& p : pending_) {
+      for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
         G* acc = b_.accumulator.data() + u.full_offset;
         if (p.written != acc) Ops::accumulate(acc, p.written, u.padded, first);
@@ -159,7 +273,7 @@ class GradientReducer {
       }
       if (all_reduce) {
         comm->group_begin();
-        for (const Pending& p : pending_) {
+        for (const Pending& p : pending) {
           const UnitInfo& u = layout_->units()[p.unit];
           if (in_fp32)
             comm->all_reduce(wide(p), u.padded, DType::f32, comm::ReduceOp::sum, false);
@@ -168,7 +282,7 @@ class GradientReducer {
         }
         comm->group_end();
         if (in_fp32)
-          for (const Pending& p : pending_) {
+          for (const Pending& p : pending) {
             const UnitInfo& u = layout_->units()[p.unit];
             Ops::convert(b_.accumulator.data() + u.full_offset, wide(p), u.padded);
           }
@@ -177,31 +291,30 @@ class GradientReducer {
       // Stages 2 and 3: reduce-scatter, keep only this rank's shard.
       const std::size_t r = static_cast<std::size_t>(comm.rank());
       if (in_fp32)
-        for (const Pending& p : pending_) Ops::convert(wide(p), p.written, layout_->units()[p.unit].padded);
+        for (const Pending& p : pending) Ops::convert(wide(p), p.written, layout_->units()[p.unit].padded);
       comm->group_begin();
-      for (const Pending& p : pending_) {
+      for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
         if (in_fp32)
           comm->reduce_scatter(wide(p), wide(p) + r * u.shard, u.shard, DType::f32);
         else
-          comm->reduce_scatter(p.written, b_.shard_staging.data() + shard_staging_offset(p.unit), u.shard, gdt);
+          comm->reduce_scatter(p.written, b_.shard_staging.data() + set * buckets_.max_shard_elements + buckets_.shard_offset[p.unit], u.shard, gdt);
       }
       comm->group_end();
-      for (const Pending& p : pending_) {
+      for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
         G* acc = b_.accumulator.data() + u.shard_offset;
         if (in_fp32)
           Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
         else
-          Ops::accumulate(acc, b_.shard_staging.data() + shard_staging_offset(p.unit), u.shard, first);
+          Ops::accumulate(acc, b_.shard_staging.data() + set * buckets_.max_shard_elements + buckets_.shard_offset[p.unit], u.shard, first);
         // Offload: the finished shard leaves for the host while backward goes on.
         if constexpr (requires(G* d, const G* s, std::size_t n) { Ops::download_async(d, s, n); })
           if (last && final_copy_ != nullptr) Ops::download_async(final_copy_ + u.shard_offset, acc, u.shard);
       }
     }
-    comm.mark(staging_event(set_));
-    set_ = (set_ + 1) % sets_;
-    pending_.clear();
+    comm.mark(staging_event(set));
+    pending.clear();
   }
 
   // Stage 1, at the step: reduce-scatters the accumulated whole gradient of
@@ -229,13 +342,40 @@ class GradientReducer {
   }
 
  private:
+  static constexpr std::size_t closed = ~std::size_t{0};
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
-  // Where unit u's gradient is staged in the current set (its bucket's units
-  // lie back to back; a set holds the largest bucket), and its shard's
-  // reduce-scatter result.
-  std::size_t staging_offset(std::size_t u) const { return set_ * buckets_.max_elements + buckets_.offset[u]; }
-  std::size_t shard_staging_offset(std::size_t u) const {
-    return set_ * buckets_.max_shard_elements + buckets_.shard_offset[u];
+
+  // Where unit u's gradient is written: the accumulator in place, else its
+  // place in its open bucket's staging set (a set holds the largest bucket,
+  // its units back to back).
+  G* where(std::size_t unit) {
+    if (in_place_) return b_.accumulator.data() + layout_->units()[unit].full_offset;
+    return b_.staging.data() + set_of_[buckets_.bucket_of[unit]] * buckets_.max_elements + buckets_.offset[unit];
+  }
+  // Bucket b takes the staging set freed longest ago; the caller's writes
+  // into it wait for that set's last reduction.
+  void open(std::size_t b, const UnitInfo& u) {
+    if (free_count_ == 0) {
+      const GradientBuckets::Bucket& first = buckets_.buckets[open_.front()];
+      throw InvalidArgument(concat(
+          "grad_buffer('", u.name, "'): ", open_.size(), " gradient buckets are live already (the oldest holds unit '",
+          layout_->units()[first.first_unit + first.units - 1].name, "'", first.units > 1 ? " and others" : "",
+          "); with Options::grad_writes = accumulate a bucket stays live until each of its units is final "
+          "(grad_ready()) and the buckets before it in backward's order are reduced: call grad_ready() for each unit "
+          "once its gradient is final, or raise Options::live_buckets (at the cost of one bucket's staging each)"));
+    }
+    const std::size_t set = free_sets_[free_head_];
+    free_head_ = (free_head_ + 1) % sets_;
+    --free_count_;
+    set_of_[b] = set;
+    open_.push_back(b);
+    if (!in_place_) channel_->wait(staging_event(set));
+  }
+  void close(std::size_t b) {
+    free_sets_[(free_head_ + free_count_) % sets_] = set_of_[b];
+    ++free_count_;
+    set_of_[b] = closed;
+    open_.erase(std::find(open_.begin(), open_.end(), b));
   }
 
   struct Pending {
@@ -246,16 +386,23 @@ class GradientReducer {
   Buffers b_;
   GradientBuckets buckets_;  // units whose reductions are launched together (buffer_sizes.hpp)
   StagePlan plan_{};
+  GradWrites writes_ = GradWrites::overwrite;
   bool in_place_ = false;
   std::size_t sets_ = 1;
   const Layout* layout_ = nullptr;
   CommChannel<Ops>* channel_ = nullptr;
-  std::size_t set_ = 0;                   // the staging set the current bucket uses
-  std::vector<Pending> pending_;          // ready but not yet reduced, all of one bucket (capacity reserved)
-  G* handed_ = nullptr;                   // the buffer hand_out() returned
-  int handed_unit_ = -1;                  // unit whose gradient buffer is handed out
-  std::vector<bool> ready_this_micro_;    // ready() seen for each unit in this micro-batch
+  std::vector<std::size_t> set_of_;              // per bucket: its staging set while open, else `closed`
+  std::vector<std::vector<Pending>> pending_;    // per bucket: ready but not yet reduced (capacity reserved)
+  std::vector<std::size_t> open_;                // open buckets, oldest first
+  std::size_t next_flush_ = 0;                   // accumulate: the next bucket to reduce, in backward's order
+  std::vector<std::size_t> free_sets_;           // a ring of the free staging sets, freed longest ago first
+  std::size_t free_head_ = 0, free_count_ = 0;
+  int handed_unit_ = -1;                         // overwrite: the unit whose gradient is handed out
+  std::vector<bool> ready_this_micro_;           // ready() seen for each unit in this micro-batch
+  std::vector<bool> handed_this_micro_;          // hand_out() seen for each unit in this micro-batch
   bool in_backward_ = false;
+  bool check_writes_ = false;                    // overwrite, first micro-batch: markers are checked
+  UnwrittenCheck<Ops, G> unwritten_;
   G* final_copy_ = nullptr;
 };
 

@@ -27,6 +27,18 @@ constexpr const char* name(ReduceDType d) {
   return "?";
 }
 
+// How the caller's backward writes a unit's gradient into grad_buffer()
+// (Options::grad_writes; docs/tutorial.md, "How your backward writes gradients").
+enum class GradWrites { overwrite, accumulate };
+
+constexpr const char* name(GradWrites w) {
+  switch (w) {
+    case GradWrites::overwrite: return "overwrite";
+    case GradWrites::accumulate: return "accumulate";
+  }
+  return "?";
+}
+
 struct LossScaleOptions {
   double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
   int growth_interval = 2000;      // steps without overflow before the scale grows
@@ -58,6 +70,24 @@ struct Options {
   // bucket (engine/buffer_sizes.hpp). Stages 0 and 1 without accumulation
   // take gradients in place and stage nothing.
   std::size_t bucket_bytes = std::size_t{32} << 20;
+  // How backward writes gradients.
+  // overwrite: grad_buffer(u) hands out a buffer whose contents are
+  //   undefined, and backward assigns (=) every element of one unit at a time
+  //   (grad_buffer, write, grad_ready, then the next unit). Nothing is
+  //   zeroed. In the run's first micro-batch each buffer is filled with a
+  //   marker that grad_ready() checks is gone, so a backward that adds (+=)
+  //   or skips elements is an error there, never stale gradients.
+  // accumulate: grad_buffer(u) hands out a zeroed buffer, for any unit, in
+  //   any order, as often as backward needs it (a tied weight used at both
+  //   ends of the model), and backward may add into it (+=); grad_ready(u)
+  //   says the unit's gradient is final for this micro-batch, and step()
+  //   makes the rest final (a unit never handed out has a zero gradient).
+  //   Stages 0-1 hand out the gradient accumulator itself (no staging, with
+  //   accumulation steps too); stages 2-3 keep a bucket's staging until its
+  //   last unit is final, `live_buckets` buckets at once (plus one to overlap
+  //   communication on a GPU).
+  GradWrites grad_writes = GradWrites::overwrite;
+  int live_buckets = 2;
   // Stage 3: units gathered ahead of the one in use (the gather arena holds
   // the prefetch_units + 1 largest units).
   int prefetch_units = 1;
@@ -100,6 +130,9 @@ struct Options {
             "32 MiB is a good default)");
     require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
             "; it must be in [0, 16]");
+    require(live_buckets >= 1 && live_buckets <= 64, "Options::live_buckets is ", live_buckets,
+            "; it must be in [1, 64] (gradient buckets whose staging may be live at once with "
+            "Options::grad_writes = accumulate; 2 lets one bucket, a tied embedding's, stay live through backward)");
     require(grad_accumulation_steps >= 1, "Options::grad_accumulation_steps is ", grad_accumulation_steps,
             "; it must be >= 1");
     require(std::isfinite(clip_norm) && clip_norm >= 0, "Options::clip_norm is ", clip_norm,

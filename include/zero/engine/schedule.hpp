@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -91,6 +92,7 @@ struct Schedule {
   BufferSizes sizes;
   std::vector<ScheduledBuffer> buffers;          // in the order finalize() allocates them
   std::vector<ScheduledCollective> collectives;  // in the order a step makes them
+  std::string gradient_note;                     // gradient_saving_note(): what finalize() prints, or ""
 
   // Bytes of the buffers on one of the planner's lines, by place.
   PlacedBytes line(std::string_view name) const {
@@ -162,12 +164,12 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   // fp32 training keeps no master of its own unless the master leaves the
   // backend (the backend then holds a working copy): as finalize().
   const bool separate_master = spec.mixed() || offloaded;
-  s.sizes = buffer_sizes(layout,
-                         BufferSpec{stage, separate_master, spec.element_bytes, spec.state_slots, spec.overlap,
-                                    spec.offload, spec.device_backend},
-                         options);
+  const BufferSpec buffer_spec{stage,          separate_master, spec.element_bytes, spec.state_slots, spec.overlap,
+                               spec.offload, spec.device_backend};
+  s.sizes = buffer_sizes(layout, buffer_spec, options);
   const BufferSizes& z = s.sizes;
   const std::uint64_t eb = spec.element_bytes;
+  s.gradient_note = gradient_saving_note(z, buffer_spec, layout, options);
 
   // ---- Buffers ----
   const Place backend = spec.device_backend ? Place::device : Place::host;

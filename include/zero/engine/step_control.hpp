@@ -124,6 +124,20 @@ class StepControl {
     return d;
   }
 
+  // Collective: the mean over the ranks of one value each (a loss), through
+  // the control buffer (a device's memory where the communicator needs it).
+  double mean_over_ranks(double value) {
+    auto& comm = *channel_;
+    double* host = control_host_.data();
+    host[0] = value;
+    Ops::upload(control_.data(), host, 1);
+    comm.communicate([&] {
+      comm->all_reduce(control_.data(), 1, DType::f64, comm::ReduceOp::sum, true);
+      Ops::download(host, control_.data(), 1);
+    });
+    return host[0] / static_cast<double>(comm.size());
+  }
+
  private:
   DynamicLossScaler scaler_;
   typename Ops::template Buffer<double> control_;

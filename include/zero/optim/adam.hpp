@@ -21,19 +21,33 @@
 namespace zero::optim {
 
 // Doubles, like the Python floats torch.optim receives: 1 - beta2 must be
-// computed from 0.999, not from its float rounding, to match PyTorch.
-struct AdamHyper {
+// computed from 0.999, not from its float rounding, to match PyTorch. An
+// aggregate, so `AdamW::Hyper{.lr = 3e-4, .weight_decay = 0.1}` works; Adam
+// and AdamW differ only in weight_decay's default (torch.optim's: 0 and
+// 1e-2), which is why the default is a template argument rather than a
+// constructor (a constructor would make it no aggregate), given as a type
+// (Clang 14 and nvcc take no double template argument).
+struct AdamDefaults {
+  static constexpr double weight_decay = 0.0;  // torch.optim.Adam's
+};
+struct AdamWDefaults {
+  static constexpr double weight_decay = 1e-2;  // torch.optim.AdamW's
+};
+
+template <class Defaults>
+struct BasicAdamHyper {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;
+  double weight_decay = Defaults::weight_decay;
 
   // By name, as a config file's optimizer.params sets them (zero/runtime/hyper_fields.hpp).
   static constexpr auto fields() {
-    using F = HyperField<AdamHyper>;
-    return std::array{F{"lr", &AdamHyper::lr}, F{"beta1", &AdamHyper::beta1}, F{"beta2", &AdamHyper::beta2},
-                      F{"eps", &AdamHyper::eps}, F{"weight_decay", &AdamHyper::weight_decay}};
+    using H = BasicAdamHyper;
+    using F = HyperField<H>;
+    return std::array{F{"lr", &H::lr}, F{"beta1", &H::beta1}, F{"beta2", &H::beta2}, F{"eps", &H::eps},
+                      F{"weight_decay", &H::weight_decay}};
   }
 
   void validate() const {
@@ -47,6 +61,7 @@ struct AdamHyper {
             weight_decay, "; it must be a finite number >= 0");
   }
 };
+using AdamHyper = BasicAdamHyper<AdamDefaults>;
 
 struct AdamScalars {
   float beta1, one_minus_beta1;
@@ -60,7 +75,8 @@ struct AdamScalars {
 
 namespace detail {
 
-inline AdamScalars adam_scalars(const AdamHyper& h, std::int64_t step) {
+template <class Defaults>
+AdamScalars adam_scalars(const BasicAdamHyper<Defaults>& h, std::int64_t step) {
   require(step >= 1, "optimizer step number is ", step, "; steps count from 1");
   // As torch: Python doubles, rounded to float where they meet the tensors.
   const double bias_correction1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
@@ -116,12 +132,10 @@ struct AdamW {
   static constexpr const char* name = "adamw";
   static constexpr int state_slots = 2;
   static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};
-  struct Hyper : AdamHyper {
-    Hyper() { weight_decay = 1e-2; }  // torch.optim.AdamW's default
-  };
+  using Hyper = BasicAdamHyper<AdamWDefaults>;
   using Scalars = AdamScalars;
 
-  static Scalars prepare(const AdamHyper& h, std::int64_t step) { return detail::adam_scalars(h, step); }
+  static Scalars prepare(const Hyper& h, std::int64_t step) { return detail::adam_scalars(h, step); }
 
   template <class V>
   ZERO_HOST_DEVICE static void update(const Scalars& s, V& w, const V& grad, V* state) {

@@ -19,7 +19,7 @@ namespace zero::optim {
 
 // One hyper-parameter by name, so a configuration file or a command line can
 // set it (zero/runtime/hyper_fields.hpp): a double or a bool member of the
-// policy's Hyper, or of a base of it (AdamW::Hyper's are AdamHyper's).
+// policy's Hyper, or of a base of it.
 template <class H>
 struct HyperField {
   using hyper_type = H;

@@ -84,6 +84,8 @@ class AnyOptimizer {
   double lr() const { return hyper_value("lr"); }
   void set_lr(double lr) { set_hyper("lr", lr); }
   virtual double loss_scale() const = 0;
+  // Collective: the mean over the ranks of a value each passes (a loss).
+  virtual double mean_over_ranks(double value) = 0;
   virtual const Options& options() const = 0;
   virtual std::int64_t step_count() const = 0;
 

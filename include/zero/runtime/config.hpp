@@ -28,6 +28,7 @@ inline constexpr PrecisionChoice all_precisions[] = {PrecisionChoice::fp32, Prec
                                                      PrecisionChoice::fp16};
 inline constexpr OffloadTier all_offload_tiers[] = {OffloadTier::none, OffloadTier::cpu, OffloadTier::nvme};
 inline constexpr ReduceDType all_reduce_dtypes[] = {ReduceDType::same_as_grad, ReduceDType::fp32};
+inline constexpr GradWrites all_grad_writes[] = {GradWrites::overwrite, GradWrites::accumulate};
 
 namespace detail {
 // The value whose name() is `text`, if any: names are defined once, by name().
@@ -54,6 +55,9 @@ inline std::optional<OffloadTier> parse_offload(std::string_view text) {
 }
 inline std::optional<ReduceDType> parse_reduce_dtype(std::string_view text) {
   return detail::parse_by_name(text, all_reduce_dtypes);
+}
+inline std::optional<GradWrites> parse_grad_writes(std::string_view text) {
+  return detail::parse_by_name(text, all_grad_writes);
 }
 
 struct Config {

@@ -60,6 +60,8 @@ void config_keys(C& c, Visit& v) {
     off.field("direct", o.nvme.direct);
   });
   v.field("bucket_bytes", o.bucket_bytes);
+  v.field("grad_writes", o.grad_writes);
+  v.field("live_buckets", o.live_buckets);
   v.field("prefetch_units", o.prefetch_units);
   v.field("grad_accumulation_steps", o.grad_accumulation_steps);
   v.field("clip_norm", o.clip_norm);
@@ -86,6 +88,7 @@ void config_keys(C& c, Visit& v) {
 constexpr const auto& all_values_of(PrecisionChoice) { return all_precisions; }
 constexpr const auto& all_values_of(OffloadTier) { return all_offload_tiers; }
 constexpr const auto& all_values_of(ReduceDType) { return all_reduce_dtypes; }
+constexpr const auto& all_values_of(GradWrites) { return all_grad_writes; }
 
 // Reads one JSON object into the members config_keys names; `source` starts
 // every message ("zero config", "zero config file 'run.json'"), `path` is the

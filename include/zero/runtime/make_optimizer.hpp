@@ -68,6 +68,7 @@ class EngineHandle final : public AnyOptimizer {
     if constexpr (widen) {
       wide_params_ = typename Ops::template Buffer<float>(engine_.layout().max_unit());
       wide_grads_ = typename Ops::template Buffer<float>(engine_.layout().max_unit());
+      check_wide_ = engine_.options().grad_writes == GradWrites::overwrite;
     }
   }
   const Layout& layout() const override { return engine_.layout(); }
@@ -88,6 +89,9 @@ class EngineHandle final : public AnyOptimizer {
   void grad_ready(UnitId u) override {
     if constexpr (widen)
       if (wide_grad_of_ == u.index) {
+        // The engine's own check cannot see through the conversion: this
+        // buffer is checked as it would check its own.
+        if (check_wide_) unwritten_.check(engine_.layout(), engine_.layout().units()[u.index], wide_grads_.data());
         Ops::convert(wide_grad_target_, wide_grads_.data(), engine_.layout().units()[u.index].numel);
         wide_grad_of_ = npos;
       }
@@ -107,15 +111,28 @@ class EngineHandle final : public AnyOptimizer {
     // flushes or waits for the previous bucket.
     G* g = engine_.grad_buffer(u);
     if constexpr (widen) {
+      require(engine_.options().grad_writes == GradWrites::overwrite, "grad_buffer_fp32('",
+              engine_.layout().units()[u.index].name, "'): with ", dtype_name(dtype_traits<T>::dtype),
+              " storage the fp32 gradient is one unit's, converted at grad_ready(), so it needs Options::grad_writes "
+              "= overwrite; with accumulate, add into grad_buffer_as<", dtype_name(dtype_traits<T>::dtype),
+              ">() or use fp32 precision");
       wide_grad_of_ = u.index;
       wide_grad_target_ = g;
+      if (check_wide_) unwritten_.fill(wide_grads_.data(), engine_.layout().units()[u.index].padded);
       return wide_grads_.data();
     } else {
       return g;
     }
   }
 
-  StepResult step() override { return engine_.step(); }
+  StepResult step() override {
+    if constexpr (widen)
+      if (check_wide_) {  // the first micro-batch was checked
+        check_wide_ = false;
+        unwritten_.release();
+      }
+    return engine_.step();
+  }
   void synchronize() override { engine_.synchronize(); }
   void wait_update() override { engine_.wait_update(); }
   double hyper_value(const std::string& name) const override {
@@ -130,6 +147,7 @@ class EngineHandle final : public AnyOptimizer {
     engine_.hyper() = hyper_from<O>(values);
   }
   double loss_scale() const override { return engine_.loss_scale(); }
+  double mean_over_ranks(double value) override { return engine_.mean_over_ranks(value); }
   const Options& options() const override { return engine_.options(); }
   std::int64_t step_count() const override { return engine_.step_count(); }
 
@@ -158,6 +176,8 @@ class EngineHandle final : public AnyOptimizer {
   typename Ops::template Buffer<float> wide_params_, wide_grads_;
   std::size_t wide_grad_of_ = npos;  // the unit whose gradient is in wide_grads_
   G* wide_grad_target_ = nullptr;    // and the engine's buffer it goes to
+  bool check_wide_ = false;          // overwrite, the first micro-batch: the fp32 gradient is checked
+  detail::UnwrittenCheck<Ops, float> unwritten_;
 };
 
 template <class X>

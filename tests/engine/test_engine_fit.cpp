@@ -1,0 +1,213 @@
+// What fitting a trainer someone else wrote takes from the engine.
+// Options::grad_writes: how a trainer's backward writes its gradients.
+// accumulate: a backward that adds (+=) into zeroed buffers, reaches a tied
+// unit at both ends of the pass, keeps several units' gradients live and
+// leaves a unit for step() to finish trains bit for bit like one that
+// assigns each unit's gradient once (the default, overwrite), at every stage,
+// rank count, accumulation count, bucket size and precision. overwrite: a
+// backward that adds or skips elements is an error at the first micro-batch,
+// not stale gradients.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine_harness.hpp"
+#include "reference.hpp"
+#include "zero/zero.hpp"
+
+namespace {
+
+using zero::GradWrites;
+using zero::Options;
+using zero::test::RunResult;
+using zero::test::TrainSpec;
+
+template <int S, class Precision>
+using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<S>, zero::offload::None,
+                                zero::backend::Host>;
+
+template <int S, class Precision>
+void adding_backward_matches_assigning_one() {
+  for (const int ranks : {1, 2, 3})
+    for (const int accumulation : {1, 3})
+      for (const std::size_t bucket : {zero::test::one_unit_bucket, zero::test::whole_model_bucket}) {
+        INFO("stage " << S << ", " << ranks << " ranks, accumulation " << accumulation << ", bucket_bytes "
+                      << bucket);
+        Options o;
+        o.grad_accumulation_steps = accumulation;
+        o.bucket_bytes = bucket;
+        o.loss_scale.initial_scale = 256;  // the scaled test gradients stay inside fp16's range
+        o.clip_norm = 1.0;
+        TrainSpec spec;
+        spec.steps = 3;
+        spec.check_acquired = true;
+        const RunResult assigned = zero::test::train_local<Opt<S, Precision>>(ranks, {}, o, spec);
+        o.grad_writes = GradWrites::accumulate;
+        spec.adds_into_gradients = true;
+        const RunResult added = zero::test::train_local<Opt<S, Precision>>(ranks, {}, o, spec);
+        REQUIRE(added.masters == assigned.masters);
+        REQUIRE(std::memcmp(added.params.data(), assigned.params.data(), assigned.params.size() * 4) == 0);
+        REQUIRE(added.steps.size() == assigned.steps.size());
+        for (std::size_t k = 0; k < added.steps.size(); ++k) CHECK(added.steps[k].grad_norm == assigned.steps[k].grad_norm);
+        // The same reductions move the same bytes (stage 3 gathers the tied
+        // unit once more, for its use at the start of backward).
+        for (const auto c : {zero::comm::Collective::all_reduce, zero::comm::Collective::reduce_scatter}) {
+          const auto k = static_cast<std::size_t>(c);
+          CHECK(added.comm.counters.sent[k] == assigned.comm.counters.sent[k]);
+          CHECK(added.comm.counters.calls[k] == assigned.comm.counters.calls[k]);
+        }
+        // Stages 0-1 take added gradients in the accumulator itself, with
+        // accumulation steps too: no staging at all.
+        const std::uint64_t added_staging = added.memory.placed.communication_buffers.total();
+        const std::uint64_t assigned_staging = assigned.memory.placed.communication_buffers.total();
+        if (S <= 1 && accumulation == 1) CHECK(added_staging == assigned_staging);
+        if (S <= 1 && accumulation > 1) CHECK(added_staging < assigned_staging);
+      }
+}
+
+}  // namespace
+
+TEST_CASE("A backward that adds into its gradients trains exactly like one that assigns them", "[engine][grad_writes]") {
+  using zero::precision::Full;
+  using zero::precision::Mixed;
+  adding_backward_matches_assigning_one<0, Full<float>>();
+  adding_backward_matches_assigning_one<1, Mixed<zero::bf16>>();
+  adding_backward_matches_assigning_one<2, Mixed<zero::fp16>>();
+  adding_backward_matches_assigning_one<3, Full<float>>();
+  adding_backward_matches_assigning_one<3, Mixed<zero::bf16>>();
+  adding_backward_matches_assigning_one<2, Full<float>>();
+  adding_backward_matches_assigning_one<1, Mixed<zero::fp16>>();
+  adding_backward_matches_assigning_one<0, Mixed<zero::bf16>>();
+}
+
+namespace {
+
+// Runs f on an optimizer of two units ("a": 300 elements, "b": 10) and
+// returns the message it threw.
+template <int S, class Precision>
+std::string error_of(const Options& options, const std::function<void(Opt<S, Precision>&)>& f) {
+  zero::comm::LocalGroup group(1);
+  std::string message;
+  group.run([&](zero::comm::Local& c) {
+    Opt<S, Precision> opt(c, {}, options);
+    opt.add_param(opt.add_unit("a"), "a.w", 300);
+    opt.add_param(opt.add_unit("b"), "b.w", 10);
+    opt.finalize();
+    try {
+      f(opt);
+    } catch (const zero::InvalidArgument& e) {
+      message = e.what();
+    }
+  });
+  return message;
+}
+
+template <int S, class Precision>
+void overwrite_catches_adding_and_skipping() {
+  using G = typename Precision::grad_type;
+  INFO("stage " << S);
+  const zero::UnitId a{0}, b{1};
+  // An adding backward (+=) on what the buffer holds.
+  auto adds = [&](Opt<S, Precision>& opt) {
+    opt.acquire_unit(b);
+    G* g = opt.grad_buffer(b);
+    for (int i = 0; i < 10; ++i) g[i] = zero::from_float<G>(zero::to_float(g[i]) + 0.25f);
+    opt.grad_ready(b);
+  };
+  const std::string added = error_of<S, Precision>({}, adds);
+  CHECK_THAT(added, Catch::Contains("grad_ready('b'): 10 of 10 gradient elements (the first: 'b.w'[0]) were not "
+                                    "assigned in the run's first micro-batch"));
+  CHECK_THAT(added, Catch::Contains("Options::grad_writes = GradWrites::accumulate"));
+  // A backward that leaves one element alone.
+  auto skips = [&](Opt<S, Precision>& opt) {
+    opt.acquire_unit(a);
+    G* g = opt.grad_buffer(a);
+    for (int i = 0; i < 300; ++i)
+      if (i != 123) g[i] = zero::from_float<G>(0.5f);
+    opt.grad_ready(a);
+  };
+  const std::string skipped = error_of<S, Precision>({}, skips);
+  CHECK_THAT(skipped, Catch::Contains("1 of 300 gradient elements (the first: 'a.w'[123])"));
+  // Both are right with accumulate (zeroed buffers), and so is assigning
+  // every element with overwrite: no error, at the first step or later.
+  auto three_steps = [](auto write) {
+    return [write](Opt<S, Precision>& opt) {
+      for (int k = 0; k < 3; ++k) {
+        for (const zero::UnitId u : {zero::UnitId{1}, zero::UnitId{0}}) {
+          opt.acquire_unit(u);
+          G* g = opt.grad_buffer(u);
+          for (std::size_t i = 0; i < opt.layout().unit(u).padded; ++i) write(g[i]);
+          opt.grad_ready(u);
+          opt.release_unit(u);
+        }
+        opt.step();
+      }
+    };
+  };
+  Options accumulate;
+  accumulate.grad_writes = GradWrites::accumulate;
+  CHECK(error_of<S, Precision>(accumulate, three_steps([](G& g) {
+          g = zero::from_float<G>(zero::to_float(g) + 0.5f);
+        })).empty());
+  CHECK(error_of<S, Precision>({}, three_steps([](G& g) { g = zero::from_float<G>(0.5f); })).empty());
+}
+
+}  // namespace
+
+TEST_CASE("overwrite: a backward that adds into its gradients or skips an element fails at the first micro-batch",
+          "[engine][grad_writes]") {
+  overwrite_catches_adding_and_skipping<0, zero::precision::Full<float>>();
+  overwrite_catches_adding_and_skipping<1, zero::precision::Mixed<zero::bf16>>();
+  overwrite_catches_adding_and_skipping<2, zero::precision::Mixed<zero::fp16>>();
+  overwrite_catches_adding_and_skipping<3, zero::precision::Full<float>>();
+}
+
+TEST_CASE("accumulate: a gradient after its grad_ready, and more live buckets than allowed, are errors naming the fix",
+          "[engine][grad_writes]") {
+  using P = zero::precision::Full<float>;
+  const zero::UnitId a{0}, b{1};
+  Options o;
+  o.grad_writes = GradWrites::accumulate;
+  o.bucket_bytes = 1;  // a bucket per unit
+  CHECK_THAT((error_of<2, P>(o,
+                             [&](Opt<2, P>& opt) {
+                               opt.grad_buffer(b);
+                               opt.grad_ready(b);
+                               opt.grad_buffer(b);
+                             })),
+             Catch::Contains("grad_buffer('b') after grad_ready('b') in this micro-batch"));
+  o.live_buckets = 1;
+  // The tied unit "a" (the last bucket in backward's order) is live from the
+  // start; "b" needs a second bucket.
+  const std::string live = error_of<2, P>(o, [&](Opt<2, P>& opt) {
+    opt.grad_buffer(a);
+    opt.grad_buffer(b);
+  });
+  CHECK_THAT(live, Catch::Contains("grad_buffer('b'): 1 gradient buckets are live already (the oldest holds unit 'a')"));
+  CHECK_THAT(live, Catch::Contains("raise Options::live_buckets"));
+  // With two, the same order works and trains.
+  o.live_buckets = 2;
+  CHECK((error_of<2, P>(o, [&](Opt<2, P>& opt) {
+          opt.grad_buffer(a);
+          opt.grad_buffer(b);
+          opt.grad_ready(b);
+          opt.step();
+        }).empty()));
+}
+
+TEST_CASE("mean_over_ranks: each rank's value averaged, as control traffic", "[engine][fit]") {
+  zero::comm::LocalGroup group(3);
+  group.run([](zero::comm::Local& c) {
+    Opt<2, zero::precision::Full<float>> opt(c, {});
+    opt.add_param(opt.add_unit("a"), "a.w", 10);
+    opt.finalize();
+    opt.reset_comm_counters();
+    const double mean = opt.mean_over_ranks(1.5 * (c.rank() + 1));  // 1.5, 3, 4.5
+    CHECK(mean == 3.0);
+    const auto& counters = opt.comm_report().counters;
+    CHECK(counters.calls[static_cast<std::size_t>(zero::comm::Collective::control)] == 1);
+  });
+}
