@@ -9,6 +9,7 @@
 // not stale gradients.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -209,5 +210,45 @@ TEST_CASE("mean_over_ranks: each rank's value averaged, as control traffic", "[e
     CHECK(mean == 3.0);
     const auto& counters = opt.comm_report().counters;
     CHECK(counters.calls[static_cast<std::size_t>(zero::comm::Collective::control)] == 1);
+  });
+}
+
+TEST_CASE("use_memory and hold_whole: misuse is an error naming the fix", "[engine][fit]") {
+  using P = zero::precision::Full<float>;
+  zero::comm::LocalGroup group(1);
+  group.run([](zero::comm::Local& c) {
+    std::vector<float> values(20), grads(20);
+    {
+      // Half a unit's gradients in the caller's memory.
+      Opt<2, P> opt(c, {});
+      const auto u = opt.add_unit("a");
+      opt.use_memory(opt.add_param(u, "a.w", 10), values.data(), grads.data());
+      opt.use_memory(opt.add_param(u, "a.b", 10), values.data() + 10, nullptr);
+      CHECK_THROWS_WITH(opt.finalize(), Catch::Contains("finalize(): unit 'a' has 1 of its 2 parameters' gradients "
+                                                        "in your memory (use_memory)"));
+    }
+    Opt<3, P> opt(c, {});
+    const auto u = opt.add_unit("a");
+    const auto w = opt.add_param(u, "a.w", 10);
+    opt.use_memory(w, values.data(), grads.data());
+    CHECK_THROWS_WITH(opt.use_memory(zero::ParamId{5}, nullptr, nullptr), Catch::Contains("does not exist"));
+    opt.finalize();
+    CHECK_THROWS_WITH(opt.use_memory(w, values.data(), nullptr), Catch::Contains("call it before finalize()"));
+    CHECK_THROWS_WITH(opt.grad_buffer(u), Catch::Contains("this unit's gradient is in your memory (use_memory)"));
+    // The values reach the caller's memory at acquire_unit; held whole, at once.
+    std::vector<float> init(10);
+    for (int i = 0; i < 10; ++i) init[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i);
+    opt.set_param(w, init.data());
+    std::fill(values.begin(), values.end(), -1.0f);
+    {
+      zero::HeldWhole whole = opt.hold_whole();
+      CHECK(std::equal(init.begin(), init.end(), values.begin()));
+      CHECK_THROWS_WITH(opt.step(), Catch::Contains("step(): the parameters are held whole (hold_whole()); end that "
+                                                    "scope"));
+      CHECK_THROWS_WITH(opt.hold_whole(), Catch::Contains("held whole already"));
+    }
+    opt.acquire_unit(u);
+    CHECK_THROWS_WITH(opt.hold_whole(), Catch::Contains("hold_whole(): unit 'a' is acquired"));
+    opt.release_unit(u);
   });
 }

@@ -2,6 +2,7 @@
 // same equivalence criterion as the in-process tests, and the collectives of
 // comm::Mpi checked element by element for every element type.
 #define CATCH_CONFIG_RUNNER
+#include "c_trainer_fit.hpp"
 #include "engine_harness.hpp"
 #include "zero/comm/mpi.hpp"
 
@@ -119,6 +120,28 @@ TEST_CASE("The engine over MPI matches the single-process reference", "[mpi][eng
   check_equivalence<2, zero::precision::Mixed<zero::fp16>, zero::optim::Adam>(3, 0.05);
   check_equivalence<3, zero::precision::Mixed<zero::bf16>, zero::optim::AdamW>(2, 0.0);
   check_equivalence<3, zero::precision::Full<float>, zero::optim::Adam>(1, 0.05);
+}
+
+TEST_CASE("A C-style trainer fitted per layer over its own memory trains at every stage as at stage 0, over MPI",
+          "[mpi][engine][fit]") {
+  // (test_engine_c_trainer.cpp: the same fit over in-process ranks, with the memory it takes)
+  const CtConfig model = zero::test::c_trainer_model(16);
+  constexpr int steps = 6;
+  const auto options = zero::test::c_trainer_options();
+  const auto s0 = zero::test::run_c_trainer<0>(world(), model, steps, options);
+  const decltype(s0) others[] = {zero::test::run_c_trainer<1>(world(), model, steps, options),
+                                 zero::test::run_c_trainer<2>(world(), model, steps, options),
+                                 zero::test::run_c_trainer<3>(world(), model, steps, options)};
+  CHECK(s0.losses.back() < s0.losses.front() - 0.5);
+  for (const auto& s : others) {
+    for (int k = 0; k < steps; ++k) CHECK(std::abs(s.losses[k] - s0.losses[k]) <= 1e-5 * std::abs(s0.losses[k]));
+    double worst = 0;
+    for (std::size_t i = 0; i < s0.masters.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(s.masters[i] - s0.masters[i])));
+    CHECK(worst <= 1e-5);
+  }
+  const auto memory = [](const zero::test::CTrainerRun& r) { return r.memory.total() + r.peak_resident; };
+  CHECK(static_cast<double>(memory(others[2])) <= 0.6 * static_cast<double>(memory(s0)));
 }
 
 int main(int argc, char** argv) {

@@ -35,7 +35,7 @@ namespace {
 // every_setting_changed() below.
 [[maybe_unused]] void members_have_keys(Config& c) {
   [[maybe_unused]] auto& [precision, optimizer, hyper, stage, offload, options] = c;
-  [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
+  [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, release_memory_pages, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
                           loss_scale, reduce_dtype, seed, stochastic_rounding, offload_threads, require_pinned_memory,
                           pinned_piece_bytes, delayed_update, delayed_update_warmup, nvme] = c.options;
   [[maybe_unused]] auto& [initial_scale, growth_interval, growth_factor, backoff_factor, hysteresis, min_scale] =
@@ -55,6 +55,7 @@ Config every_setting_changed() {
   o.bucket_bytes = 12345;
   o.grad_writes = zero::GradWrites::accumulate;
   o.live_buckets = 5;
+  o.release_memory_pages = true;
   o.prefetch_units = 3;
   o.grad_accumulation_steps = 4;
   o.clip_norm = 1.5;
@@ -131,7 +132,7 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
   std::set<std::string> top;
   for (const auto& item : j.items()) top.insert(item.key());
   CHECK(top == std::set<std::string>{"precision", "optimizer", "stage", "offload", "bucket_bytes", "grad_writes",
-                                     "live_buckets", "prefetch_units",
+                                     "live_buckets", "release_memory_pages", "prefetch_units",
                                      "grad_accumulation_steps", "clip_norm", "gradient_divisor", "loss_scale",
                                      "reduce_dtype", "seed", "stochastic_rounding", "offload_threads",
                                      "require_pinned_memory", "pinned_piece_bytes", "delayed_update",

@@ -51,9 +51,11 @@
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/comm_channel.hpp"
 #include "zero/engine/gradient_reducer.hpp"
+#include "zero/engine/held_whole.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/own_memory.hpp"
 #include "zero/engine/ownership.hpp"
 #include "zero/engine/param_gatherer.hpp"
 #include "zero/engine/reports.hpp"
@@ -164,6 +166,13 @@ class Engine {
   ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape = {}) {
     return layout_.add_param(unit, std::move(name), numel, std::move(shape));
   }
+  // Your own memory (docs/tutorial.md): parameter p lives for your model at
+  // `values` (its numel elements, e.g. one layer's slice of a stacked array)
+  // and backward adds its gradient (+=) at `grads`; either may be null.
+  // The engine copies the parameters there whenever they change (stage 3:
+  // at acquire_unit) and takes the gradient from there when the unit is
+  // final (grad_ready, or step()), zeroing it for the next micro-batch.
+  void use_memory(ParamId p, param_type* values, grad_type* grads);
   // Collective. Checks that all ranks registered the same layout, then
   // allocates every buffer the run will use (engine_setup.hpp).
   void finalize();
@@ -197,13 +206,25 @@ class Engine {
     require_finalized("acquire_unit");
     require_unit(id, "acquire_unit");
     if (plan_.rules.params_whole()) return params_.data() + layout_.units()[id.index].full_offset;
-    return gatherer_.acquire(id.index, reducer_.in_backward());
+    if (whole_.size() != 0) return whole_.data() + layout_.units()[id.index].full_offset;  // hold_whole(): local
+    const param_type* unit = gatherer_.acquire(id.index, reducer_.in_backward());
+    own_.write_values(layout_, id.index, unit);
+    return unit;
   }
   // Stage 3: frees the unit's room in the gather arena. Other stages: nothing.
   void release_unit(UnitId id) {
     require_unit(id, "release_unit");
-    if (plan_.rules.params_sharded) gatherer_.release(id.index);
+    if (!plan_.rules.params_sharded || whole_.size() != 0) return;
+    gatherer_.release(id.index);
+    own_.release_values(layout_, id.index);
   }
+  // Collective at stage 3: the parameters gathered once into a whole copy
+  // that stays until the returned scope ends (docs/tutorial.md, "Evaluation
+  // and generation at stage 3"); meanwhile acquire_unit and release_unit are
+  // local, so one rank may evaluate or generate alone, and your memory
+  // (use_memory) holds every parameter. step() and set_param() wait for the
+  // scope's end. Other stages: the parameters are whole already; nothing.
+  [[nodiscard]] HeldWhole hold_whole();
   // Pointer to parameter p inside its unit's parameters (after finalize();
   // stage 3: the unit must be acquired, not merely prefetched).
   const param_type* param_data(ParamId id) const;
@@ -219,6 +240,8 @@ class Engine {
     const comm::ApiCall api_call("grad_buffer");
     require_finalized("grad_buffer");
     require_unit(id, "grad_buffer");
+    require(!own_.grads_of(id.index), "grad_buffer('", unit_of(id.index).name, "'): this unit's gradient is in your "
+            "memory (use_memory); backward adds into that, and grad_ready() takes it");
     return reducer_.hand_out(id.index, first_micro(), last_micro());
   }
   // Collective: unit u's gradient is complete (final for this micro-batch).
@@ -228,6 +251,7 @@ class Engine {
     const comm::ApiCall api_call("grad_ready");
     require_finalized("grad_ready");
     require_unit(id, "grad_ready");
+    if (own_.grads_of(id.index)) take_own_grads(id.index);
     reducer_.ready(id.index, first_micro(), last_micro());
   }
 
@@ -363,6 +387,11 @@ class Engine {
   // After the parameters changed: stage 3 drops its gathered copies, stages
   // 1-2 all-gather the updated shards (collective).
   void publish_params();
+  // Your own memory: the unit's gradient into the reducer's buffer for it
+  // (added where that sums micro-batches in place).
+  void take_own_grads(std::size_t unit);
+  // Your own memory, stages 0-2: every viewed parameter after a change.
+  void write_own_values();
   // Delayed update: waits for the background update and publishes it.
   void land_update() {
     if (!update_.land()) return;
@@ -419,10 +448,12 @@ class Engine {
   bool finalized_ = false;
 
   Buffer<param_type> params_;                       // whole, or this rank's shards at stage 3
+  Buffer<param_type> whole_;                        // stage 3, while hold_whole()'s scope lives
   GradientReducer<Ops, grad_type> reducer_;         // gradients: staging, buckets, reductions, accumulator
   StepControl<Ops> control_;                        // the step's decision: norm, overflow, loss scale, clipping
   ParamGatherer<Ops, param_type> gatherer_;         // stage 3: where gathered units live
   UpdatePipeline<Precision, Optimizer, Backend> update_;  // the tier's store, host staging, delayed update
+  OwnMemory<Ops, param_type, grad_type, !Backend::device> own_;  // parameters in your memory (use_memory)
 
   int micro_ = 0;  // micro-batch index within the accumulation window
   std::int64_t steps_ = 0;

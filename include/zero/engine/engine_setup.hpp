@@ -99,6 +99,10 @@ void Engine<P, O, B>::finalize() {
                    sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event());
   }
   control_.bind(sizes.control, comm_);
+  require(!options_.release_memory_pages || !B::device,
+          "Options::release_memory_pages hands the pages of your host arrays back to the operating system; with "
+          "backend ", B::name, " your memory is the device's: clear the option");
+  own_.bind(layout_, options_.release_memory_pages);
   account_memory();
   finalized_ = true;
 }

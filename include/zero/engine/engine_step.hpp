@@ -20,7 +20,17 @@ template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 StepResult Engine<P, O, B>::step() {
   const comm::ApiCall api_call("step");
   require_finalized("step");
+  require(whole_.size() == 0, "step(): the parameters are held whole (hold_whole()); end that scope before the "
+          "step that changes them");
   const StagePlan& rules = plan_.rules;
+  // Your own memory: units not made final by grad_ready are, in backward's
+  // order (the same on every rank: the reductions are collectives).
+  if (own_.any())
+    for (std::size_t u = layout_.units().size(); u-- > 0;)
+      if (own_.grads_of(u) && !reducer_.ready_in_this_micro_batch(u)) {
+        take_own_grads(u);
+        reducer_.ready(u, first_micro(), last_micro());
+      }
   reducer_.finish_units(first_micro(), last_micro());
   if (rules.params_sharded && micro_ + 1 == options_.grad_accumulation_steps) {
     // The update changes every shard: a gathered copy in use would go stale.
@@ -30,6 +40,7 @@ StepResult Engine<P, O, B>::step() {
                                    "updates them"));
   }
   reducer_.end_micro_batch(first_micro(), last_micro());
+  if (rules.params_sharded) gatherer_.end_micro_batch();
   StepResult result;
   result.loss_scale = control_.scaler().scale();
   if (++micro_ < options_.grad_accumulation_steps) {
@@ -93,6 +104,7 @@ void Engine<P, O, B>::publish_params() {
       }
     });
   }
+  write_own_values();  // stages 0-2: your memory gets the new values
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

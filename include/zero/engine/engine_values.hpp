@@ -22,6 +22,7 @@ template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::set_param(ParamId id, const float* values) {
   const comm::ApiCall api_call("set_param");
   require_finalized("set_param");
+  require(whole_.size() == 0, "set_param(): the parameters are held whole (hold_whole()); end that scope first");
   land_update();
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
   const ParamInfo& p = layout_.param(id);
@@ -59,7 +60,10 @@ void Engine<P, O, B>::set_param(ParamId id, const float* values) {
       update_.store().import_values(StateSlot{}, own.state_offset(u) + (lo - begin), owned, hi - lo);
     if (rules.params_sharded) to_params(owned, hi - lo, param_ptr(u) + (lo - begin));  // stages 0-2: below
   }
-  if (rules.params_whole()) to_params(values, p.numel, params_.data() + u.full_offset + p.offset);
+  if (rules.params_whole()) {
+    to_params(values, p.numel, params_.data() + u.full_offset + p.offset);
+    own_.write_value(layout_, id.index, params_.data() + u.full_offset);  // your memory (use_memory)
+  }
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
@@ -158,6 +162,55 @@ void Engine<P, O, B>::restore_progress(std::int64_t steps, DynamicLossScaler::St
   steps_at_reset_ = steps;
   control_.scaler().restore(scaler);
   publish_params();
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::use_memory(ParamId p, param_type* values, grad_type* grads) {
+  require(!finalized_, "use_memory: call it before finalize()");
+  require(p.index < layout_.params().size(), "use_memory: parameter id ", p.index, " does not exist");
+  own_.add(layout_, p.index, values, grads);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::take_own_grads(std::size_t unit) {
+  grad_type* g = reducer_.hand_out(unit, first_micro(), last_micro());
+  own_.take_grads(layout_, unit, g, !reducer_.adds_across_micro_batches() || first_micro());
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::write_own_values() {
+  if (!own_.any() || !plan_.rules.params_whole()) return;
+  for (std::size_t u = 0; u < layout_.units().size(); ++u)
+    own_.write_values(layout_, u, params_.data() + unit_of(u).full_offset);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+HeldWhole Engine<P, O, B>::hold_whole() {
+  const comm::ApiCall api_call("hold_whole");
+  require_finalized("hold_whole");
+  if (!plan_.rules.params_sharded) return {};
+  require(whole_.size() == 0, "hold_whole(): the parameters are held whole already; end that scope first");
+  if (const auto held = gatherer_.any_acquired())
+    throw InvalidArgument(concat("hold_whole(): unit '", unit_of(*held).name,
+                                 "' is acquired; release_unit() every unit before holding the parameters whole"));
+  land_update();
+  whole_ = allocate<param_type>(layout_.padded_total(), "whole parameters (hold_whole)",
+                                "evaluate without hold_whole (acquire_unit gathers a unit at a time, on every rank)");
+  const std::size_t r = static_cast<std::size_t>(rank());
+  comm_.communicate([&] {
+    for (const auto& u : layout_.units()) {
+      param_type* full = whole_.data() + u.full_offset;
+      Ops::copy(full + r * u.shard, params_.data() + u.shard_offset, u.shard);
+      comm_->all_gather(full + r * u.shard, full, u.shard, dtype_traits<param_type>::dtype, false);
+    }
+  });
+  for (std::size_t u = 0; u < layout_.units().size(); ++u)
+    own_.write_values(layout_, u, whole_.data() + unit_of(u).full_offset);
+  return HeldWhole([this] {
+    Ops::synchronize();  // nothing may still read the copy
+    whole_ = Buffer<param_type>();
+    for (std::size_t u = 0; u < layout_.units().size(); ++u) own_.release_values(layout_, u);
+  });
 }
 
 }  // namespace zero::detail

@@ -142,6 +142,10 @@ class GradientReducer {
   // A unit was ready in this micro-batch: backward is under way (stage 3
   // prefetches downwards then).
   bool in_backward() const { return in_backward_; }
+  bool ready_in_this_micro_batch(std::size_t unit) const { return ready_this_micro_[unit]; }
+  // The buffer handed out is the accumulator, which sums the window's
+  // micro-batches as backward adds into it (GradWrites::accumulate, stages 0-1).
+  bool adds_across_micro_batches() const { return in_place_ && writes_ == GradWrites::accumulate; }
 
   // Where this micro-batch's gradient of unit u goes. `first`/`last`: this
   // micro-batch's place in the accumulation window.

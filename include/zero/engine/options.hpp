@@ -88,6 +88,13 @@ struct Options {
   //   communication on a GPU).
   GradWrites grad_writes = GradWrites::overwrite;
   int live_buckets = 2;
+  // Parameters registered over your own memory (use_memory), on the host:
+  // the pages wholly inside a stage-3 unit's parameter slices go back to
+  // the operating system when the unit is released, and those of a unit's
+  // gradient slices once the engine has taken the gradient (they read as
+  // zeros again), so resident memory follows the stage's share. Your arrays
+  // must be anonymous memory (malloc, new, mmap without a file).
+  bool release_memory_pages = false;
   // Stage 3: units gathered ahead of the one in use (the gather arena holds
   // the prefetch_units + 1 largest units).
   int prefetch_units = 1;

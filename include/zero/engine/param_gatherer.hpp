@@ -50,6 +50,8 @@ class ParamGatherer {
     slot_unit_.assign(slots, npos);
     slot_offset_.assign(slots, 0);
     slot_in_use_.assign(slots, false);
+    slot_prefetched_.assign(slots, none);
+    for (auto& v : vain_) v.assign(layout.units().size(), false);
     layout_ = &layout;
     shards_ = shards;
     channel_ = &channel;
@@ -63,7 +65,7 @@ class ParamGatherer {
   // gathered into free room while the caller computes with it.
   const T* acquire(std::size_t unit, bool backward) {
     int slot = find_slot(unit);
-    if (slot < 0) slot = gather_into_slot(unit, true);
+    if (slot < 0) slot = gather_into_slot(unit, true, none);
     if (slot < 0) {  // (a branch, not require(): the message lists the acquired units)
       std::string held;
       for (std::size_t s = 0; s < slot_unit_.size(); ++s)
@@ -76,7 +78,15 @@ class ParamGatherer {
     }
     const std::size_t s = static_cast<std::size_t>(slot);
     slot_in_use_[s] = true;
-    prefetch_after(unit, backward);
+    slot_prefetched_[s] = none;
+    vain_[backward ? 1 : 0][unit] = false;  // needed right here: worth prefetching again
+    // A unit acquired against the pass's direction (a tied weight used again
+    // at the far end, as a language model's output layer is its input
+    // embedding) prefetches nothing: the pass goes on from where it was, and
+    // the unit next to it would be gathered in vain.
+    const bool against = last_acquired_ != npos && (backward ? unit > last_acquired_ : unit < last_acquired_);
+    if (!against) prefetch_after(unit, backward);
+    last_acquired_ = unit;
     channel_->wait(first_event_ + s);
     return arena_.data() + slot_offset_[s];
   }
@@ -103,17 +113,35 @@ class ParamGatherer {
     return std::nullopt;
   }
 
+  // The micro-batch is over: the next acquire starts a forward pass.
+  void end_micro_batch() { last_acquired_ = npos; }
   // The shards changed: every gathered copy is stale (none may be acquired).
-  void drop_all() { std::fill(slot_unit_.begin(), slot_unit_.end(), npos); }
+  void drop_all() {
+    for (std::size_t s = 0; s < slot_unit_.size(); ++s) drop_slot(s);
+  }
   // Unit u's shards changed: a prefetched copy of it is dropped (it must not
   // be acquired).
   void drop(std::size_t unit) {
     const int slot = find_slot(unit);
-    if (slot >= 0) slot_unit_[static_cast<std::size_t>(slot)] = npos;
+    if (slot < 0) return;
+    slot_unit_[static_cast<std::size_t>(slot)] = npos;
+    slot_prefetched_[static_cast<std::size_t>(slot)] = none;
   }
 
  private:
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  static constexpr int none = -1;  // slot_prefetched_: acquired (or empty) since its gather
+
+  // A prefetched unit nobody acquired before it was dropped was gathered in
+  // vain: it is not prefetched in that direction again (say, a tied
+  // embedding at the end of a backward whose lookup needs no weights),
+  // until it is acquired in that direction.
+  void drop_slot(std::size_t s) {
+    if (slot_unit_[s] != npos && slot_prefetched_[s] != none) vain_[slot_prefetched_[s]][slot_unit_[s]] = true;
+    slot_unit_[s] = npos;
+    slot_prefetched_[s] = none;
+  }
 
   int find_slot(std::size_t unit) const {
     for (std::size_t s = 0; s < slot_unit_.size(); ++s)
@@ -151,8 +179,9 @@ class ParamGatherer {
   // Gathers `unit` into a free slot of the arena and returns the slot, or -1
   // when no slot or no room is free. may_evict: make room by dropping
   // prefetched units no one acquired (acquire; a prefetch only uses room
-  // that is free).
-  int gather_into_slot(std::size_t unit, bool may_evict) {
+  // that is free). `prefetched`: the direction of the prefetch (0 forward, 1
+  // backward), or none for an acquire.
+  int gather_into_slot(std::size_t unit, bool may_evict, int prefetched) {
     const UnitInfo& u = layout_->units()[unit];
     auto free_slot = [&] { return find_slot(npos); };
     std::size_t offset = free_slot() >= 0 ? arena_place(u.padded) : npos;
@@ -161,7 +190,7 @@ class ParamGatherer {
       // acquired); a gather still in flight into their range is ordered
       // before the one below on the communication lane.
       for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-        if (!slot_in_use_[s]) slot_unit_[s] = npos;
+        if (!slot_in_use_[s]) drop_slot(s);
       offset = arena_place(u.padded);
     }
     const int slot = free_slot();
@@ -179,6 +208,7 @@ class ParamGatherer {
     }
     slot_unit_[si] = unit;
     slot_offset_[si] = offset;
+    slot_prefetched_[si] = prefetched;
     return slot;
   }
 
@@ -190,8 +220,9 @@ class ParamGatherer {
     for (int k = 1; k <= prefetch_units_; ++k) {
       const long next = static_cast<long>(unit) + dir * k;
       if (next < 0 || next >= n_units) break;
-      if (find_slot(static_cast<std::size_t>(next)) >= 0) continue;
-      if (gather_into_slot(static_cast<std::size_t>(next), false) < 0) break;
+      if (find_slot(static_cast<std::size_t>(next)) >= 0 || vain_[backward ? 1 : 0][static_cast<std::size_t>(next)])
+        continue;
+      if (gather_into_slot(static_cast<std::size_t>(next), false, backward ? 1 : 0) < 0) break;
     }
   }
 
@@ -199,11 +230,14 @@ class ParamGatherer {
   std::vector<std::size_t> slot_unit_;    // unit held by each slot, or npos
   std::vector<std::size_t> slot_offset_;  // where the slot's unit lies in the arena
   std::vector<bool> slot_in_use_;         // acquired and not yet released
+  std::vector<int> slot_prefetched_;      // prefetched (direction) and not acquired since, or none
+  std::array<std::vector<bool>, 2> vain_;  // per direction (forward, backward) and unit: a prefetch gone to waste
   const Layout* layout_ = nullptr;
   const T* shards_ = nullptr;
   CommChannel<Ops>* channel_ = nullptr;
   int prefetch_units_ = 0;
   std::size_t first_event_ = 0;
+  std::size_t last_acquired_ = npos;  // in this micro-batch: the pass's direction
 };
 
 }  // namespace zero::detail

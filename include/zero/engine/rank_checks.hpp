@@ -70,6 +70,7 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::grad_writes", static_cast<std::uint64_t>(options.grad_writes),
        [](std::uint64_t v) -> std::string { return v == 0 ? "overwrite" : "accumulate"; }},
       {"Options::live_buckets", static_cast<std::uint64_t>(options.live_buckets), number},
+      {"Options::release_memory_pages", options.release_memory_pages ? 1u : 0u, flag},
       {"Options::prefetch_units", static_cast<std::uint64_t>(options.prefetch_units), number},
       {"Options::clip_norm", bits(options.clip_norm), real},
       {"Options::gradient_divisor", bits(options.gradient_divisor), real},

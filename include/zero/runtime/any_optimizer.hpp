@@ -43,6 +43,8 @@ class AnyOptimizer {
   // ---- Registration and values (as ZeroOptimizer) -------------------------
   virtual UnitId add_unit(std::string name) = 0;
   virtual ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape = {}) = 0;
+  // Your own memory (ZeroOptimizer::use_memory), in param_dtype() elements.
+  virtual void use_memory(ParamId p, void* values, void* grads) = 0;
   virtual void finalize() = 0;
   virtual const Layout& layout() const = 0;
   virtual int rank() const = 0;
@@ -75,6 +77,8 @@ class AnyOptimizer {
 
   // ---- Step -----------------------------------------------------------------
   virtual StepResult step() = 0;
+  // Collective at stage 3: the parameters whole until the scope ends (ZeroOptimizer::hold_whole).
+  [[nodiscard]] virtual HeldWhole hold_whole() = 0;
   virtual void synchronize() = 0;
   virtual void wait_update() = 0;
   // Hyper-parameters by name (the optimizer's fields: lr, beta1, ...;

@@ -62,6 +62,7 @@ void config_keys(C& c, Visit& v) {
   v.field("bucket_bytes", o.bucket_bytes);
   v.field("grad_writes", o.grad_writes);
   v.field("live_buckets", o.live_buckets);
+  v.field("release_memory_pages", o.release_memory_pages);
   v.field("prefetch_units", o.prefetch_units);
   v.field("grad_accumulation_steps", o.grad_accumulation_steps);
   v.field("clip_norm", o.clip_norm);

@@ -63,6 +63,9 @@ class EngineHandle final : public AnyOptimizer {
   ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape) override {
     return engine_.add_param(unit, std::move(name), numel, std::move(shape));
   }
+  void use_memory(ParamId p, void* values, void* grads) override {
+    engine_.use_memory(p, static_cast<T*>(values), static_cast<G*>(grads));
+  }
   void finalize() override {
     engine_.finalize();
     if constexpr (widen) {
@@ -134,6 +137,7 @@ class EngineHandle final : public AnyOptimizer {
     return engine_.step();
   }
   void synchronize() override { engine_.synchronize(); }
+  HeldWhole hold_whole() override { return engine_.hold_whole(); }
   void wait_update() override { engine_.wait_update(); }
   double hyper_value(const std::string& name) const override {
     const auto values = hyper_to_map<O>(engine_.hyper());
