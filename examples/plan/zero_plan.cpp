@@ -123,7 +123,7 @@ void print_table(const plan::Plan& p) {
   const zero::GradientBuckets& buckets = p.sizes.buckets;
   std::printf("options: bucket %s (%zu bucket(s) of up to %zu unit(s), the largest %s; %zu staging set(s)), "
               "gradients %s, prefetch %d, accumulation %d, reduce in %s, overlap %s\n\n",
-              bytes_text(c.options.bucket_bytes).c_str(), buckets.buckets.size(), buckets.max_units,
+              bytes_text(p.sizes.bucket_bytes).c_str(), buckets.buckets.size(), buckets.max_units,
               bytes_text(buckets.max_elements * pb).c_str(), p.sizes.staging_sets,
               c.options.grad_writes == zero::GradWrites::accumulate ? "added (accumulate)" : "assigned (overwrite)",
               c.options.prefetch_units, c.options.grad_accumulation_steps,
@@ -304,9 +304,10 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "adam, adamw (2 fp32 states) or sgd (1: the momentum buffer is kept "
                                            "even at momentum 0)")
       ->check(CLI::IsMember({"adam", "adamw", "sgd"}));
-  std::string bucket_text = "32M";
+  std::string bucket_text = "auto";
   app.add_option("--bucket-bytes", bucket_text, "Options::bucket_bytes: gradient bucket, K/M/G suffixes (powers of "
-                                                "1024)");
+                                                "1024), or auto (the default: 32M, at stages 2-3 at most a quarter "
+                                                "of the gradient per staging set)");
   std::string grad_writes = "overwrite";
   app.add_option("--grad-writes", grad_writes, "Options::grad_writes: overwrite (backward assigns one unit's gradient at a "
                                                "time) or accumulate (adds into zeroed buffers of any units: stages 0-1 "
@@ -372,7 +373,7 @@ int main(int argc, char** argv) {
                                                                                          : plan::Precision::bf16;
     config.optimizer = optimizer;
     config.state_slots = optimizer == "sgd" ? 1 : 2;
-    config.options.bucket_bytes = parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
+    config.options.bucket_bytes = bucket_text == "auto" ? 0 : parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
     config.options.reduce_dtype = reduce == "fp32" ? zero::ReduceDType::fp32 : zero::ReduceDType::same_as_grad;
     config.options.grad_writes = grad_writes == "accumulate" ? zero::GradWrites::accumulate : zero::GradWrites::overwrite;
     const std::size_t least_window = zero::offload::disk_least_window_bytes(config.state_slots);

@@ -541,8 +541,9 @@ TEST_CASE("units of unequal size: gradient buckets and the gather arena are size
 TEST_CASE("stages 2-3 say when their buckets defeat the gradient's sharding, and the planner says it too",
           "[engine][plan]") {
   using Opt = zero::ZeroOptimizer<Full<float>, AdamW, zero::stage<2>, zero::offload::None, zero::backend::Host>;
-  zero::Options options;  // 32 MiB buckets
-  // 4 units of 1 Mi elements, 16 MiB of fp32 gradient: one default bucket holds all of it, so the 1/2
+  zero::Options options;
+  options.bucket_bytes = std::size_t{32} << 20;
+  // 4 units of 1 Mi elements, 16 MiB of fp32 gradient: one 32 MiB bucket holds all of it, so the 1/2
   // shard plus the staging (the bucket and its reduce-scatter result) is twice stage 0's gradient.
   const plan::Model model = plan::uniform_model(std::uint64_t{4} << 20, 4);
   const std::string note = plan::make_plan(plan::config_for<Opt>(model, 2, options, false)).schedule.gradient_note;
@@ -553,8 +554,20 @@ TEST_CASE("stages 2-3 say when their buckets defeat the gradient's sharding, and
   // A bucket per unit saves: 8 + 4 + 2 MiB against 16.
   options.bucket_bytes = std::size_t{4} << 20;
   CHECK(plan::make_plan(plan::config_for<Opt>(model, 2, options, false)).schedule.gradient_note.empty());
+  // The automatic bucket (the default) saves by itself: a quarter of the gradient per staging set, with
+  // overlap too (two sets). Eight units of 2 MiB: 4 MiB buckets of two units, or 2 MiB ones of one.
+  const plan::Model eight = plan::uniform_model(std::uint64_t{4} << 20, 8);
+  for (const bool overlap : {false, true}) {
+    const plan::Plan automatic = plan::make_plan(plan::config_for<Opt>(eight, 2, zero::Options{}, overlap));
+    CHECK(automatic.schedule.gradient_note.empty());
+    CHECK(automatic.sizes.bucket_bytes == (std::size_t{4} << 20) / (overlap ? 2 : 1));
+    CHECK(automatic.sizes.buckets.max_units == (overlap ? 1u : 2u));
+  }
   // One unit for the whole model cannot save, whatever the bucket; one rank has nothing to save.
-  CHECK(!plan::make_plan(plan::config_for<Opt>(plan::uniform_model(std::uint64_t{4} << 20, 1), 2, options, false))
-             .schedule.gradient_note.empty());
+  const std::string whole = plan::make_plan(plan::config_for<Opt>(plan::uniform_model(std::uint64_t{4} << 20, 1), 2,
+                                                                   zero::Options{}, false))
+                              .schedule.gradient_note;
+  CHECK_THAT(whole, Catch::Contains("register smaller units (a bucket holds at least one; Options::bucket_bytes is "
+                                    "automatic)"));
   CHECK(plan::make_plan(plan::config_for<Opt>(model, 1, zero::Options{}, false)).schedule.gradient_note.empty());
 }

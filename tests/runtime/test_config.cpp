@@ -245,8 +245,8 @@ TEST_CASE("Config::validate refuses what the compile-time API refuses, in its wo
   c.optimizer.clear();
   CHECK_THAT(validate(c, false), Catch::Contains("the optimizer's name is empty"));
   c = Config{};
-  c.options.bucket_bytes = 0;  // Options::validate() is part of it
-  CHECK_THAT(validate(c, false), Catch::Contains("Options::bucket_bytes is 0"));
+  c.options.prefetch_units = 99;  // Options::validate() is part of it
+  CHECK_THAT(validate(c, false), Catch::Contains("Options::prefetch_units is 99"));
 }
 
 TEST_CASE("The static_asserts say what Config::validate says", "[runtime][config]") {

@@ -96,6 +96,20 @@ struct GradientBuckets {
   const Bucket& of(std::size_t unit) const { return buckets[bucket_of[unit]]; }
 };
 
+// The bucket size in effect: Options::bucket_bytes, or for 0 (automatic)
+// 32 MiB, and at stages 2-3 at most a quarter of the gradient per staging
+// set. Then, with N >= 2 ranks, the shard (1/N), the staging (a quarter) and
+// its reduce-scatter results (a quarter of 1/N) stay at 7/8 of the whole
+// gradient or less, unless one unit is larger than that (a bucket holds at
+// least one: gradient_saving_note says so).
+inline std::size_t effective_bucket_bytes(const Layout& layout, const StagePlan& stage, std::size_t grad_bytes,
+                                          std::size_t staging_sets, const Options& options) {
+  if (options.bucket_bytes != 0) return options.bucket_bytes;
+  if (!stage.grads_sharded) return default_bucket_bytes;
+  const std::size_t quarter = layout.padded_total() * grad_bytes / (4 * staging_sets);
+  return std::max<std::size_t>(1, std::min(default_bucket_bytes, quarter));
+}
+
 inline GradientBuckets gradient_buckets(const Layout& layout, std::size_t grad_bytes, std::size_t bucket_bytes) {
   const auto& units = layout.units();
   GradientBuckets g;
@@ -155,6 +169,7 @@ struct BufferSizes {
   // Communication buffers.
   GradientBuckets buckets;         // which units are reduced together, and where each is staged
   std::size_t staging_sets = 1;    // buckets staged at once (staging_set_count)
+  std::size_t bucket_bytes = 0;    // the bucket size in effect (effective_bucket_bytes)
   std::size_t grad_staging = 0;    // gradient type: where the caller writes a unit's gradient
   std::size_t reduce_staging_fp32 = 0;  // fp32: 16-bit gradients widened to reduce in fp32
   std::size_t shard_staging = 0;   // gradient type: a reduce-scatter's result before accumulation
@@ -191,8 +206,9 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
 
   s.max_unit = layout.max_unit();
   for (const auto& u : layout.units()) s.max_shard = std::max(s.max_shard, u.shard);
-  s.buckets = gradient_buckets(layout, spec.grad_bytes, options.bucket_bytes);
   s.staging_sets = staging_set_count(options, spec.overlap);
+  s.bucket_bytes = effective_bucket_bytes(layout, spec.stage, spec.grad_bytes, s.staging_sets, options);
+  s.buckets = gradient_buckets(layout, spec.grad_bytes, s.bucket_bytes);
   // Products of a set count and a bucket size: checked, a huge bucket must not wrap.
   auto sets = [](std::size_t count, std::size_t per_set, const char* what) {
     return checked_mul(count, per_set, "finalize(): the ", what, " (", count, " sets)");
@@ -248,8 +264,10 @@ inline std::string gradient_saving_note(const BufferSizes& s, const BufferSpec& 
   return detail::concat("zero: stage ", spec.stage.stage, " holds ", mib(shard + staging), " of gradients per rank (a 1/",
                 layout.ranks(), " shard, ", mib(shard), ", and staging for ", s.staging_sets, " bucket(s) of up to ",
                 s.buckets.max_units, " unit(s), ", mib(staging), "), no less than stage 0's whole gradient (",
-                mib(whole), "): lower Options::bucket_bytes (now ", options.bucket_bytes,
-                ") below the gradient's size, or register smaller units (a bucket holds at least one)");
+                mib(whole), "): ", options.bucket_bytes == 0 ? "register smaller units (a bucket holds at least one; "
+                "Options::bucket_bytes is automatic)" : detail::concat("lower Options::bucket_bytes (now ",
+                options.bucket_bytes, ") below the gradient's size, or register smaller units (a bucket holds at "
+                "least one)"));
 }
 
 }  // namespace zero

@@ -16,6 +16,9 @@
 
 namespace zero {
 
+// Options::bucket_bytes = 0 (automatic) is at most this.
+inline constexpr std::size_t default_bucket_bytes = std::size_t{32} << 20;
+
 // In which type gradients travel and are summed across ranks.
 enum class ReduceDType { same_as_grad, fp32 };
 
@@ -68,8 +71,12 @@ struct Options {
   // of them is ready, then their reductions are launched together (one NCCL
   // group), as DeepSpeed's reduce_bucket_size. The staging holds the largest
   // bucket (engine/buffer_sizes.hpp). Stages 0 and 1 without accumulation
-  // take gradients in place and stage nothing.
-  std::size_t bucket_bytes = std::size_t{32} << 20;
+  // take gradients in place and stage nothing. 0 (the default): automatic,
+  // 32 MiB, and at stages 2-3 at most a quarter of the model's gradient per
+  // staging set, so that the staging never holds a small model whole and
+  // the shard plus the staging stays below stage 0's gradient wherever the
+  // largest unit allows (effective_bucket_bytes).
+  std::size_t bucket_bytes = 0;
   // How backward writes gradients.
   // overwrite: grad_buffer(u) hands out a buffer whose contents are
   //   undefined, and backward assigns (=) every element of one unit at a time
@@ -133,8 +140,6 @@ struct Options {
   bool operator==(const Options&) const = default;
 
   void validate() const {
-    require(bucket_bytes >= 1, "Options::bucket_bytes is 0; it must be at least 1 (a bucket always holds one unit; "
-            "32 MiB is a good default)");
     require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
             "; it must be in [0, 16]");
     require(live_buckets >= 1 && live_buckets <= 64, "Options::live_buckets is ", live_buckets,

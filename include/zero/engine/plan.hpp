@@ -354,7 +354,7 @@ inline std::string to_json(const Plan& p) {
     << ",\"offload\":\"" << name(c.offload) << "\",\"precision\":\"" << name(c.precision) << "\",\"optimizer\":\""
     << c.optimizer << "\",\"ranks_per_node\":" << c.ranks_per_node << ",\"nodes\":" << c.nodes
     << ",\"units\":" << c.model.units.size() << ",\"padded_elements\":" << p.padded_elements
-    << ",\"state_slots\":" << c.state_slots << ",\"bucket_bytes\":" << c.options.bucket_bytes
+    << ",\"state_slots\":" << c.state_slots << ",\"bucket_bytes\":" << p.sizes.bucket_bytes
     << ",\"grad_writes\":\"" << name(c.options.grad_writes) << "\",\"live_buckets\":" << c.options.live_buckets
     << ",\"prefetch_units\":" << c.options.prefetch_units
     << ",\"grad_accumulation_steps\":" << c.options.grad_accumulation_steps << ",\"reduce_dtype\":\""
