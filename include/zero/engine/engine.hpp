@@ -316,11 +316,7 @@ class Engine {
 
   // Collective: the mean over the ranks of a value each passes (the loss of
   // its micro-batch, an accuracy), for logging; counted as control traffic.
-  double mean_over_ranks(double value) {
-    const comm::ApiCall api_call("mean_over_ranks");
-    require_finalized("mean_over_ranks");
-    return control_.mean_over_ranks(value);
-  }
+  double mean_over_ranks(double value);
 
   double loss_scale() const { return control_.scaler().scale(); }
   // e.g. hyper().lr = schedule(step), the same on every rank (checked at the step)
@@ -333,15 +329,7 @@ class Engine {
   // Offload from a device: the split of the steps' time (OffloadTimes).
   OffloadTimes offload_times() const { return update_.times(); }
   void reset_offload_times() { update_.times() = {}; }
-  CommReport comm_report() const {
-    CommReport r;
-    r.rank = rank();
-    r.ranks = ranks();
-    r.stage = stage();
-    r.steps = static_cast<std::uint64_t>(steps_ - steps_at_reset_);
-    r.counters = comm_->counters();
-    return r;
-  }
+  CommReport comm_report() const;
   void reset_comm_counters() {
     comm_->reset_counters();
     steps_at_reset_ = steps_;

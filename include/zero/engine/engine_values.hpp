@@ -2,8 +2,10 @@
 // stage keeps on this rank and wherever the tier keeps the state: set_param
 // (every rank passes the same values; each keeps its part), the gathers of
 // the whole model (collective), and the owned ranges the checkpoint layer
-// reads and writes through the engine's public view instead of its members.
-// Included by engine.hpp.
+// reads and writes through the engine's public view instead of its members;
+// and the values in your own memory (use_memory: the copies OwnMemory
+// makes), the whole parameters of hold_whole(), and the reports' figures
+// across ranks (mean_over_ranks, comm_report). Included by engine.hpp.
 #pragma once
 
 #include "zero/config.hpp"
@@ -211,6 +213,24 @@ HeldWhole Engine<P, O, B>::hold_whole() {
     whole_ = Buffer<param_type>();
     for (std::size_t u = 0; u < layout_.units().size(); ++u) own_.release_values(layout_, u);
   });
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+double Engine<P, O, B>::mean_over_ranks(double value) {
+  const comm::ApiCall api_call("mean_over_ranks");
+  require_finalized("mean_over_ranks");
+  return control_.mean_over_ranks(value);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+CommReport Engine<P, O, B>::comm_report() const {
+  CommReport r;
+  r.rank = rank();
+  r.ranks = ranks();
+  r.stage = stage();
+  r.steps = static_cast<std::uint64_t>(steps_ - steps_at_reset_);
+  r.counters = comm_->counters();
+  return r;
 }
 
 }  // namespace zero::detail
