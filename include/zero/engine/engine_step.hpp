@@ -23,15 +23,13 @@ StepResult Engine<P, O, B>::step() {
   require(whole_.size() == 0, "step(): the parameters are held whole (hold_whole()); end that scope before the "
           "step that changes them");
   const StagePlan& rules = plan_.rules;
-  // Your own memory: units not made final by grad_ready are, in backward's
-  // order (the same on every rank: the reductions are collectives).
-  if (own_.any())
-    for (std::size_t u = layout_.units().size(); u-- > 0;)
-      if (own_.grads_of(u) && !reducer_.ready_in_this_micro_batch(u)) {
-        take_own_grads(u);
-        reducer_.ready(u, first_micro(), last_micro());
-      }
-  reducer_.finish_units(first_micro(), last_micro());
+  // The units grad_ready did not make final are now; those in your own
+  // memory (use_memory) from there.
+  reducer_.finish_units(first_micro(), last_micro(), [this](std::size_t u) {
+    if (!own_.grads_of(u)) return false;
+    take_own_grads(u);
+    return true;
+  });
   if (rules.params_sharded && micro_ + 1 == options_.grad_accumulation_steps) {
     // The update changes every shard: a gathered copy in use would go stale.
     if (const auto held = gatherer_.any_acquired())

@@ -198,13 +198,9 @@ HeldWhole Engine<P, O, B>::hold_whole() {
   land_update();
   whole_ = allocate<param_type>(layout_.padded_total(), "whole parameters (hold_whole)",
                                 "evaluate without hold_whole (acquire_unit gathers a unit at a time, on every rank)");
-  const std::size_t r = static_cast<std::size_t>(rank());
   comm_.communicate([&] {
-    for (const auto& u : layout_.units()) {
-      param_type* full = whole_.data() + u.full_offset;
-      Ops::copy(full + r * u.shard, params_.data() + u.shard_offset, u.shard);
-      comm_->all_gather(full + r * u.shard, full, u.shard, dtype_traits<param_type>::dtype, false);
-    }
+    for (std::size_t u = 0; u < layout_.units().size(); ++u)
+      gatherer_.gather_unit(u, whole_.data() + unit_of(u).full_offset);
   });
   for (std::size_t u = 0; u < layout_.units().size(); ++u)
     own_.write_values(layout_, u, whole_.data() + unit_of(u).full_offset);

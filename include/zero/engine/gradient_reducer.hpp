@@ -142,7 +142,6 @@ class GradientReducer {
   // A unit was ready in this micro-batch: backward is under way (stage 3
   // prefetches downwards then).
   bool in_backward() const { return in_backward_; }
-  bool ready_in_this_micro_batch(std::size_t unit) const { return ready_this_micro_[unit]; }
   // The buffer handed out is the accumulator, which sums the window's
   // micro-batches as backward adds into it (GradWrites::accumulate, stages 0-1).
   bool adds_across_micro_batches() const { return in_place_ && writes_ == GradWrites::accumulate; }
@@ -215,13 +214,18 @@ class GradientReducer {
       flush(next_flush_++, first, last);
   }
 
-  // At step(), before end_micro_batch(). Overwrite: every unit must have had
-  // its gradient in this micro-batch. Accumulate: the units not yet final
-  // become final now, bucket by bucket in backward's order (the same on
-  // every rank: their reductions are collectives).
-  void finish_units(bool first, bool last) {
+  // At step(), before end_micro_batch(): the units not yet final become
+  // final, in backward's order (the same on every rank: their reductions
+  // are collectives). supply(u) puts a unit's gradient in place where the
+  // caller's memory holds it (the engine's use_memory) and says whether it
+  // did. Overwrite: every other unit must have had its gradient in this
+  // micro-batch. Accumulate: the others are zeros.
+  template <class Supply>
+  void finish_units(bool first, bool last, Supply&& supply) {
     const auto& units = layout_->units();
     if (writes_ == GradWrites::overwrite) {
+      for (std::size_t i = units.size(); i-- > 0;)
+        if (!ready_this_micro_[i] && supply(i)) ready(i, first, last);
       for (std::size_t i = 0; i < units.size(); ++i)
         require(ready_this_micro_[i], "step(): unit '", units[i].name,
                 "' has no gradient in this micro-batch; call grad_buffer()/grad_ready() for every unit before "
@@ -231,7 +235,10 @@ class GradientReducer {
     for (std::size_t k = next_flush_; k < buckets_.buckets.size(); ++k) {
       const auto& bucket = buckets_.buckets[k];
       for (std::size_t i = bucket.first_unit + bucket.units; i-- > bucket.first_unit;)
-        if (!ready_this_micro_[i]) ready(i, first, last);
+        if (!ready_this_micro_[i]) {
+          supply(i);
+          ready(i, first, last);
+        }
     }
   }
   // The micro-batch is over (finish_units ran): the pending buckets are
@@ -257,7 +264,7 @@ class GradientReducer {
     if (pending.empty()) return;
     constexpr DType gdt = dtype_traits<G>::dtype;
     const bool in_fp32 = b_.staging_fp32.size() != 0;
-    auto wide = [&](const Pending& p) { return b_.staging_fp32.data() + set * buckets_.max_elements + buckets_.offset[p.unit]; };
+    auto wide = [&](const Pending& p) { return b_.staging_fp32.data() + staging_offset(set, p.unit); };
     auto& comm = *channel_;
     // All of it on the communication lane (no-op without overlap), after the
     // backward that wrote these gradients; the caller's backward of the next
@@ -302,7 +309,7 @@ class GradientReducer {
         if (in_fp32)
           comm->reduce_scatter(wide(p), wide(p) + r * u.shard, u.shard, DType::f32);
         else
-          comm->reduce_scatter(p.written, b_.shard_staging.data() + set * buckets_.max_shard_elements + buckets_.shard_offset[p.unit], u.shard, gdt);
+          comm->reduce_scatter(p.written, b_.shard_staging.data() + shard_staging_offset(set, p.unit), u.shard, gdt);
       }
       comm->group_end();
       for (const Pending& p : pending) {
@@ -311,7 +318,7 @@ class GradientReducer {
         if (in_fp32)
           Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
         else
-          Ops::accumulate(acc, b_.shard_staging.data() + set * buckets_.max_shard_elements + buckets_.shard_offset[p.unit], u.shard, first);
+          Ops::accumulate(acc, b_.shard_staging.data() + shard_staging_offset(set, p.unit), u.shard, first);
         // Offload: the finished shard leaves for the host while backward goes on.
         if constexpr (requires(G* d, const G* s, std::size_t n) { Ops::download_async(d, s, n); })
           if (last && final_copy_ != nullptr) Ops::download_async(final_copy_ + u.shard_offset, acc, u.shard);
@@ -349,12 +356,20 @@ class GradientReducer {
   static constexpr std::size_t closed = ~std::size_t{0};
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
 
+  // Where unit u is staged in staging set `set` (its bucket's units lie
+  // back to back; a set holds the largest bucket), and its shard's
+  // reduce-scatter result.
+  std::size_t staging_offset(std::size_t set, std::size_t u) const {
+    return set * buckets_.max_elements + buckets_.offset[u];
+  }
+  std::size_t shard_staging_offset(std::size_t set, std::size_t u) const {
+    return set * buckets_.max_shard_elements + buckets_.shard_offset[u];
+  }
   // Where unit u's gradient is written: the accumulator in place, else its
-  // place in its open bucket's staging set (a set holds the largest bucket,
-  // its units back to back).
+  // place in its open bucket's staging set.
   G* where(std::size_t unit) {
     if (in_place_) return b_.accumulator.data() + layout_->units()[unit].full_offset;
-    return b_.staging.data() + set_of_[buckets_.bucket_of[unit]] * buckets_.max_elements + buckets_.offset[unit];
+    return b_.staging.data() + staging_offset(set_of_[buckets_.bucket_of[unit]], unit);
   }
   // Bucket b takes the staging set freed longest ago; the caller's writes
   // into it wait for that set's last reduction.

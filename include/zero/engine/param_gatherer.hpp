@@ -113,6 +113,16 @@ class ParamGatherer {
     return std::nullopt;
   }
 
+  // Unit u's shards gathered into `dst` (its padded elements), in place:
+  // this rank's shard goes to its position, then the all_gather fills the
+  // rest. Enqueued where the caller runs it (a slot's gather runs on the
+  // communication lane; so does Engine::hold_whole's).
+  void gather_unit(std::size_t unit, T* dst) {
+    const UnitInfo& u = layout_->units()[unit];
+    T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
+    Ops::copy(mine, shards_ + u.shard_offset, u.shard);
+    (*channel_)->all_gather(mine, dst, u.shard, dtype_traits<T>::dtype, false);
+  }
   // The micro-batch is over: the next acquire starts a forward pass.
   void end_micro_batch() { last_acquired_ = npos; }
   // The shards changed: every gathered copy is stale (none may be acquired).
@@ -196,14 +206,10 @@ class ParamGatherer {
     const int slot = free_slot();
     if (slot < 0 || offset == npos) return -1;
     const std::size_t si = static_cast<std::size_t>(slot);
-    T* dst = arena_.data() + offset;
-    // In place: this rank's shard goes to its position, then the gather fills the rest.
-    T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
     {
       // On the communication lane; acquire waits for the slot's event.
       auto lane = channel_->lane();
-      Ops::copy(mine, shards_ + u.shard_offset, u.shard);
-      (*channel_)->all_gather(mine, dst, u.shard, dtype_traits<T>::dtype, false);
+      gather_unit(unit, arena_.data() + offset);
       channel_->mark(first_event_ + si);
     }
     slot_unit_[si] = unit;
