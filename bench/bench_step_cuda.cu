@@ -22,7 +22,7 @@
 
 #include "bench_args.hpp"
 #include "probe_policy.hpp"
-#include "zero/cuda/check.cuh"
+#include "zero/cuda/check.hpp"
 #include "zero/kernels/cuda_step.cuh"
 #include "zero/optim/adam.hpp"
 #include "zero/optim/sgd.hpp"

@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "../comm_bench.hpp"
-#include "zero/comm/local_device.cuh"
-#include "zero/cuda/check.cuh"
-#include "zero/cuda/stream.cuh"
+#include "zero/comm/local_device.hpp"
+#include "zero/comm/reduce.cuh"  // the reduction kernel LocalDevice launches (header-only in a .cu file)
+#include "zero/cuda/check.hpp"
+#include "zero/cuda/stream.hpp"
 #if defined(ZERO_BENCH_WITH_NCCL)
-#include "zero/comm/nccl.cuh"
+#include "zero/comm/nccl.hpp"
 #endif
 
 namespace {

@@ -1,6 +1,7 @@
 // Why: gpt_train is one program for the host and the GPU, but its GPU part
-// must be compiled by nvcc (gpt_train_cuda.cu, linked in when the build has
-// CUDA). This is the plain C++ face of that part, which gpt_train.cpp calls.
+// needs the CUDA toolkit (gpt_train_cuda.cpp with the model's kernels in
+// gpt_cuda.cu, built in when the build has CUDA). This is the plain C++ face
+// of that part, which gpt_train.cpp calls in any build.
 #pragma once
 
 #include <memory>

@@ -79,7 +79,7 @@ struct Host {
   static constexpr bool device = false;
   static constexpr const char* name = "host";
 };
-// NVIDIA GPUs: device buffers, streams, fused CUDA kernels (zero/backend/cuda.cuh).
+// NVIDIA GPUs: device buffers, streams, fused CUDA kernels (zero/backend/cuda.hpp).
 struct Cuda {
   static constexpr bool device = true;
   static constexpr const char* name = "cuda";

@@ -1,5 +1,6 @@
 // The umbrella header: everything that compiles with a plain C++20 host
-// compiler. CUDA pieces (zero/zero_cuda.cuh; zero/comm/nccl.cuh, which needs
+// compiler. CUDA pieces (zero/zero_cuda.hpp, host code on the CUDA runtime,
+// with zero/zero_cuda.cuh, its kernels; zero/comm/nccl.hpp, which needs
 // -lnccl) and MPI (zero/comm/mpi.hpp) are included separately, so this header
 // needs neither nvcc nor mpi.h.
 #pragma once

@@ -103,6 +103,16 @@ SKIP = {"zero/comm/mpi.hpp", "zero/comm/mpi_c_api.hpp"}  # need mpi.h: compiled 
 DISK_TIER = {"zero/offload/uring.hpp", "zero/offload/disk_swap.hpp", "zero/offload/disk_state_store.hpp",
              "zero/xxhash.hpp"}
 DISK_TIER_PROBE = "#include <liburing.h>\n#include <xxhash.h>\nint main() {}\n"
+# The CUDA host headers (zero/cuda/runtime.hpp says which) need the toolkit's
+# headers, whose folder the build passes as ZERO_CUDA_INCLUDE where it found
+# nvcc; comm/nccl.hpp needs nccl.h too. Checked where they are found.
+CUDA_INCLUDE = os.environ.get("ZERO_CUDA_INCLUDE", "")
+CUDA_FLAGS = ["-isystem", CUDA_INCLUDE] if CUDA_INCLUDE else []
+
+
+def needs_cuda(rel):
+    name = os.path.basename(rel)
+    return rel.startswith("zero/cuda/") or "cuda" in name or rel in ("zero/comm/local_device.hpp", "zero/comm/nccl.hpp")
 
 
 def compile_source(cxx, include, source, label, flags=("-std=c++20", "-fsyntax-only")):
@@ -110,7 +120,8 @@ def compile_source(cxx, include, source, label, flags=("-std=c++20", "-fsyntax-o
         f.write(source)
         path = f.name
     try:
-        r = subprocess.run(cxx + list(flags) + ["-fopenmp", "-I", include, path], capture_output=True, text=True)
+        r = subprocess.run(cxx + list(flags) + ["-fopenmp", "-I", include, *CUDA_FLAGS, path], capture_output=True,
+                           text=True)
         return label, r.returncode, r.stdout + r.stderr
     finally:
         os.unlink(path)
@@ -196,11 +207,20 @@ def public_headers(cxx, include):
     if compile_source(cxx, include, probe, "probe")[1] != 0:
         print("skip zero/checkpoint/: nlohmann-json or xxHash headers are not installed")
         skip.update(f"zero/checkpoint/{n}" for n in os.listdir(os.path.join(include, "zero", "checkpoint")))
+    cuda_probe = "#include <cuda_runtime.h>\nint main() {}\n"
+    if not CUDA_INCLUDE or compile_source(cxx, include, cuda_probe, "CUDA probe")[1] != 0:
+        print("skip the CUDA host headers: no CUDA toolkit (ZERO_CUDA_INCLUDE names its include folder)")
+        skip_cuda = True
+    else:
+        skip_cuda = False
+        if compile_source(cxx, include, "#include <nccl.h>\nint main() {}\n", "NCCL probe")[1] != 0:
+            print("skip zero/comm/nccl.hpp: nccl.h is not installed")
+            skip.add("zero/comm/nccl.hpp")
     headers = []
     for root, _, files in os.walk(os.path.join(include, "zero")):
         for name in sorted(files):
             rel = os.path.relpath(os.path.join(root, name), include)
-            if name.endswith(".hpp") and rel not in skip:
+            if name.endswith(".hpp") and rel not in skip and not (skip_cuda and needs_cuda(rel)):
                 headers.append(rel)
     return sorted(headers)
 

@@ -6,9 +6,7 @@
 // test.
 #pragma once
 
-#if defined(__CUDACC__)
 #include <cuda_runtime.h>
-#endif
 
 #include <cstdarg>
 #include <cstdint>
@@ -101,7 +99,6 @@ inline bool parse_test_args(int argc, char** argv, std::initializer_list<const c
   return ok;
 }
 
-#if defined(__CUDACC__)
 // True, after saying why, when this machine has no usable CUDA device: the
 // test then exits 77, which Meson reports as SKIP.
 inline bool no_cuda_device() {
@@ -111,7 +108,6 @@ inline bool no_cuda_device() {
   std::printf("SKIP: no CUDA device (%s)\n", status != cudaSuccess ? cudaGetErrorString(status) : "0 devices");
   return true;
 }
-#endif
 
 }  // namespace zero::test
 

@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/cuda/check.cuh"
+#include "zero/cuda/check.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/cuda_step.cuh"
 #include "zero/kernels/host_step.hpp"

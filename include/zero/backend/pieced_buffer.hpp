@@ -12,7 +12,7 @@
 // The cutting is a pure function (plan_pieces) and the buffer a template
 // over the page-locking calls, so both are tested on the host with a
 // logging locker (tests/engine/late_copies.hpp); the CUDA backend instantiates it with
-// cudaHostRegister/cudaHostUnregister (backend/cuda.cuh).
+// cudaHostRegister/cudaHostUnregister (backend/cuda.hpp).
 #pragma once
 
 #include "zero/config.hpp"

@@ -43,7 +43,7 @@
 namespace zero::comm {
 
 class Local;
-class LocalDevice;  // zero/comm/local_device.cuh: the same ranks over device memory
+class LocalDevice;  // zero/comm/local_device.hpp: the same ranks over device memory
 
 // The shared state of N in-process ranks. Create one, then run():
 //

@@ -6,7 +6,7 @@
 // in fp32 and rounded once. (The reduction of in-process device ranks is the
 // communicators' own: zero/comm/reduce.cuh, beside its host twin.) They are
 // memory-bound one-liners: grid-stride loops with 64-bit indices, one element
-// per thread and iteration, on the launch shape of zero/kernels/cuda_launch.cuh.
+// per thread and iteration, on the launch shape of zero/kernels/cuda_launch.hpp.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -15,16 +15,15 @@
 
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
-#include "zero/cuda/check.cuh"
+#include "zero/cuda/check.hpp"
 #include "zero/cuda/exact_math.cuh"
 #include "zero/error.hpp"
-#include "zero/kernels/cuda_launch.cuh"
+#include "zero/kernels/cuda_launch.hpp"
+#include "zero/kernels/cuda_launchers.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
@@ -51,9 +50,10 @@ __global__ void accumulate_kernel(T* dst, const S* src, std::size_t n) {
 
 }  // namespace detail
 
-// dst[i] = To(src[i]) for i < n (round to nearest even), enqueued on `stream`.
-template <StorageType To, StorageType From>
+// The launchers of cuda_launchers.hpp (documented there).
+template <class To, class From>
 void cuda_convert(To* dst, const From* src, std::size_t n, cudaStream_t stream) {
+  static_assert(StorageType<To> && StorageType<From>, "cuda_convert: float, bf16 or fp16");
   if (n == 0) return;
   if constexpr (std::is_same_v<To, float> && std::is_same_v<From, float>) {
     if (dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDefault, stream));
@@ -67,9 +67,9 @@ void cuda_convert(To* dst, const From* src, std::size_t n, cudaStream_t stream) 
   }
 }
 
-// dst[i] = T(float(dst[i]) + float(src[i])) for i < n, enqueued on `stream`.
-template <StorageType T, StorageType S>
+template <class T, class S>
 void cuda_accumulate(T* dst, const S* src, std::size_t n, cudaStream_t stream) {
+  static_assert(StorageType<T> && StorageType<S>, "cuda_accumulate: float, bf16 or fp16");
   if (n == 0) return;
   const auto kernel = detail::accumulate_kernel<T, S>;
   const detail::GridShape grid = detail::grid_for(kernel, CudaLaunch{}, n, "cuda_accumulate");

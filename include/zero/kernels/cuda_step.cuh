@@ -8,7 +8,9 @@
 // ZeRO-Offload needs; device code built with -ftz=true is refused for that,
 // zero/cuda/exact_math.cuh).
 // The gradient statistics (squared norm, inf/NaN) are a second, read-only
-// pass that the step needs before it can run; it is one launch too.
+// pass that the step needs before it can run; it is one launch too (its
+// workspace and host side: cuda_grad_stats.hpp). The launchers defined here
+// are declared in cuda_launchers.hpp, for host-compiled callers.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -17,22 +19,20 @@
 
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <cub/block/block_reduce.cuh>
 #include <type_traits>
-#include <utility>
 
-#include "zero/cuda/check.cuh"
-#include "zero/cuda/device.cuh"
+#include "zero/cuda/check.hpp"
 #include "zero/cuda/exact_math.cuh"
-#include "zero/cuda/stream.cuh"
 #include "zero/error.hpp"
-#include "zero/kernels/cuda_launch.cuh"
+#include "zero/kernels/cuda_grad_stats.hpp"
+#include "zero/kernels/cuda_launch.hpp"
+#include "zero/kernels/cuda_launchers.hpp"
 #include "zero/kernels/fused_step.hpp"
+#include "zero/optim/policy.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::kernels {
@@ -121,12 +121,6 @@ struct VectorPlan {
   std::size_t vectors = 0;  // whole vectors of V elements after them
 };
 
-template <class T>
-bool can_align(const T* p, std::size_t skip) {
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  return address % alignof(T) == 0 && (address + skip * sizeof(T)) % 16 == 0;
-}
-
 // The smallest head h < V after which every array is 16-byte aligned; no
 // vectors at all when none exists (arrays offset by different amounts).
 template <int V, class Opt, class Grad, class Param>
@@ -154,14 +148,11 @@ void require_step_pointers(const FusedStepArgs<Opt, Grad, Param>& a) {
 
 }  // namespace detail
 
-// One fused optimizer step over a device shard (see FusedStepArgs), enqueued
-// on `stream`. Every pointer must be device-accessible; the arrays are used
-// 16 bytes at a time when they can all be aligned by skipping the same number
-// of leading elements, else element by element. Results are bit-identical to
-// host_fused_step on the same inputs. Throws InvalidArgument for a null
-// array or a bad launch shape, BackendError when the launch fails.
-template <optim::Policy Opt, StorageType Grad, StorageType Param>
-void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t stream, const CudaLaunch& launch = {}) {
+// The launchers of cuda_launchers.hpp (documented there).
+template <class Opt, class Grad, class Param>
+void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t stream, const CudaLaunch& launch) {
+  static_assert(optim::Policy<Opt>, "cuda_fused_step: Opt is an optimizer policy (zero/optim/policy.hpp)");
+  static_assert(StorageType<Grad> && StorageType<Param>, "cuda_fused_step: Grad and Param are float, bf16 or fp16");
   if (args.n == 0) return;
   detail::require_step_pointers(args);
   constexpr int V = detail::cuda_vector_width<Grad, Param>();
@@ -179,11 +170,6 @@ void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t s
 namespace detail {
 
 __device__ __forceinline__ bool is_non_finite(float x) { return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u; }
-
-// Vectors each thread sums in fp32 before adding the partial into its double
-// accumulator: enough loads in flight per thread, and a float sum of at most
-// 32 squares loses nothing that matters to a norm.
-inline constexpr int grad_stats_unroll = 4;
 
 // One pass: each thread sums squares (fp32 over short runs, then double) and
 // ORs the non-finite flag; each block reduces its threads (CUB) into one
@@ -262,184 +248,31 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
+template <class Grad>
+void launch_grad_stats(int threads, int grid, const Grad* g, std::size_t n, std::size_t head, std::size_t vectors,
+                       const GradStatsWorkspace& w, bool accumulate, cudaStream_t stream) {
+  static_assert(StorageType<Grad>, "launch_grad_stats: the gradient is float, bf16 or fp16");
+  switch (threads) {
+    case 128:
+      grad_stats_kernel<128, Grad><<<grid, 128, 0, stream>>>(g, n, head, vectors, w.partial_sum, w.partial_flag,
+                                                             w.blocks_done, w.result, accumulate);
+      break;
+    case 256:
+      grad_stats_kernel<256, Grad><<<grid, 256, 0, stream>>>(g, n, head, vectors, w.partial_sum, w.partial_flag,
+                                                             w.blocks_done, w.result, accumulate);
+      break;
+    case 512:
+      grad_stats_kernel<512, Grad><<<grid, 512, 0, stream>>>(g, n, head, vectors, w.partial_sum, w.partial_flag,
+                                                             w.blocks_done, w.result, accumulate);
+      break;
+    default:
+      grad_stats_kernel<1024, Grad><<<grid, 1024, 0, stream>>>(g, n, head, vectors, w.partial_sum, w.partial_flag,
+                                                               w.blocks_done, w.result, accumulate);
+      break;
+  }
+  cuda::check_launch("zero::kernels::CudaGradStats<", dtype_traits<Grad>::name, "> (", n, " elements, ", grid,
+                     " blocks of ", threads, " threads)");
+}
+
 }  // namespace detail
-
-// Squared L2 norm (double) and inf/NaN detection of device gradient shards,
-// one launch each, with its workspace allocated once on the current device at
-// construction: no allocation per call. One object serves one stream at a
-// time (its calls are ordered on that stream); results can accumulate over
-// several shards (the owned shards of every unit) before being fetched.
-// Every host wait (construction, fetch) goes through zero::cuda::wait_stream,
-// so a collective that will never finish is a CommError there, not a hang.
-//
-//   CudaGradStats stats;                       // on the device that holds the shards
-//   stats.enqueue(grad_a, n_a, stream);        // result = stats of a
-//   stats.enqueue(grad_b, n_b, stream, true);  // result += stats of b
-//   GradStats s = stats.fetch(stream);         // waits for the stream
-//
-// device_result() stays valid for kernels that read the norm on the device.
-// The block size (CudaLaunch::threads) must be 128, 256, 512 or 1024.
-class CudaGradStats {
- public:
-  explicit CudaGradStats(const CudaLaunch& launch = {}) {
-    detail::validate_launch(launch, "CudaGradStats");
-    device_ = detail::current_cuda_device();
-    const detail::CudaDeviceInfo info = detail::cuda_device_info(device_);
-    const CudaLaunch defaults = detail::arch_default_launch(info);
-    threads_ = launch.threads > 0 ? launch.threads : defaults.threads;
-    require(threads_ == 128 || threads_ == 256 || threads_ == 512 || threads_ == 1024,
-            "CudaGradStats: CudaLaunch::threads is ", threads_, "; it must be 128, 256, 512 or 1024 (or 0)");
-    const int per_sm = launch.blocks_per_sm > 0 ? launch.blocks_per_sm : (info.max_threads_per_sm / threads_);
-    max_blocks_ = info.sm_count * (per_sm > 0 ? per_sm : 1);
-    try {
-      ZERO_CUDA_CHECK(cudaMalloc(&partial_sum_, sizeof(double) * static_cast<std::size_t>(max_blocks_)));
-      ZERO_CUDA_CHECK(cudaMalloc(&partial_flag_, sizeof(int) * static_cast<std::size_t>(max_blocks_)));
-      ZERO_CUDA_CHECK(cudaMalloc(&blocks_done_, sizeof(unsigned int)));
-      ZERO_CUDA_CHECK(cudaMalloc(&device_result_, sizeof(GradStats)));
-      ZERO_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(GradStats)));
-      zero::cuda::count_device_allocations(4);  // the cudaMalloc calls above
-      *host_result_ = GradStats{};
-      // Zeroed on this thread's stream and waited for there (watched), so
-      // that kernels on any stream find them zeroed; a plain
-      // cudaDeviceSynchronize would wait unwatched behind every collective.
-      const cudaStream_t stream = zero::cuda::current_stream();
-      ZERO_CUDA_CHECK(cudaMemsetAsync(blocks_done_, 0, sizeof(unsigned int), stream));
-      ZERO_CUDA_CHECK(cudaMemsetAsync(device_result_, 0, sizeof(GradStats), stream));
-      zero::cuda::wait_stream(stream);
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-
-  CudaGradStats(const CudaGradStats&) = delete;
-  CudaGradStats& operator=(const CudaGradStats&) = delete;
-  CudaGradStats(CudaGradStats&& o) noexcept { swap(o); }
-  CudaGradStats& operator=(CudaGradStats&& o) noexcept {
-    if (this != &o) {
-      release();
-      swap(o);
-    }
-    return *this;
-  }
-  ~CudaGradStats() { release(); }
-
-  // Enqueues the statistics of grad[0, n) (raw values, before any scaling) on
-  // `stream`; with accumulate, adds them to the current result instead.
-  template <StorageType Grad>
-  void enqueue(const Grad* grad, std::size_t n, cudaStream_t stream, bool accumulate = false) {
-    require(device_result_ != nullptr, "CudaGradStats: this object was moved from; use the one it was moved to");
-    require(n == 0 || grad != nullptr, "CudaGradStats::enqueue: grad is null for ", n, " elements");
-    const int device = detail::current_cuda_device();
-    require(device == device_, "CudaGradStats::enqueue: the current device is ", device,
-            " but this object's workspace is on device ", device_, "; call cudaSetDevice(", device_,
-            ") first or make one CudaGradStats per device");
-    constexpr int V = 16 / static_cast<int>(sizeof(Grad));
-    std::size_t head = 0;
-    std::size_t vectors = 0;
-    for (std::size_t h = 0; h < static_cast<std::size_t>(V) && h < n; ++h) {
-      if (detail::can_align(grad, h)) {
-        head = h;
-        vectors = (n - h) / static_cast<std::size_t>(V);
-        break;
-      }
-    }
-    const std::size_t singles = n - vectors * static_cast<std::size_t>(V);
-    const std::size_t work_per_thread_pass = (vectors + detail::grad_stats_unroll - 1) / detail::grad_stats_unroll;
-    const std::size_t work = work_per_thread_pass > singles ? work_per_thread_pass : singles;
-    std::size_t blocks = (work + static_cast<std::size_t>(threads_) - 1) / static_cast<std::size_t>(threads_);
-    if (blocks > static_cast<std::size_t>(max_blocks_)) blocks = static_cast<std::size_t>(max_blocks_);
-    if (blocks < 1) blocks = 1;
-    const int grid = static_cast<int>(blocks);
-    switch (threads_) {
-      case 128:
-        launch<128>(grid, grad, n, head, vectors, stream, accumulate);
-        break;
-      case 256:
-        launch<256>(grid, grad, n, head, vectors, stream, accumulate);
-        break;
-      case 512:
-        launch<512>(grid, grad, n, head, vectors, stream, accumulate);
-        break;
-      default:
-        launch<1024>(grid, grad, n, head, vectors, stream, accumulate);
-        break;
-    }
-    cuda::check_launch("zero::kernels::CudaGradStats<", dtype_traits<Grad>::name, "> (", n, " elements, ", grid,
-                       " blocks of ", threads_, " threads)");
-  }
-
-  // The result in device memory, ordered after the enqueues on their stream.
-  const GradStats* device_result() const { return device_result_; }
-
-  // Copies the result to pinned host memory on `stream`, waits for the
-  // stream (zero::cuda::wait_stream), and returns it.
-  GradStats fetch(cudaStream_t stream) {
-    require(device_result_ != nullptr, "CudaGradStats: this object was moved from; use the one it was moved to");
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(host_result_, device_result_, sizeof(GradStats), cudaMemcpyDeviceToHost, stream));
-    zero::cuda::wait_stream(stream);
-    return *host_result_;
-  }
-
-  // enqueue (not accumulating) and fetch.
-  template <StorageType Grad>
-  GradStats compute(const Grad* grad, std::size_t n, cudaStream_t stream) {
-    enqueue(grad, n, stream);
-    return fetch(stream);
-  }
-
-  int device() const { return device_; }
-  int threads() const { return threads_; }
-  int max_blocks() const { return max_blocks_; }
-
- private:
-  template <int Threads, class Grad>
-  void launch(int grid, const Grad* grad, std::size_t n, std::size_t head, std::size_t vectors, cudaStream_t stream,
-              bool accumulate) {
-    detail::grad_stats_kernel<Threads, Grad><<<grid, Threads, 0, stream>>>(
-        grad, n, head, vectors, partial_sum_, partial_flag_, blocks_done_, device_result_, accumulate);
-  }
-
-  void swap(CudaGradStats& o) noexcept {
-    std::swap(device_, o.device_);
-    std::swap(threads_, o.threads_);
-    std::swap(max_blocks_, o.max_blocks_);
-    std::swap(partial_sum_, o.partial_sum_);
-    std::swap(partial_flag_, o.partial_flag_);
-    std::swap(blocks_done_, o.blocks_done_);
-    std::swap(device_result_, o.device_result_);
-    std::swap(host_result_, o.host_result_);
-  }
-
-  // Frees on the owning device; errors are ignored (a destructor must not
-  // throw, and a failed free at teardown has nothing left to protect).
-  void release() noexcept {
-    if (partial_sum_ == nullptr && partial_flag_ == nullptr && blocks_done_ == nullptr && device_result_ == nullptr &&
-        host_result_ == nullptr)
-      return;
-    {
-      const zero::cuda::DeviceScope owner(device_);
-      cudaFree(partial_sum_);
-      cudaFree(partial_flag_);
-      cudaFree(blocks_done_);
-      cudaFree(device_result_);
-      cudaFreeHost(host_result_);
-    }
-    partial_sum_ = nullptr;
-    partial_flag_ = nullptr;
-    blocks_done_ = nullptr;
-    device_result_ = nullptr;
-    host_result_ = nullptr;
-  }
-
-  int device_ = 0;
-  int threads_ = 256;
-  int max_blocks_ = 0;
-  double* partial_sum_ = nullptr;
-  int* partial_flag_ = nullptr;
-  unsigned int* blocks_done_ = nullptr;
-  GradStats* device_result_ = nullptr;
-  GradStats* host_result_ = nullptr;
-};
-
 }  // namespace zero::kernels

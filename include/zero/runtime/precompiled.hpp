@@ -33,7 +33,7 @@
 // project that takes zero as a subproject), which adds the macros; the tests
 // and example programs of this repository use it. Another backend's nine
 // are compiled the same way with ZERO_EXTERN_ENGINES(Backend) after its
-// header (backend::Cuda: src/zero_engines_cuda.cu; the late-copies test
+// header (backend::Cuda: src/zero_engines_cuda.cpp; the late-copies test
 // backend: tests/engine/late_copies_engines.cpp). User policies (Lion) are
 // compiled where they are used.
 #pragma once

@@ -3,7 +3,8 @@
 // a second GPU: a kernel that spins until the host releases it blocks its
 // stream. A helper thread releases it after a bound, so a test of code that
 // waits unwatched fails slowly instead of hanging; release() ends it early,
-// as ncclCommAbort releases kernels stuck in NCCL. Shared by the CUDA tests.
+// as ncclCommAbort releases kernels stuck in NCCL. Shared by the CUDA tests;
+// host code, with the kernel in blocked_stream.cu (the tests link its object).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,13 +15,12 @@
 #include <mutex>
 #include <thread>
 
-#include "zero/cuda/check.cuh"
+#include "zero/cuda/check.hpp"
 
 namespace zero::test {
 
-__global__ void spin_until(const volatile int* flag) {
-  while (*flag == 0) __nanosleep(1000);
-}
+// Enqueues on `s` a kernel that spins until *flag (mapped host memory) is not 0.
+void spin_until(const volatile int* flag, cudaStream_t s);
 
 class BlockedStream {
  public:
@@ -29,8 +29,7 @@ class BlockedStream {
     *flag_ = 0;
     int* device_flag = nullptr;
     ZERO_CUDA_CHECK(cudaHostGetDevicePointer(&device_flag, flag_, 0));
-    spin_until<<<1, 1, 0, s>>>(device_flag);
-    ZERO_CUDA_CHECK(cudaGetLastError());
+    spin_until(device_flag, s);
     releaser_ = std::thread([this, release_after] {
       std::unique_lock<std::mutex> lock(mutex_);
       released_.wait_for(lock, release_after, [this] { return done_; });

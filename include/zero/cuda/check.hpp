@@ -8,7 +8,7 @@
 
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
+#include "zero/cuda/runtime.hpp"
 
 #include "zero/error.hpp"
 

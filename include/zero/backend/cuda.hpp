@@ -7,7 +7,7 @@
 //
 // Ordering is by streams, never by host synchronisation. Every operation
 // here is enqueued on Ops<Cuda>::stream(), the calling thread's current
-// stream (zero/cuda/stream.cuh; default a lazily created non-blocking
+// stream (zero/cuda/stream.hpp; default a lazily created non-blocking
 // stream, or one set with set_stream): the compute stream. Kernels the user
 // runs on the engine's buffers (forward, backward writing grad_buffer)
 // belong on it too, or must be ordered against it with events. The
@@ -20,15 +20,15 @@
 // return results to the host; upload returns when the host buffer may be
 // reused. Those waits go through zero::cuda::wait_stream, which turns a
 // collective that will never finish into a CommError instead of a hang.
+//
+// This is host code: any C++20 compiler takes it, given the CUDA toolkit's
+// headers. Its few kernel launches are declared in kernels/cuda_launchers.hpp
+// and defined by nvcc (zero/zero_cuda.cuh says how a program gets them).
 #pragma once
-
-#if !defined(__CUDACC__)
-#error "zero/backend/cuda.cuh uses CUDA: include it from a .cu file compiled by nvcc (zero/zero.hpp is the host-only umbrella)"
-#endif
 
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
+#include "zero/cuda/runtime.hpp"
 
 #include <cstddef>
 #include <cstdio>
@@ -43,12 +43,12 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/backend/pieced_buffer.hpp"
-#include "zero/cuda/check.cuh"
-#include "zero/cuda/device.cuh"
-#include "zero/cuda/stream.cuh"
-#include "zero/kernels/cuda_elementwise.cuh"
-#include "zero/kernels/cuda_launch.cuh"
-#include "zero/kernels/cuda_step.cuh"
+#include "zero/cuda/check.hpp"
+#include "zero/cuda/device.hpp"
+#include "zero/cuda/stream.hpp"
+#include "zero/kernels/cuda_grad_stats.hpp"
+#include "zero/kernels/cuda_launch.hpp"
+#include "zero/kernels/cuda_launchers.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/policies.hpp"
 

@@ -27,14 +27,14 @@
 #include <thread>
 #include <vector>
 
-#include "zero/zero_cuda.cuh"
+#include "zero/zero_cuda.hpp"
 
 #if defined(ZERO_TEST_WITH_NCCL)
-#include "nccl_one_rank.cuh"
-#include "zero/comm/nccl.cuh"
+#include "nccl_one_rank.hpp"
+#include "zero/comm/nccl.hpp"
 #endif
 
-#include "blocked_stream.cuh"
+#include "blocked_stream.hpp"
 #include "check_harness.hpp"
 
 namespace {

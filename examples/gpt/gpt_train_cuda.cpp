@@ -4,33 +4,33 @@
 // reports: model FLOPs utilisation and device memory against the
 // optimizer's memory_report().
 //
-// Compile time is the budget here (nvcc is slow and CI has two cores): the
-// optimizer comes from zero::make_optimizer, which compiles one engine per
-// precision and optimizer (nine) and takes the stage and the offload tier
-// (none, cpu, nvme) as values, so every choice the host accepts is built in;
-// the build compiles those engines once, apart (src/zero_engines_cuda.cu,
-// side by side with this file), and this file declares them extern.
+// Compile time is the budget here (CI has two cores): this file is host code,
+// compiled by the host compiler (nvcc compiles only the kernels: the model's
+// in gpt_cuda.cu, the library's in src/zero_kernels_cuda.cu). The optimizer
+// comes from zero::make_optimizer, which compiles one engine per precision
+// and optimizer (nine) and takes the stage and the offload tier (none, cpu,
+// nvme) as values, so every choice the host accepts is built in; the build
+// compiles those engines once, apart (src/zero_engines_cuda.cpp, side by
+// side with this file), and this file declares them extern.
 // Checkpoints (--save, --resume) are the shared loop's, built in where Meson
 // found their headers: the optimizer's I/O reads and writes device state
 // through backend::Ops, as on the host.
-#include <cuda_runtime.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "gpt/gpt_cuda.cuh"
+#include "gpt/gpt_cuda.hpp"
 #include "gpt/gpt_flops.hpp"
 #include "gpt/gpt_train_cuda.hpp"
 #include "gpt/gpt_trainer.hpp"
 #include "common/zero_config.hpp"
-#include "zero/zero_cuda.cuh"
+#include "zero/zero_cuda.hpp"
 #if defined(ZERO_EXAMPLE_HAVE_NCCL)
-#include "zero/comm/nccl.cuh"
+#include "zero/comm/nccl.hpp"
 #endif
-#if defined(ZERO_PRECOMPILED_CUDA_ENGINES)  // compiled once, apart: src/zero_engines_cuda.cu
+#if defined(ZERO_PRECOMPILED_CUDA_ENGINES)  // compiled once, apart: src/zero_engines_cuda.cpp
 #include "zero/runtime/precompiled.hpp"
 ZERO_EXTERN_ENGINES(::zero::backend::Cuda)
 ZERO_EXTERN_HANDLES(::zero::backend::Cuda)

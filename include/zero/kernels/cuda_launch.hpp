@@ -9,14 +9,14 @@
 
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
+#include "zero/cuda/runtime.hpp"
 
 #include <cstddef>
 #include <map>
 #include <mutex>
 #include <tuple>
 
-#include "zero/cuda/check.cuh"
+#include "zero/cuda/check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::kernels {

@@ -6,11 +6,7 @@
 // to allocating nothing. Both are written once, here.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "zero/cuda/device.cuh uses the CUDA runtime: include it from a .cu file compiled by nvcc"
-#endif
-
-#include <cuda_runtime.h>
+#include "zero/cuda/runtime.hpp"
 
 #include <atomic>
 #include <cstdint>

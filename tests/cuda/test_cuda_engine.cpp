@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "../engine/reference.hpp"
-#include "zero/zero_cuda.cuh"
-#if defined(ZERO_PRECOMPILED_CUDA_ENGINES)  // compiled once for the build: src/zero_engines_cuda.cu
+#include "zero/zero_cuda.hpp"
+#if defined(ZERO_PRECOMPILED_CUDA_ENGINES)  // compiled once for the build: src/zero_engines_cuda.cpp
 #include "zero/runtime/precompiled.hpp"
 ZERO_EXTERN_ENGINES(::zero::backend::Cuda)
 #endif
@@ -43,11 +43,11 @@ ZERO_EXTERN_ENGINES(::zero::backend::Cuda)
 #if defined(ZERO_TEST_WITH_NCCL)
 #include <unistd.h>
 
-#include "nccl_one_rank.cuh"
-#include "zero/comm/nccl.cuh"
+#include "nccl_one_rank.hpp"
+#include "zero/comm/nccl.hpp"
 #endif
 
-#include "blocked_stream.cuh"
+#include "blocked_stream.hpp"
 #include "check_harness.hpp"
 
 namespace {

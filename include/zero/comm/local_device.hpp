@@ -26,13 +26,9 @@
 //   });
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "zero/comm/local_device.cuh uses CUDA: include it from a .cu file compiled by nvcc"
-#endif
-
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
+#include "zero/cuda/runtime.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -40,12 +36,39 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/local.hpp"
-#include "zero/comm/reduce.cuh"
-#include "zero/cuda/check.cuh"
-#include "zero/cuda/stream.cuh"
+#include "zero/cuda/check.hpp"
+#include "zero/cuda/stream.hpp"
 #include "zero/error.hpp"
+#include "zero/kernels/cuda_launchers.hpp"
+#include "zero/precision/types.hpp"
 
 namespace zero::comm {
+namespace detail {
+
+// out[i] = inputs[0][i] op ... op inputs[k-1][i] for i < n, in that order
+// (the bits of reduce() in zero/comm/reduce.hpp; the kernel is
+// zero/comm/reduce.cuh), enqueued on `stream`. `out` may alias an input. All
+// pointers must be device-accessible from the current device; at most
+// cuda_reduce_max_inputs inputs.
+inline void cuda_reduce(DType t, void* out, const void* const* inputs, int k, std::size_t n, ReduceOp op,
+                        cudaStream_t stream) {
+  require(k >= 1 && k <= cuda_reduce_max_inputs, "cuda_reduce: ", k, " inputs; it sums 1 to ",
+          cuda_reduce_max_inputs, " buffers per call");
+  if (n == 0) return;
+  ReduceInputs in{};
+  for (int i = 0; i < k; ++i) in.at[i] = inputs[i];
+  const bool sum = op == ReduceOp::sum;
+  switch (t) {
+    case DType::f32: launch_reduce<float>(out, in, k, n, sum, stream); break;
+    case DType::f16: launch_reduce<fp16>(out, in, k, n, sum, stream); break;
+    case DType::bf16: launch_reduce<bf16>(out, in, k, n, sum, stream); break;
+    case DType::f64: launch_reduce<double>(out, in, k, n, sum, stream); break;
+    case DType::u64: launch_reduce<std::uint64_t>(out, in, k, n, sum, stream); break;
+  }
+  cuda::check_launch("zero::comm::detail::cuda_reduce<", dtype_name(t), "> (", k, " inputs, ", n, " elements)");
+}
+
+}  // namespace detail
 
 // One rank's handle. Device memory only (all ranks' buffers on one device, or
 // on devices with peer access); all calls are collective, and every rank of a

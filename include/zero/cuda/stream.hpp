@@ -3,8 +3,8 @@
 // and communication either on the same stream or on the communicator's own,
 // ordered against it with events (Ops<Cuda>::Overlap), without host
 // synchronisation. This header owns that per-thread "current stream" (as
-// c10's current stream does), so the backend (zero/backend/cuda.cuh) and the
-// communicators (zero/comm/nccl.cuh, zero/comm/local_device.cuh) agree on it
+// c10's current stream does), so the backend (zero/backend/cuda.hpp) and the
+// communicators (zero/comm/nccl.hpp, zero/comm/local_device.hpp) agree on it
 // without including each other.
 //
 // It also owns the one way the library waits for a stream on the host,
@@ -16,13 +16,9 @@
 // cudaStreamSynchronize.
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "zero/cuda/stream.cuh uses the CUDA runtime: include it from a .cu file compiled by nvcc"
-#endif
-
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
+#include "zero/cuda/runtime.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -31,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "zero/cuda/check.cuh"
+#include "zero/cuda/check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {

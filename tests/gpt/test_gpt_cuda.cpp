@@ -1,4 +1,4 @@
-// The GPT example on the GPU (GptModel<CudaCompute>, examples/gpt/gpt_cuda.cuh)
+// The GPT example on the GPU (GptModel<CudaCompute>, examples/gpt/gpt_cuda.hpp)
 // held to the same PyTorch fixture as the host model (test_gpt_model.cpp):
 // logits, loss and every parameter's gradient within 1e-5 relative (as
 // gpt_fixture.hpp defines it), with and without activation checkpointing.
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../cuda/check_harness.hpp"
-#include "gpt/gpt_cuda.cuh"
+#include "gpt/gpt_cuda.hpp"
 #include "gpt_fixture.hpp"
 
 #ifndef ZERO_GPT_FIXTURE

@@ -42,13 +42,9 @@
 // One host thread uses a Nccl object at a time (as NCCL requires).
 #pragma once
 
-#if !defined(__CUDACC__)
-#error "zero/comm/nccl.cuh uses CUDA and NCCL: include it from a .cu file compiled by nvcc"
-#endif
-
 #include "zero/config.hpp"
 
-#include <cuda_runtime.h>
+#include "zero/cuda/runtime.hpp"
 #include <nccl.h>
 
 #if defined(ZERO_NCCL_WITH_MPI)
@@ -73,12 +69,12 @@
 #include <unistd.h>
 
 #include "zero/comm/communicator.hpp"
-#include "zero/cuda/check.cuh"
-#include "zero/cuda/stream.cuh"
+#include "zero/cuda/check.hpp"
+#include "zero/cuda/stream.hpp"
 #include "zero/error.hpp"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
-#error "zero/comm/nccl.cuh needs NCCL 2.14 or newer (bf16, ncclCommInitRankConfig, non-blocking communicators)"
+#error "zero/comm/nccl.hpp needs NCCL 2.14 or newer (bf16, ncclCommInitRankConfig, non-blocking communicators)"
 #endif
 
 namespace zero::comm {

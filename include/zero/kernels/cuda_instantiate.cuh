@@ -1,0 +1,66 @@
+// Why: host-compiled files call the library's kernels through the launchers
+// that zero/kernels/cuda_launchers.hpp declares; one .cu file compiled by
+// nvcc defines them, for the types a program uses, with the lines below:
+//
+//   #include "zero/kernels/cuda_instantiate.cuh"
+//   ZERO_INSTANTIATE_CUDA_KERNELS()               // casts, statistics, reductions
+//   ZERO_INSTANTIATE_CUDA_STEP(zero::optim::AdamW) // once per optimizer policy
+//
+// The step is instantiated for every gradient and parameter type pair
+// (float, bf16, fp16), so one line serves every precision policy and the
+// fp32 gradient buffer over 16-bit parameters.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "zero/kernels/cuda_instantiate.cuh instantiates CUDA kernels: compile the file that includes it with nvcc"
+#endif
+
+#include "zero/config.hpp"
+
+#include <cstdint>
+
+#include "zero/comm/reduce.cuh"
+#include "zero/kernels/cuda_elementwise.cuh"
+#include "zero/kernels/cuda_launchers.hpp"
+#include "zero/kernels/cuda_step.cuh"
+#include "zero/precision/types.hpp"
+
+#define ZERO_DETAIL_CUDA_PAIR(X, A) X(A, float) X(A, ::zero::bf16) X(A, ::zero::fp16)
+#define ZERO_DETAIL_CUDA_PAIRS(X) \
+  ZERO_DETAIL_CUDA_PAIR(X, float) ZERO_DETAIL_CUDA_PAIR(X, ::zero::bf16) ZERO_DETAIL_CUDA_PAIR(X, ::zero::fp16)
+#define ZERO_DETAIL_CUDA_CONVERT(To, From) \
+  template void ::zero::kernels::cuda_convert<To, From>(To*, const From*, std::size_t, cudaStream_t);
+#define ZERO_DETAIL_CUDA_ACCUMULATE(T, S) \
+  template void ::zero::kernels::cuda_accumulate<T, S>(T*, const S*, std::size_t, cudaStream_t);
+#define ZERO_DETAIL_CUDA_GRAD_STATS(Grad)                           \
+  template void ::zero::kernels::detail::launch_grad_stats<Grad>(   \
+      int, int, const Grad*, std::size_t, std::size_t, std::size_t, \
+      const ::zero::kernels::detail::GradStatsWorkspace&, bool, cudaStream_t);
+#define ZERO_DETAIL_CUDA_REDUCE(T)                                                                            \
+  template void ::zero::comm::detail::launch_reduce<T>(void*, const ::zero::comm::detail::ReduceInputs&, int, \
+                                                       std::size_t, bool, cudaStream_t);
+
+// The casts, accumulation, gradient statistics and LocalDevice's reduction, for every storage type.
+#define ZERO_INSTANTIATE_CUDA_KERNELS()                                                       \
+  ZERO_DETAIL_CUDA_PAIRS(ZERO_DETAIL_CUDA_CONVERT)                                            \
+  ZERO_DETAIL_CUDA_PAIRS(ZERO_DETAIL_CUDA_ACCUMULATE)                                         \
+  ZERO_DETAIL_CUDA_GRAD_STATS(float)                                                          \
+  ZERO_DETAIL_CUDA_GRAD_STATS(::zero::bf16)                                                   \
+  ZERO_DETAIL_CUDA_GRAD_STATS(::zero::fp16)                                                   \
+  ZERO_DETAIL_CUDA_REDUCE(float)                                                              \
+  ZERO_DETAIL_CUDA_REDUCE(double)                                                             \
+  ZERO_DETAIL_CUDA_REDUCE(::zero::bf16)                                                       \
+  ZERO_DETAIL_CUDA_REDUCE(::zero::fp16)                                                       \
+  ZERO_DETAIL_CUDA_REDUCE(std::uint64_t)
+
+// The fused step of optimizer policy `Optimizer` for every gradient and parameter type.
+#define ZERO_DETAIL_CUDA_STEP_PAIR(Grad, Param, Optimizer)                         \
+  template void ::zero::kernels::cuda_fused_step<Optimizer, Grad, Param>(          \
+      const ::zero::kernels::FusedStepArgs<Optimizer, Grad, Param>&, cudaStream_t, \
+      const ::zero::kernels::CudaLaunch&);
+#define ZERO_INSTANTIATE_CUDA_STEP(Optimizer)                      \
+  ZERO_DETAIL_CUDA_STEP_PAIR(float, float, Optimizer)              \
+  ZERO_DETAIL_CUDA_STEP_PAIR(float, ::zero::bf16, Optimizer)       \
+  ZERO_DETAIL_CUDA_STEP_PAIR(float, ::zero::fp16, Optimizer)       \
+  ZERO_DETAIL_CUDA_STEP_PAIR(::zero::bf16, ::zero::bf16, Optimizer) \
+  ZERO_DETAIL_CUDA_STEP_PAIR(::zero::fp16, ::zero::fp16, Optimizer)

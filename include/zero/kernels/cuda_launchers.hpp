@@ -1,0 +1,81 @@
+// Why: the engine on backend::Cuda is host code around a handful of kernel
+// launches. These are the launchers' declarations, so that a host compiler
+// compiles the engine (nearly all of its code and compile time) while nvcc
+// compiles only the kernels. The definitions are beside the kernels, in the
+// .cuh headers (kernels/cuda_elementwise.cuh, kernels/cuda_step.cuh,
+// comm/reduce.cuh). A program gets them in one of two ways:
+//   - a .cu file that includes zero/zero_cuda.cuh sees the definitions and
+//     instantiates what it uses (header-only, as any template);
+//   - host-compiled files link an object that instantiates them:
+//     zero/kernels/cuda_instantiate.cuh has one line per optimizer policy
+//     (src/zero_kernels_cuda.cu is the build's, for the built-in policies; a
+//     policy of your own needs one .cu line of yours).
+// A launcher missing at link time is an undefined reference naming it and
+// its types: add its instantiation line.
+//
+// The launchers' template parameters are plain `class` here and checked in
+// their bodies: a redeclaration must repeat a constrained head exactly, and
+// these cross compilers (nvcc's host compiler defines them, another may call
+// them), so they stay in the form every compiler mangles alike.
+#pragma once
+
+#include "zero/cuda/runtime.hpp"
+
+#include <cstddef>
+
+#include "zero/kernels/cuda_launch.hpp"
+#include "zero/kernels/fused_step.hpp"
+
+namespace zero::kernels {
+
+// dst[i] = To(src[i]) for i < n (round to nearest even), enqueued on `stream`.
+template <class To, class From>
+void cuda_convert(To* dst, const From* src, std::size_t n, cudaStream_t stream);
+
+// dst[i] = T(float(dst[i]) + float(src[i])) for i < n, enqueued on `stream`.
+template <class T, class S>
+void cuda_accumulate(T* dst, const S* src, std::size_t n, cudaStream_t stream);
+
+// One fused optimizer step over a device shard (see FusedStepArgs), enqueued
+// on `stream`. Every pointer must be device-accessible; the arrays are used
+// 16 bytes at a time when they can all be aligned by skipping the same number
+// of leading elements, else element by element. Results are bit-identical to
+// host_fused_step on the same inputs. Throws InvalidArgument for a null
+// array or a bad launch shape, BackendError when the launch fails.
+template <class Opt, class Grad, class Param>
+void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t stream, const CudaLaunch& launch = {});
+
+namespace detail {
+
+// The device workspace of one gradient-statistics pass (CudaGradStats owns it).
+struct GradStatsWorkspace {
+  double* partial_sum = nullptr;  // one per block
+  int* partial_flag = nullptr;    // one per block
+  unsigned int* blocks_done = nullptr;
+  GradStats* result = nullptr;
+};
+
+// The statistics kernel over g[0, n), `vectors` 16-byte vectors from element
+// `head` on, `grid` blocks of `threads` (128, 256, 512 or 1024) threads.
+template <class Grad>
+void launch_grad_stats(int threads, int grid, const Grad* g, std::size_t n, std::size_t head, std::size_t vectors,
+                       const GradStatsWorkspace& workspace, bool accumulate, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace zero::kernels
+
+namespace zero::comm::detail {
+
+// Most inputs one reduction kernel sums (they travel as kernel parameters).
+inline constexpr int cuda_reduce_max_inputs = 64;
+
+struct ReduceInputs {
+  const void* at[cuda_reduce_max_inputs];
+};
+
+// out[i] = in[0][i] op ... op in[inputs-1][i] for i < n (sum, or the
+// larger), in rank order: comm/reduce.cuh.
+template <class T>
+void launch_reduce(void* out, const ReduceInputs& in, int inputs, std::size_t n, bool sum, cudaStream_t stream);
+
+}  // namespace zero::comm::detail
