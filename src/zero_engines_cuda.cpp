@@ -8,7 +8,7 @@
 //   #include "zero/runtime/precompiled.hpp"
 //   ZERO_EXTERN_ENGINES(zero::backend::Cuda)
 //   ZERO_EXTERN_HANDLES(zero::backend::Cuda)   // where make_optimizer.hpp is included
-// (examples/gpt/gpt_train_cuda.cpp, tests/cuda/test_cuda_engine.cu).
+// (examples/gpt/gpt_train_cuda.cpp, tests/cuda/test_cuda_engine.cpp).
 #include "zero/zero_cuda.hpp"
 #include "zero/runtime/make_optimizer.hpp"
 #include "zero/runtime/precompiled.hpp"

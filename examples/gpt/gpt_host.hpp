@@ -1,7 +1,7 @@
 // Why: the GPT's arithmetic on the CPU. GptModel (gpt_model.hpp) says what
 // to compute in which order; this says how on the host: OpenBLAS sgemm for
 // the matrix products, and OpenMP loops over rows or elements that call the
-// math of gpt_ops.hpp, which the CUDA kernels (gpt_cuda.cuh) call too.
+// math of gpt_ops.hpp, which the CUDA kernels (gpt_cuda.cu) call too.
 //
 // One threading system: OpenMP. OpenBLAS runs single-threaded, inside OpenMP
 // loops that split a large product into tiles or run the attention's small

@@ -20,7 +20,7 @@
 //
 // GptModel<Compute> is the order of the computation, written once; Compute
 // says how each step runs: HostCompute (gpt_host.hpp: OpenBLAS, OpenMP;
-// gpt::Gpt) or CudaCompute (gpt_cuda.cuh: cuBLAS and kernels). Both call the
+// gpt::Gpt) or CudaCompute (gpt_cuda.hpp: cuBLAS and kernels). Both call the
 // per-row and per-element math of gpt_ops.hpp. Each rank thread uses its own
 // model (the arena is per model). Parameter, gradient, token and logit
 // pointers live where Compute computes (device memory for CUDA).

@@ -18,7 +18,7 @@
 // unigram entropy, and last `val_loss=<value>`.
 //
 // The training loop is gpt_trainer.hpp, shared with the GPU part
-// (gpt_train_cuda.cu, linked in when the build has CUDA): --backend cuda with
+// (gpt_train_cuda.cpp, built in when the build has CUDA): --backend cuda with
 // --comm local runs --ranks ranks on one GPU, with --comm nccl one rank per
 // GPU (launched by mpirun, or one process per rank with --nccl-id-file).
 #include <algorithm>

@@ -1,5 +1,5 @@
 // Why: the GPT trainer runs on CPU ranks (gpt_train.cpp) and on GPUs
-// (gpt_train_cuda.cu, built by nvcc), and both must train the same way: the
+// (gpt_train_cuda.cpp, with the kernels of gpt_cuda.cu), and both must train the same way: the
 // same learning-rate schedule, data draws, evaluation, printing and
 // checkpoint identity. This is that loop, written once over the model
 // (GptModel<HostCompute> or GptModel<CudaCompute>) and compiled once per

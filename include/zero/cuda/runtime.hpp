@@ -1,6 +1,7 @@
 // Why: the library's CUDA code is in two kinds of header. Those named .hpp
 // (this folder, backend/cuda.hpp, comm/local_device.hpp, comm/nccl.hpp,
-// kernels/cuda_launch.hpp, kernels/cuda_launchers.hpp) are host code on the
+// kernels/cuda_launch.hpp, kernels/cuda_launchers.hpp,
+// kernels/cuda_grad_stats.hpp) are host code on the
 // CUDA runtime API: any C++20 compiler takes them, given the toolkit's
 // headers, so the engine on backend::Cuda compiles at the host compiler's
 // speed. Those named .cuh hold kernels and need nvcc; they define the

@@ -8,7 +8,10 @@
 //
 // The step is instantiated for every gradient and parameter type pair
 // (float, bf16, fp16), so one line serves every precision policy and the
-// fp32 gradient buffer over 16-bit parameters.
+// fp32 gradient buffer over 16-bit parameters. The launchers are templates,
+// so the linker keeps one copy of each: compile every .cu file that
+// instantiates or uses them with the same -gencode list, or a launch may
+// resolve to a copy without this GPU's code ("no kernel image").
 #pragma once
 
 #if !defined(__CUDACC__)
