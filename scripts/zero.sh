@@ -28,8 +28,10 @@ train_packages=(meson ninja-build g++ pkg-config libopenblas-dev zlib1g-dev libc
 # communicator tests, CMake for the CMake-consumer test, clang (with its OpenMP
 # runtime) for the second compiler CI builds with and the fuzzers, The
 # Devil's Dictionary, the GPT trainer's corpus, and PyTorch, which evaluates
-# the checkpoint tool's Hugging Face export as an independent reference.
-test_packages=(catch2 libopenmpi-dev openmpi-bin cmake clang libomp-dev dict-devil python3-torch)
+# the checkpoint tool's Hugging Face export as an independent reference, and
+# LibTorch (PyTorch's C++ library, the same 1.13), for the LibTorch adapter's
+# example and its tests against torch::optim::AdamW.
+test_packages=(catch2 libopenmpi-dev openmpi-bin cmake clang libomp-dev dict-devil python3-torch libtorch-dev)
 
 say() { printf 'zero.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }

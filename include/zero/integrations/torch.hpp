@@ -1,0 +1,344 @@
+// Why: users of PyTorch's C++ frontend (LibTorch) have a torch::nn::Module
+// whose parameters and gradients live in tensors the module allocated, and a
+// backward that autograd runs and that adds (+=) into each parameter's
+// .grad. This adapter fits such a model to the optimizer without touching
+// its model code at stages 0-2, and with one wrapper per unit call at
+// stage 3, the places FSDP wraps in Python:
+//
+//   auto opt = zero::make_optimizer<zero::backend::Host>(comm, config);  // fp32, grad_writes accumulate
+//   zero::integrations::TorchModule zt(*opt, *model);   // units by submodule; finalizes; values from the model
+//   ... loss = model->forward(x); loss.backward(); zt.step();
+//   // stage 3: inside forward, x = zt.run(unit, x, [&](torch::Tensor x) { return block->forward(x); });
+//
+// What it does:
+//   - registers the module's parameters by submodule as units (each direct
+//     child; a child that is only a container, such as a ModuleList, gives
+//     one unit per child of its own; or the submodules you name), a tied
+//     parameter (the same tensor in two modules) once;
+//   - registers every parameter over the module's own tensors (use_memory):
+//     the parameter tensor is where the optimizer writes the values, and
+//     its .grad, allocated here as zeros, is where autograd adds and where
+//     the optimizer takes the gradient (zeroing it after);
+//   - at stage 3, run(u, x, f) gathers unit u before f (the unit's forward),
+//     releases it after, gathers it again when backward reaches the unit's
+//     output (an autograd function at each end of the unit, as FSDP's
+//     pre- and post-backward hooks) and, after the unit's backward, releases
+//     it and marks its gradient final once every use of the unit in the
+//     pass is done (a tied unit used twice is final after its second).
+//
+// Costs, per rank (docs/tutorial.md, "LibTorch"): those of "your own
+// memory": stages 0-2 copy the parameters into the tensors once per step and
+// each unit's gradient out of .grad once per micro-batch, and keep the
+// optimizer's copy beside the module's; at stage 3 a tensor holds its values
+// only while its unit is gathered, and with Options::release_memory_pages its
+// pages (and those of a taken gradient) go back to the operating system.
+//
+// Limits: fp32 parameters (the engine's precision fp32: the module computes
+// in fp32) on CPU tensors with backend::Host; contiguous parameters; the
+// gradient mode GradWrites::accumulate (what autograd does). Each is
+// checked, with the fix in the message.
+#pragma once
+
+#include "zero/config.hpp"
+
+#include <torch/autograd.h>
+#include <torch/nn/module.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/engine/engine.hpp"  // StepResult
+#include "zero/engine/held_whole.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/error.hpp"
+#include "zero/precision/types.hpp"
+#include "zero/shape.hpp"
+
+namespace zero::integrations {
+
+struct TorchModuleOptions {
+  // Submodule paths (as named_modules() names them: "blocks.0") that become
+  // units, in the order forward uses them. Empty: each direct child of the
+  // module, a child without parameters of its own but with children (a
+  // ModuleList, a Sequential of blocks) giving one unit per child, and the
+  // module's own parameters, if any, the unit "(root)".
+  std::vector<std::string> units;
+};
+
+namespace detail {
+
+// What the autograd functions at a unit's two ends call back into (the
+// adapter is a template over the optimizer type; the functions are not).
+class TorchUnitEvents {
+ public:
+  virtual void entered(std::size_t unit) = 0;                      // forward reaches the unit
+  virtual void left(std::size_t unit) = 0;                         // its forward is done
+  virtual void backward_reached(std::size_t unit) = 0;             // backward reaches its output
+  virtual void backward_done(std::size_t unit) = 0;                // and is through its input
+
+ protected:
+  ~TorchUnitEvents() = default;
+};
+
+inline std::int64_t events_key(TorchUnitEvents* events) {
+  return static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(events));
+}
+inline TorchUnitEvents* events_of(torch::autograd::AutogradContext* ctx) {
+  return reinterpret_cast<TorchUnitEvents*>(static_cast<std::intptr_t>(ctx->saved_data["events"].toInt()));
+}
+
+// The input end of a unit: forward gathers it; backward (which autograd runs
+// after the unit's own backward nodes, created later) releases it.
+struct UnitInput : torch::autograd::Function<UnitInput> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, std::int64_t events,
+                               std::int64_t unit) {
+    ctx->saved_data["events"] = events;
+    ctx->saved_data["unit"] = unit;
+    events_of(ctx)->entered(static_cast<std::size_t>(unit));
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    events_of(ctx)->backward_done(static_cast<std::size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The output end: forward releases the unit; backward gathers it again
+// before the unit's backward reads its parameters (unless it needs none).
+struct UnitOutput : torch::autograd::Function<UnitOutput> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor y, std::int64_t events,
+                               std::int64_t unit, bool backward_reads_params) {
+    ctx->saved_data["events"] = events;
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["reads"] = backward_reads_params;
+    events_of(ctx)->left(static_cast<std::size_t>(unit));
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (ctx->saved_data["reads"].toBool())
+      events_of(ctx)->backward_reached(static_cast<std::size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+// Fits a torch::nn::Module to `Optimizer` (zero::AnyOptimizer from
+// make_optimizer, or a ZeroOptimizer with precision::Full<float>). Construct
+// it on every rank, over a replica of the model with the same initial values
+// on every rank (the optimizer keeps the ranks' values equal from there).
+// Collective: the constructor (it finalizes the optimizer), step(), and at
+// stage 3 run() and the backward through it.
+template <class Optimizer>
+class TorchModule final : private detail::TorchUnitEvents {
+ public:
+  TorchModule(Optimizer& opt, torch::nn::Module& module, TorchModuleOptions options = {})
+      : opt_(opt), stage_(opt.plan().rules.stage) {
+    check_optimizer();
+    register_units(module, options);
+    opt_.finalize();
+    // Every rank's replica starts from its own values: the same on every
+    // rank (set_param's contract), as a same-seeded model is.
+    for (std::size_t p = 0; p < params_.size(); ++p) {
+      const torch::Tensor& t = params_[p].tensor;
+      opt_.set_param(params_[p].id, t.data_ptr<float>());
+    }
+    held_.assign(units_.size(), 0);
+    uses_.assign(units_.size(), 0);
+  }
+  TorchModule(const TorchModule&) = delete;
+  TorchModule& operator=(const TorchModule&) = delete;
+
+  Optimizer& optimizer() { return opt_; }
+  // The units, in registration order, and a unit by its name.
+  const std::vector<std::string>& unit_names() const { return unit_names_; }
+  UnitId unit(const std::string& name) const {
+    for (std::size_t u = 0; u < unit_names_.size(); ++u)
+      if (unit_names_[u] == name) return units_[u];
+    throw Error("TorchModule: no unit named '" + name + "'; the units are " + join(unit_names_));
+  }
+  // How many parameter tensors were registered (tied ones once).
+  std::size_t param_count() const { return params_.size(); }
+
+  // Runs f(x), the forward of unit u (any code that reads only u's
+  // parameters), with u gathered (stage 3); through autograd, backward
+  // gathers u again for f's backward, releases it after, and marks u's
+  // gradient final after its last use in the pass. At stages 0-2 it only
+  // marks the gradient final as backward leaves the unit. Pass
+  // backward_reads_params = false where f's backward needs no parameter
+  // values (an embedding lookup): no gather for it.
+  template <class F>
+  torch::Tensor run(UnitId u, torch::Tensor x, F&& f, bool backward_reads_params = true) {
+    const std::int64_t events = detail::events_key(this);
+    const auto unit = static_cast<std::int64_t>(u.index);
+    // Every use autograd records; its input end counts it down after its
+    // backward, except where x carries no gradient (an embedding's token
+    // ids): autograd then gives that end no backward, and the unit's
+    // gradient is made final by step() instead.
+    if (torch::GradMode::is_enabled()) ++uses_[u.index];
+    torch::Tensor entered = detail::UnitInput::apply(std::move(x), events, unit);
+    torch::Tensor y = std::forward<F>(f)(entered);
+    return detail::UnitOutput::apply(std::move(y), events, unit, backward_reads_params);
+  }
+
+  // The optimizer's step for this micro-batch: units still gathered are
+  // released, the gradients are checked to still be the tensors the
+  // optimizer reads, and every gradient not yet final becomes final.
+  StepResult step() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      while (held_[u] > 0) {
+        opt_.release_unit(units_[u]);
+        --held_[u];
+      }
+      uses_[u] = 0;
+    }
+    check_grads();
+    require(stage_ != 3 || entered_, "TorchModule: at stage 3 every unit's forward must run "
+            "inside run(unit, x, f), which gathers its parameters; no unit was entered this micro-batch");
+    entered_ = false;
+    return opt_.step();
+  }
+
+  // Collective: the parameters whole in the module's tensors until the
+  // scope ends (evaluation or generation on one rank; no-op at stages 0-2).
+  [[nodiscard]] HeldWhole hold_whole() { return opt_.hold_whole(); }
+
+ private:
+  struct Param {
+    ParamId id;
+    std::string name;
+    torch::Tensor tensor;
+    void* grad_data = nullptr;
+  };
+
+  void check_optimizer() {
+    DType dtype;
+    if constexpr (requires { opt_.param_dtype(); }) {
+      dtype = opt_.param_dtype();  // AnyOptimizer
+    } else {
+      dtype = dtype_traits<typename Optimizer::param_type>::dtype;  // ZeroOptimizer
+    }
+    require(dtype == DType::f32, "TorchModule: the optimizer's parameters are ", dtype_name(dtype), "; a torch::nn module computes in its tensors' type: use precision fp32 "
+            "(config.precision = zero::PrecisionChoice::fp32, or precision::Full<float>)");
+    require(opt_.options().grad_writes == GradWrites::accumulate, "TorchModule: autograd adds into .grad; set "
+            "options.grad_writes = zero::GradWrites::accumulate (JSON \"grad_writes\": \"accumulate\")");
+  }
+
+  void register_units(torch::nn::Module& module, const TorchModuleOptions& options) {
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> chosen;
+    const auto all = module.named_modules("", /*include_self=*/false);
+    if (!options.units.empty()) {
+      for (const std::string& name : options.units) {
+        const auto* found = all.find(name);
+        require(found != nullptr, "TorchModule: no submodule named '", name, "' (TorchModuleOptions::units); the "
+                "module's direct children are ", join(module.named_children().keys()));
+        chosen.emplace_back(name, *found);
+      }
+    } else {
+      for (const auto& child : module.named_children()) {
+        const bool container = child.value()->named_parameters(false).is_empty() &&
+                               !child.value()->named_children().is_empty();
+        if (!container) {
+          chosen.emplace_back(child.key(), child.value());
+          continue;
+        }
+        for (const auto& grandchild : child.value()->named_children())
+          chosen.emplace_back(child.key() + "." + grandchild.key(), grandchild.value());
+      }
+    }
+    std::map<const void*, std::string> owner;  // tensor -> name it was registered under
+    auto add_unit = [&](const std::string& unit_name, const torch::OrderedDict<std::string, torch::Tensor>& params) {
+      std::vector<std::pair<std::string, torch::Tensor>> fresh;
+      for (const auto& p : params) {
+        const std::string name = unit_name.empty() ? p.key() : unit_name + "." + p.key();
+        if (owner.emplace(p.value().unsafeGetTensorImpl(), name).second) fresh.emplace_back(name, p.value());
+      }
+      if (fresh.empty()) return;  // only tied parameters, registered with their first module
+      const UnitId u = opt_.add_unit(unit_name.empty() ? "(root)" : unit_name);
+      units_.push_back(u);
+      unit_names_.push_back(unit_name.empty() ? "(root)" : unit_name);
+      for (auto& [name, tensor] : fresh) add_param(u, name, tensor);
+    };
+    if (options.units.empty()) add_unit("", module.named_parameters(false));
+    for (const auto& [name, sub] : chosen) add_unit(name, sub->named_parameters(true));
+    for (const auto& p : module.named_parameters(true))
+      require(owner.contains(p.value().unsafeGetTensorImpl()), "TorchModule: parameter '", p.key(), "' is in none "
+              "of the units (TorchModuleOptions::units): name its module, or leave the list empty");
+  }
+
+  void add_param(UnitId u, const std::string& name, torch::Tensor tensor) {
+    require(tensor.scalar_type() == torch::kFloat32, "TorchModule: parameter '", name, "' is ",
+            std::string(c10::toString(tensor.scalar_type())), "; the optimizer's precision is fp32: convert the "
+            "module with module->to(torch::kFloat32)");
+    require(tensor.device().is_cpu(), "TorchModule: parameter '", name, "' is on ", tensor.device().str(),
+            "; this adapter runs backend::Host on CPU tensors");
+    require(tensor.is_contiguous(), "TorchModule: parameter '", name, "' is not contiguous; the optimizer reads "
+            "it as one array: make it contiguous before constructing the adapter");
+    Shape shape;
+    for (const auto d : tensor.sizes()) shape.push_back(static_cast<std::uint64_t>(d));
+    const ParamId id = opt_.add_param(u, name, static_cast<std::size_t>(tensor.numel()), shape);
+    // Autograd adds into a defined .grad in place (AccumulateGrad without
+    // create_graph), so this tensor stays where the optimizer reads.
+    tensor.mutable_grad() = torch::zeros_like(tensor);
+    Param p{id, name, tensor, tensor.grad().data_ptr()};
+    opt_.use_memory(id, tensor.data_ptr<float>(), static_cast<float*>(p.grad_data));
+    params_.push_back(std::move(p));
+  }
+
+  void check_grads() const {
+    for (const Param& p : params_) {
+      const torch::Tensor& g = p.tensor.grad();
+      require(g.defined() && g.data_ptr() == p.grad_data, "TorchModule: the .grad of parameter '", p.name,
+              "' is no longer the tensor the optimizer reads (zero_grad(), or .grad assigned); the optimizer "
+              "zeroes the gradients itself: call neither");
+    }
+  }
+
+  // Forward: gather (a collective at stage 3; nothing at 0-2).
+  void entered(std::size_t u) override {
+    if (stage_ == 3) {
+      opt_.acquire_unit(units_[u]);
+      ++held_[u];
+    }
+    entered_ = true;
+  }
+  void left(std::size_t u) override { release_one(u); }
+  void backward_reached(std::size_t u) override {
+    if (stage_ != 3) return;
+    opt_.acquire_unit(units_[u]);
+    ++held_[u];
+  }
+  void backward_done(std::size_t u) override {
+    release_one(u);
+    if (uses_[u] > 0 && --uses_[u] == 0) opt_.grad_ready(units_[u]);
+  }
+  void release_one(std::size_t u) {
+    if (stage_ != 3 || held_[u] == 0) return;
+    opt_.release_unit(units_[u]);
+    --held_[u];
+  }
+
+  static std::string join(const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s.empty() ? "(none)" : s;
+  }
+
+  Optimizer& opt_;
+  int stage_;
+  std::vector<UnitId> units_;
+  std::vector<std::string> unit_names_;
+  std::vector<Param> params_;
+  std::vector<int> held_;  // gathers not yet released, per unit
+  std::vector<int> uses_;  // forward uses whose backward has not finished, per unit
+  bool entered_ = false;  // a unit was entered since the last step (stage 3 needs that)
+};
+
+}  // namespace zero::integrations

@@ -1,0 +1,325 @@
+// The LibTorch adapter (zero/integrations/torch.hpp) against LibTorch itself
+// and against the stage formulas, on the torch::nn GPT of the example
+// (examples/torch_gpt/torch_gpt.hpp), with comm::Local ranks:
+//   - one rank, stage 0: the parameters after 10 steps against
+//     torch::optim::AdamW's on the same model and data (bit for bit with
+//     --bitwise, which meson runs under ATEN_CPU_CAPABILITY=default);
+//   - 2 and 4 ranks: stages 1-3 train to stage 0's losses and parameters
+//     (fp32 reduction rounding), and stage 0 to one rank on the whole batch;
+//   - memory per rank: the report's model states against the formulas of
+//     docs/zero-math.md (fp32, AdamW: 4+4+8 bytes per element, the
+//     partitioned lines divided by the ranks), stage 3 under 0.6 of stage 0;
+//   - misuse: a 16-bit precision, the overwrite gradient contract, a .grad
+//     replaced (zero_grad), a stage-3 forward outside run(): each refused
+//     with its fix.
+// A plain program (LibTorch's headers need g++ in C++20: tests/integrations/
+// meson.build); exit 1 on the first failed check.
+// First: the adapter's header stands alone.
+#include "zero/integrations/torch.hpp"
+
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "torch_gpt/torch_gpt.hpp"
+#include "zero/comm/local.hpp"
+#include "zero/runtime/make_optimizer.hpp"
+
+namespace {
+
+int failures = 0;
+
+#define EXPECT(cond, ...)                                               \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);      \
+      std::printf(__VA_ARGS__);                                        \
+      std::printf("\n");                                               \
+      ++failures;                                                      \
+    }                                                                  \
+  } while (0)
+
+using torch_gpt::Gpt;
+using torch_gpt::GptShape;
+using Adapter = zero::integrations::TorchModule<zero::AnyOptimizer>;
+
+const GptShape kShape{.vocab = 23, .context = 12, .width = 32, .heads = 2, .layers = 2};
+constexpr int kGlobalBatch = 8;
+constexpr double kLr = 3e-3, kWeightDecay = 0.1;
+
+// The global batch of step k: token windows and their next tokens, from a
+// text with structure to learn (each token mostly follows from the one
+// before: t' = 3t + 1 mod vocab, one in four replaced at random), the same
+// on every rank and stage.
+struct Batch {
+  torch::Tensor idx, targets;
+};
+Batch batch_of(int step) {
+  torch::Generator gen = at::detail::createCPUGenerator(1000 + step);
+  auto text = torch::empty({kGlobalBatch, kShape.context + 1}, torch::kLong);
+  const auto noise = torch::randint(kShape.vocab, {kGlobalBatch, kShape.context + 1}, gen, torch::kLong);
+  const auto coin = torch::randint(4, {kGlobalBatch, kShape.context + 1}, gen, torch::kLong);
+  auto t = text.accessor<std::int64_t, 2>();
+  const auto n = noise.accessor<std::int64_t, 2>();
+  const auto c = coin.accessor<std::int64_t, 2>();
+  for (int b = 0; b < kGlobalBatch; ++b) {
+    t[b][0] = n[b][0];
+    for (int i = 1; i <= kShape.context; ++i) t[b][i] = c[b][i] == 0 ? n[b][i] : (3 * t[b][i - 1] + 1) % kShape.vocab;
+  }
+  return {text.slice(1, 0, kShape.context).contiguous(), text.slice(1, 1, kShape.context + 1).contiguous()};
+}
+
+Gpt make_model() {
+  torch::manual_seed(7);
+  return Gpt(kShape);
+}
+
+zero::Config config_of(int stage, bool release_pages = false) {
+  zero::Config c;
+  c.options.release_memory_pages = release_pages;
+  c.precision = zero::PrecisionChoice::fp32;
+  c.optimizer = "adamw";
+  c.stage = stage;
+  c.hyper = {{"lr", kLr}, {"weight_decay", kWeightDecay}};
+  c.options.grad_writes = zero::GradWrites::accumulate;
+  return c;
+}
+
+// The adapter's call: each unit through run(), so stage 3 gathers it.
+torch_gpt::UnitCall unit_call(Adapter& zt) {
+  return [&zt](const std::string& unit, torch::Tensor x, const torch_gpt::UnitFn& f, bool reads) {
+    return zt.run(zt.unit(unit), std::move(x), f, reads);
+  };
+}
+
+struct Run {
+  std::vector<double> losses;      // mean over ranks, per step
+  std::vector<float> masters;      // every parameter after the last step (gathered)
+  zero::MemoryReport memory;       // rank 0's
+  std::size_t units = 0, params = 0;
+};
+
+// `ranks` ranks at `stage`, `steps` steps: rank r trains on its slice of each
+// global batch.
+Run train(int ranks, int stage, int steps, bool release_pages = false) {
+  std::vector<Gpt> models;
+  for (int r = 0; r < ranks; ++r) models.push_back(make_model());  // the same values on every rank
+  Run out;
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& comm) {
+    at::set_num_threads(1);
+    const int r = comm.rank();
+    auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage, release_pages));
+    Adapter zt(*opt, *models[static_cast<std::size_t>(r)]);
+    const int per_rank = kGlobalBatch / ranks;
+    std::vector<double> losses;
+    for (int k = 0; k < steps; ++k) {
+      const Batch b = batch_of(k);
+      auto loss = models[static_cast<std::size_t>(r)]->loss(b.idx.slice(0, r * per_rank, (r + 1) * per_rank),
+                                                             b.targets.slice(0, r * per_rank, (r + 1) * per_rank),
+                                                             unit_call(zt));
+      loss.backward();
+      zt.step();
+      losses.push_back(opt->mean_over_ranks(loss.item<double>()));
+    }
+    std::vector<float> masters(opt->layout().padded_total());
+    opt->gather_masters(masters.data());
+    if (r == 0) {
+      out.losses = losses;
+      out.masters = std::move(masters);
+      out.memory = opt->memory_report();
+      out.units = zt.unit_names().size();
+      out.params = zt.param_count();
+    }
+  });
+  return out;
+}
+
+void one_rank_against_torch_adamw(bool bitwise) {
+  constexpr int steps = 10;
+  Gpt ours = make_model();
+  Gpt theirs = make_model();
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& comm) {
+    at::set_num_threads(1);
+    auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(0));
+    Adapter zt(*opt, *ours);
+    for (int k = 0; k < steps; ++k) {
+      const Batch b = batch_of(k);
+      ours->loss(b.idx, b.targets).backward();  // stages 0-2: the model's own forward, unchanged
+      zt.step();
+    }
+  });
+  // LibTorch's AdamW on the same kind of thread, one intra-op thread each
+  // (the same summation order in every kernel).
+  std::thread([&] {
+    at::set_num_threads(1);
+    torch::optim::AdamW adamw(theirs->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
+    for (int k = 0; k < steps; ++k) {
+      const Batch b = batch_of(k);
+      adamw.zero_grad();
+      theirs->loss(b.idx, b.targets).backward();
+      adamw.step();
+    }
+  }).join();
+  // The module's tensors hold the optimizer's values after each step (stages 0-2).
+  const auto a = ours->parameters(), t = theirs->parameters();
+  EXPECT(a.size() == t.size(), "parameter lists differ");
+  std::int64_t elements = 0, equal = 0;
+  double worst = 0, worst_relative = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const float* x = a[i].data_ptr<float>();
+    const float* y = t[i].data_ptr<float>();
+    for (std::int64_t e = 0; e < a[i].numel(); ++e) {
+      ++elements;
+      equal += std::memcmp(&x[e], &y[e], sizeof(float)) == 0 ? 1 : 0;
+      const double d = std::abs(static_cast<double>(x[e]) - y[e]);
+      worst = std::max(worst, d);
+      worst_relative = std::max(worst_relative, d / std::max(1e-3, std::abs(static_cast<double>(y[e]))));
+    }
+  }
+  std::printf("one rank, stage 0, 10 AdamW steps: %lld of %lld parameters bit for bit equal to "
+              "torch::optim::AdamW's; largest difference %.3g (relative %.3g)\n",
+              static_cast<long long>(equal), static_cast<long long>(elements), worst, worst_relative);
+  if (bitwise) {
+    // LibTorch's kernels without fused multiply-adds (ATEN_CPU_CAPABILITY=
+    // default): its AdamW's arithmetic is the library's, operation for
+    // operation, and so are the gradients (the same autograd).
+    EXPECT(equal == elements, "%lld of %lld parameters differ", static_cast<long long>(elements - equal),
+           static_cast<long long>(elements));
+  } else {
+    // With its AVX2/AVX-512 kernels LibTorch updates the moments with fused
+    // multiply-adds (m*beta1 + g*(1-beta1) rounded once): an ulp apart from
+    // the second step on, which Adam's normalisation amplifies where v is
+    // near zero. Within a hundredth of one step's size.
+    EXPECT(worst <= 0.01 * kLr, "largest difference %.3g (relative %.3g)", worst, worst_relative);
+  }
+}
+
+void stages_agree(int ranks) {
+  constexpr int steps = 6;
+  const Run one = train(1, 0, steps);
+  const Run s0 = train(ranks, 0, steps);
+  EXPECT(one.units == 5 && one.params == 2 + 12 * static_cast<std::size_t>(kShape.layers) + 2,
+        "units %zu, parameters %zu (wte, wpe, blocks.0, blocks.1, ln_f; the tied output layer once)", one.units,
+        one.params);
+  EXPECT(s0.losses.back() < s0.losses.front(), "stage 0 does not learn: %g -> %g", s0.losses.front(),
+        s0.losses.back());
+  for (int k = 0; k < steps; ++k)
+    EXPECT(std::abs(s0.losses[k] - one.losses[k]) <= 1e-5 * std::abs(one.losses[k]),
+          "%d ranks, step %d: loss %.9g, one rank on the whole batch %.9g", ranks, k, s0.losses[k], one.losses[k]);
+  std::vector<Run> runs{s0};
+  // Stages 1-3, and stage 3 handing the module's released pages back to the
+  // operating system (they come back zero-filled: the next gather refills them).
+  for (int stage = 1; stage <= 4; ++stage) {
+    const Run s = stage <= 3 ? train(ranks, stage, steps) : train(ranks, 3, steps, true);
+    const std::string label = stage <= 3 ? std::to_string(stage) : "3 (release_memory_pages)";
+    double worst = 0;
+    for (std::size_t i = 0; i < s0.masters.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(s.masters[i] - s0.masters[i])));
+    for (int k = 0; k < steps; ++k)
+      EXPECT(std::abs(s.losses[k] - s0.losses[k]) <= 1e-6 * std::abs(s0.losses[k]),
+            "%d ranks, stage %s, step %d: loss %.9g, stage 0 %.9g", ranks, label.c_str(), k, s.losses[k],
+            s0.losses[k]);
+    EXPECT(worst <= 1e-6, "%d ranks, stage %s: parameters differ from stage 0's by %.3g", ranks, label.c_str(),
+           worst);
+    std::printf("%d ranks, stage %s: losses %.6f -> %.6f (stage 0: %.6f -> %.6f), parameters within %.3g\n", ranks,
+                label.c_str(), s.losses.front(), s.losses.back(), s0.losses.front(), s0.losses.back(), worst);
+    if (stage <= 3) runs.push_back(s);
+  }
+  // Model states per rank, fp32 AdamW (no separate master): parameters 4,
+  // gradients 4, m and v 8 bytes per element of Phi (padded), each divided
+  // by the ranks where the stage partitions it.
+  const double phi = static_cast<double>(runs[0].memory.padded_elements), n = ranks;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const zero::MemoryReport& m = runs[static_cast<std::size_t>(stage)].memory;
+    const double params = 4 * phi / (stage >= 3 ? n : 1), grads = 4 * phi / (stage >= 2 ? n : 1),
+                 states = 8 * phi / (stage >= 1 ? n : 1);
+    EXPECT(m.params == params && m.grads == grads && m.optimizer_states == states && m.master == 0,
+          "%d ranks, stage %d: params %llu grads %llu states %llu master %llu; formula %g %g %g 0", ranks, stage,
+          static_cast<unsigned long long>(m.params), static_cast<unsigned long long>(m.grads),
+          static_cast<unsigned long long>(m.optimizer_states), static_cast<unsigned long long>(m.master), params,
+          grads, states);
+  }
+  const double share = static_cast<double>(runs[3].memory.model_states()) / runs[0].memory.model_states();
+  std::printf("%d ranks: model states per rank, stage 3 / stage 0 = %.3f\n", ranks, share);
+  if (ranks == 2) EXPECT(share <= 0.6, "stage 3 keeps %.3f of stage 0's model states at 2 ranks", share);
+}
+
+// `fn` throws a zero::Error whose message holds `words`.
+template <class Fn>
+void refused(const char* what, Fn&& fn, const char* words) {
+  try {
+    fn();
+    EXPECT(false, "%s: not refused", what);
+  } catch (const zero::Error& e) {
+    EXPECT(std::strstr(e.what(), words) != nullptr, "%s: message '%s' lacks '%s'", what, e.what(), words);
+  }
+}
+
+void misuse_refused() {
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& comm) {
+    refused("bf16", [&] {
+      zero::Config c = config_of(0);
+      c.precision = zero::PrecisionChoice::bf16;
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, c);
+      Gpt m = make_model();
+      Adapter zt(*opt, *m);
+    }, "use precision fp32");
+    refused("overwrite", [&] {
+      zero::Config c = config_of(0);
+      c.options.grad_writes = zero::GradWrites::overwrite;
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, c);
+      Gpt m = make_model();
+      Adapter zt(*opt, *m);
+    }, "grad_writes = zero::GradWrites::accumulate");
+    refused("zero_grad", [&] {
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(1));
+      Gpt m = make_model();
+      Adapter zt(*opt, *m);
+      const Batch b = batch_of(0);
+      m->loss(b.idx, b.targets).backward();
+      for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();  // what zero_grad(set_to_none) does
+      zt.step();
+    }, "is no longer the tensor the optimizer reads");
+    refused("stage 3 without run()", [&] {
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(3));
+      Gpt m = make_model();
+      Adapter zt(*opt, *m);
+      const Batch b = batch_of(0);
+      m->loss(b.idx, b.targets).backward();
+      zt.step();
+    }, "inside run(unit, x, f)");
+    refused("unknown unit", [&] {
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(0));
+      Gpt m = make_model();
+      Adapter zt(*opt, *m, {.units = {"wte", "blocks"}});
+    }, "is in none of the units");
+  });
+}
+
+}  // namespace
+
+// --bitwise: run with ATEN_CPU_CAPABILITY=default; the parameters must
+// then equal torch::optim::AdamW's bit for bit.
+int main(int argc, char** argv) {
+  const bool bitwise = argc > 1 && std::strcmp(argv[1], "--bitwise") == 0;
+  at::set_num_threads(1);
+  one_rank_against_torch_adamw(bitwise);
+  stages_agree(2);
+  stages_agree(4);
+  misuse_refused();
+  if (failures != 0) {
+    std::printf("%d checks failed\n", failures);
+    return 1;
+  }
+  std::printf("ok\n");
+  return 0;
+}
