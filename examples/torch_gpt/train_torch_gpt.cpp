@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/cli.hpp"
+#include "common/openmp_waits.hpp"
 #include "gpt/text_corpus.hpp"
 #include "torch_gpt/torch_gpt.hpp"
 #include "zero/comm/any_communicator.hpp"
@@ -202,6 +203,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::T
 }  // namespace
 
 int main(int argc, char** argv) {
+  zero::examples::use_passive_openmp_waits(argv);  // LibTorch's OpenMP threads share the cores with the ranks
   try {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
