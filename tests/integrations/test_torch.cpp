@@ -117,6 +117,22 @@ Run train(int ranks, int stage, int steps, bool release_pages = false) {
     const int r = comm.rank();
     auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage, release_pages));
     Adapter zt(*opt, *models[static_cast<std::size_t>(r)]);
+    // Stages 0-2: each parameter tensor is a view of the optimizer's
+    // resident parameters (no copy, no second copy held).
+    if (stage < 3) {
+      const auto& params = opt->layout().params();
+      for (const auto& named : models[static_cast<std::size_t>(r)]->named_parameters()) {
+        std::size_t id = 0;
+        while (id < params.size() && params[id].name != named.key()) ++id;
+        EXPECT(id < params.size(), "parameter '%s' is not registered", named.key().c_str());
+        if (id == params.size()) continue;
+        const zero::UnitId u{params[id].unit};
+        const auto* resident = static_cast<const float*>(opt->acquire_unit(u)) + params[id].offset;  // resident
+        opt->release_unit(u);
+        EXPECT(named.value().data_ptr<float>() == resident,
+               "stage %d: '%s' is not a view of the optimizer's parameters", stage, named.key().c_str());
+      }
+    }
     const int per_rank = kGlobalBatch / ranks;
     std::vector<double> losses;
     for (int k = 0; k < steps; ++k) {

@@ -15,10 +15,14 @@
 //     child; a child that is only a container, such as a ModuleList, gives
 //     one unit per child of its own; or the submodules you name), a tied
 //     parameter (the same tensor in two modules) once;
-//   - registers every parameter over the module's own tensors (use_memory):
-//     the parameter tensor is where the optimizer writes the values, and
-//     its .grad, allocated here as zeros, is where autograd adds and where
-//     the optimizer takes the gradient (zeroing it after);
+//   - parameters: at stages 0-2 each parameter tensor becomes a view of the
+//     optimizer's own parameters (which the step updates in place: nothing
+//     copied, nothing held twice); at stage 3 the tensor is the optimizer's
+//     "your own memory" (use_memory): a unit's values are written into it
+//     when the unit is gathered;
+//   - gradients: each .grad, allocated here as zeros, is where autograd adds
+//     and where the optimizer takes the gradient (use_memory; zeroing it
+//     after);
 //   - at stage 3, run(u, x, f) gathers unit u before f (the unit's forward),
 //     releases it after, gathers it again when backward reaches the unit's
 //     output (an autograd function at each end of the unit, as FSDP's
@@ -26,12 +30,13 @@
 //     it and marks its gradient final once every use of the unit in the
 //     pass is done (a tied unit used twice is final after its second).
 //
-// Costs, per rank (docs/tutorial.md, "LibTorch"): those of "your own
-// memory": stages 0-2 copy the parameters into the tensors once per step and
-// each unit's gradient out of .grad once per micro-batch, and keep the
-// optimizer's copy beside the module's; at stage 3 a tensor holds its values
-// only while its unit is gathered, and with Options::release_memory_pages its
-// pages (and those of a taken gradient) go back to the operating system.
+// Costs, per rank (docs/tutorial.md, "LibTorch"): each unit's gradient is
+// copied out of .grad once per micro-batch (the .grad tensors are full size
+// at every stage); the parameters cost nothing more at stages 0-2 (views),
+// and at stage 3 a copy into the tensors at each gather: a tensor holds its
+// values only while its unit is gathered, and with
+// Options::release_memory_pages its pages (and those of a taken gradient) go
+// back to the operating system.
 //
 // Limits: fp32 parameters (the engine's precision fp32: the module computes
 // in fp32) on CPU tensors with backend::Host; contiguous parameters; the
@@ -150,8 +155,16 @@ class TorchModule final : private detail::TorchUnitEvents {
       const torch::Tensor& t = params_[p].tensor;
       opt_.set_param(params_[p].id, t.data_ptr<float>());
     }
+    if (stage_ < 3) view_resident_params();
     held_.assign(units_.size(), 0);
     uses_.assign(units_.size(), 0);
+  }
+  // The parameter tensors get storage of their own again, holding the
+  // values they last had (at stages 0-2 they were views of the optimizer's
+  // memory, which may be freed after this).
+  ~TorchModule() {
+    if (!views_) return;
+    for (Param& p : params_) p.tensor.set_data(p.tensor.detach().clone());
   }
   TorchModule(const TorchModule&) = delete;
   TorchModule& operator=(const TorchModule&) = delete;
@@ -288,8 +301,33 @@ class TorchModule final : private detail::TorchUnitEvents {
     // create_graph), so this tensor stays where the optimizer reads.
     tensor.mutable_grad() = torch::zeros_like(tensor);
     Param p{id, name, tensor, tensor.grad().data_ptr()};
-    opt_.use_memory(id, tensor.data_ptr<float>(), static_cast<float*>(p.grad_data));
+    // Stage 3 writes a unit's values into the tensor at each gather; at
+    // stages 0-2 the tensor becomes a view of the optimizer's own parameters
+    // after finalize() (view_resident_params), which need no copy.
+    opt_.use_memory(id, stage_ == 3 ? tensor.data_ptr<float>() : nullptr, static_cast<float*>(p.grad_data));
     params_.push_back(std::move(p));
+  }
+
+  // Stages 0-2 keep every unit's parameters resident in the optimizer, in
+  // place across steps (fp32: they are the master weights): each tensor is
+  // pointed at its slice (set_data keeps the Parameter, its .grad and the
+  // module's registration; the module's own storage is freed). No copy per
+  // step, and no second copy of the parameters.
+  void view_resident_params() {
+    for (Param& p : params_) {
+      const ParamInfo& info = opt_.layout().param(p.id);
+      const UnitId u = units_[unit_index(info.unit)];
+      const float* base = static_cast<const float*>(opt_.acquire_unit(u));  // resident: no collective
+      opt_.release_unit(u);
+      const auto sizes = p.tensor.sizes().vec();
+      p.tensor.set_data(torch::from_blob(const_cast<float*>(base + info.offset), sizes, torch::kFloat32));
+    }
+    views_ = true;
+  }
+  std::size_t unit_index(std::size_t layout_unit) const {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].index == layout_unit) return u;
+    throw Error("TorchModule: internal: layout unit " + std::to_string(layout_unit) + " is not one of the adapter's");
   }
 
   void check_grads() const {
@@ -339,6 +377,7 @@ class TorchModule final : private detail::TorchUnitEvents {
   std::vector<int> held_;  // gathers not yet released, per unit
   std::vector<int> uses_;  // forward uses whose backward has not finished, per unit
   bool entered_ = false;  // a unit was entered since the last step (stage 3 needs that)
+  bool views_ = false;    // the tensors are views of the optimizer's parameters (stages 0-2)
 };
 
 }  // namespace zero::integrations
