@@ -9,6 +9,7 @@
 //   - memory per rank: the report's model states against the formulas of
 //     docs/zero-math.md (fp32, AdamW: 4+4+8 bytes per element, the
 //     partitioned lines divided by the ranks), stage 3 under 0.6 of stage 0;
+//   - the adapter over a ZeroOptimizer type trains as over make_optimizer's;
 //   - misuse: a 16-bit precision, the overwrite gradient contract, a .grad
 //     replaced (zero_grad), a stage-3 forward outside run(): each refused
 //     with its fix.
@@ -30,6 +31,7 @@
 #include "torch_gpt/torch_gpt.hpp"
 #include "zero/comm/local.hpp"
 #include "zero/runtime/make_optimizer.hpp"
+#include "zero/zero.hpp"
 
 namespace {
 
@@ -268,6 +270,43 @@ void stages_agree(int ranks) {
   if (ranks == 2) EXPECT(share <= 0.6, "stage 3 keeps %.3f of stage 0's model states at 2 ranks", share);
 }
 
+// The adapter over the compile-time type (ZeroOptimizer, precision::Full<float>)
+// trains as over make_optimizer's handle: the same losses, bit for bit.
+void typed_optimizer_as_handle() {
+  constexpr int steps = 4;
+  using Typed = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::AdamW, zero::stage<3>,
+                                    zero::offload::None, zero::backend::Host>;
+  const Run handle = train(2, 3, steps);
+  std::vector<Gpt> models{make_model(), make_model()};
+  std::vector<double> losses;
+  zero::comm::LocalGroup group(2);
+  group.run([&](zero::comm::Local& comm) {
+    at::set_num_threads(1);
+    const int r = comm.rank();
+    zero::Options options;
+    options.grad_writes = zero::GradWrites::accumulate;
+    Typed opt(comm, {.lr = kLr, .weight_decay = kWeightDecay}, options);
+    zero::integrations::TorchModule zt(opt, *models[static_cast<std::size_t>(r)]);
+    for (int k = 0; k < steps; ++k) {
+      const Batch b = batch_of(k);
+      const int half = kGlobalBatch / 2;
+      auto loss = models[static_cast<std::size_t>(r)]->loss(b.idx.slice(0, r * half, (r + 1) * half),
+                                                             b.targets.slice(0, r * half, (r + 1) * half),
+                                                             [&zt](const std::string& unit, torch::Tensor x,
+                                                                   const torch_gpt::UnitFn& f, bool reads) {
+                                                               return zt.run(zt.unit(unit), std::move(x), f, reads);
+                                                             });
+      loss.backward();
+      zt.step();
+      const double mean = opt.mean_over_ranks(loss.item<double>());
+      if (r == 0) losses.push_back(mean);
+    }
+  });
+  for (int k = 0; k < steps; ++k)
+    EXPECT(losses[k] == handle.losses[k], "ZeroOptimizer, step %d: loss %.9g, make_optimizer's %.9g", k, losses[k],
+           handle.losses[k]);
+}
+
 // `fn` throws a zero::Error whose message holds `words`.
 template <class Fn>
 void refused(const char* what, Fn&& fn, const char* words) {
@@ -331,6 +370,7 @@ int main(int argc, char** argv) {
   one_rank_against_torch_adamw(bitwise);
   stages_agree(2);
   stages_agree(4);
+  typed_optimizer_as_handle();
   misuse_refused();
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);
