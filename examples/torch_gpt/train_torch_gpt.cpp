@@ -148,7 +148,7 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::T
   auto opt = zero::make_optimizer<zero::backend::Host>(comm, config);
   zero::integrations::TorchModule zt(*opt, *model);
   const torch_gpt::UnitCall call = [&zt](const std::string& unit, torch::Tensor x, const torch_gpt::UnitFn& f,
-                                         bool reads) { return zt.run(zt.unit(unit), std::move(x), f, reads); };
+                                         bool reads) { return zt.run(unit, std::move(x), f, reads); };
   if (rank == 0) {
     std::int64_t n = 0;
     for (const auto& p : model->parameters()) n += p.numel();

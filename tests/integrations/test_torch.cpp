@@ -10,6 +10,8 @@
 //     docs/zero-math.md (fp32, AdamW: 4+4+8 bytes per element, the
 //     partitioned lines divided by the ranks), stage 3 under 0.6 of stage 0;
 //   - the adapter over a ZeroOptimizer type trains as over make_optimizer's;
+//   - a frozen parameter stays the module's and unchanged, the rest trains
+//     as torch::optim::AdamW trains it (stage 3);
 //   - misuse: a 16-bit precision, the overwrite gradient contract, a .grad
 //     replaced (zero_grad), a stage-3 forward outside run(): each refused
 //     with its fix.
@@ -96,7 +98,7 @@ zero::Config config_of(int stage, bool release_pages = false) {
 // The adapter's call: each unit through run(), so stage 3 gathers it.
 torch_gpt::UnitCall unit_call(Adapter& zt) {
   return [&zt](const std::string& unit, torch::Tensor x, const torch_gpt::UnitFn& f, bool reads) {
-    return zt.run(zt.unit(unit), std::move(x), f, reads);
+    return zt.run(unit, std::move(x), f, reads);
   };
 }
 
@@ -159,6 +161,23 @@ Run train(int ranks, int stage, int steps, bool release_pages = false) {
   return out;
 }
 
+void compare_with_torch(Gpt& ours, Gpt& theirs, bool bitwise, const char* what);
+
+// torch::optim::AdamW on `theirs`, `steps` steps of the whole batch, on a
+// thread of its own with one intra-op thread (the summation order of ours).
+void train_with_torch_adamw(Gpt& theirs, int steps) {
+  std::thread([&] {
+    at::set_num_threads(1);
+    torch::optim::AdamW adamw(theirs->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
+    for (int k = 0; k < steps; ++k) {
+      const Batch b = batch_of(k);
+      adamw.zero_grad();
+      theirs->loss(b.idx, b.targets).backward();
+      adamw.step();
+    }
+  }).join();
+}
+
 void one_rank_against_torch_adamw(bool bitwise) {
   constexpr int steps = 10;
   Gpt ours = make_model();
@@ -174,19 +193,12 @@ void one_rank_against_torch_adamw(bool bitwise) {
       zt.step();
     }
   });
-  // LibTorch's AdamW on the same kind of thread, one intra-op thread each
-  // (the same summation order in every kernel).
-  std::thread([&] {
-    at::set_num_threads(1);
-    torch::optim::AdamW adamw(theirs->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
-    for (int k = 0; k < steps; ++k) {
-      const Batch b = batch_of(k);
-      adamw.zero_grad();
-      theirs->loss(b.idx, b.targets).backward();
-      adamw.step();
-    }
-  }).join();
-  // The module's tensors hold the optimizer's values after each step (stages 0-2).
+  train_with_torch_adamw(theirs, steps);
+  compare_with_torch(ours, theirs, bitwise, "one rank, stage 0, 10 AdamW steps");
+}
+
+// Parameters of `ours` (trained here) against `theirs` (torch::optim::AdamW).
+void compare_with_torch(Gpt& ours, Gpt& theirs, bool bitwise, const char* what) {
   const auto a = ours->parameters(), t = theirs->parameters();
   EXPECT(a.size() == t.size(), "parameter lists differ");
   std::int64_t elements = 0, equal = 0;
@@ -202,9 +214,9 @@ void one_rank_against_torch_adamw(bool bitwise) {
       worst_relative = std::max(worst_relative, d / std::max(1e-3, std::abs(static_cast<double>(y[e]))));
     }
   }
-  std::printf("one rank, stage 0, 10 AdamW steps: %lld of %lld parameters bit for bit equal to "
-              "torch::optim::AdamW's; largest difference %.3g (relative %.3g)\n",
-              static_cast<long long>(equal), static_cast<long long>(elements), worst, worst_relative);
+  std::printf("%s: %lld of %lld parameters bit for bit equal to torch::optim::AdamW's; largest difference %.3g "
+              "(relative %.3g)\n",
+              what, static_cast<long long>(equal), static_cast<long long>(elements), worst, worst_relative);
   if (bitwise) {
     // LibTorch's kernels without fused multiply-adds (ATEN_CPU_CAPABILITY=
     // default): its AdamW's arithmetic is the library's, operation for
@@ -268,6 +280,36 @@ void stages_agree(int ranks) {
   const double share = static_cast<double>(runs[3].memory.model_states()) / runs[0].memory.model_states();
   std::printf("%d ranks: model states per rank, stage 3 / stage 0 = %.3f\n", ranks, share);
   if (ranks == 2) EXPECT(share <= 0.6, "stage 3 keeps %.3f of stage 0's model states at 2 ranks", share);
+}
+
+// A frozen parameter (the position embedding, requires_grad false) is not
+// the optimizer's: it stays the module's, unchanged, at stage 3 too, while
+// the rest trains as torch::optim::AdamW trains it (which skips a parameter
+// without a .grad).
+void frozen_parameters(bool bitwise) {
+  constexpr int steps = 5;
+  Gpt ours = make_model(), theirs = make_model();
+  for (Gpt* m : {&ours, &theirs}) (*m)->wpe->weight.set_requires_grad(false);
+  const torch::Tensor initial = ours->wpe->weight.clone();
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& comm) {
+    at::set_num_threads(1);
+    auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(3));
+    Adapter zt(*opt, *ours);
+    EXPECT(zt.frozen_params() == std::vector<std::string>{"wpe.weight"} && zt.unit_names().size() == 4,
+           "%zu frozen parameters, %zu units", zt.frozen_params().size(), zt.unit_names().size());
+    for (int k = 0; k < steps; ++k) {
+      const Batch b = batch_of(k);
+      ours->loss(b.idx, b.targets, unit_call(zt)).backward();
+      zt.step();
+    }
+    // Stage 3: the module's tensors hold every value while held whole, and
+    // keep them after (how a program saves the trained module).
+    const zero::HeldWhole whole = zt.hold_whole();
+  });
+  train_with_torch_adamw(theirs, steps);
+  EXPECT(torch::equal(ours->wpe->weight, initial), "the frozen parameter changed");
+  compare_with_torch(ours, theirs, bitwise, "one rank, stage 3, wpe frozen, 5 AdamW steps");
 }
 
 // The adapter over the compile-time type (ZeroOptimizer, precision::Full<float>)
@@ -371,6 +413,7 @@ int main(int argc, char** argv) {
   stages_agree(2);
   stages_agree(4);
   typed_optimizer_as_handle();
+  frozen_parameters(bitwise);
   misuse_refused();
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);

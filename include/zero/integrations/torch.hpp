@@ -14,7 +14,9 @@
 //   - registers the module's parameters by submodule as units (each direct
 //     child; a child that is only a container, such as a ModuleList, gives
 //     one unit per child of its own; or the submodules you name), a tied
-//     parameter (the same tensor in two modules) once;
+//     parameter (the same tensor in two modules) once, a frozen one
+//     (requires_grad false when the adapter is made) not at all: it stays
+//     the module's, whole on every rank, never updated;
 //   - parameters: at stages 0-2 each parameter tensor becomes a view of the
 //     optimizer's own parameters (which the step updates in place: nothing
 //     copied, nothing held twice); at stage 3 the tensor is the optimizer's
@@ -175,10 +177,15 @@ class TorchModule final : private detail::TorchUnitEvents {
   UnitId unit(const std::string& name) const {
     for (std::size_t u = 0; u < unit_names_.size(); ++u)
       if (unit_names_[u] == name) return units_[u];
+    for (const auto& frozen : frozen_units_)
+      require(frozen != name, "TorchModule: unit '", name, "' has only frozen parameters (requires_grad false), "
+              "which the optimizer does not hold: call it through run(name, x, f), which runs it as it is");
     throw Error("TorchModule: no unit named '" + name + "'; the units are " + join(unit_names_));
   }
-  // How many parameter tensors were registered (tied ones once).
+  // How many parameter tensors were registered (tied ones once; frozen ones
+  // not), and the frozen ones' names.
   std::size_t param_count() const { return params_.size(); }
+  const std::vector<std::string>& frozen_params() const { return frozen_params_; }
 
   // Runs f(x), the forward of unit u (any code that reads only u's
   // parameters), with u gathered (stage 3); through autograd, backward
@@ -199,6 +206,15 @@ class TorchModule final : private detail::TorchUnitEvents {
     torch::Tensor entered = detail::UnitInput::apply(std::move(x), events, unit);
     torch::Tensor y = std::forward<F>(f)(entered);
     return detail::UnitOutput::apply(std::move(y), events, unit, backward_reads_params);
+  }
+
+  // run() by the unit's name; a unit whose parameters are all frozen is
+  // the module's own and needs nothing: f(x).
+  template <class F>
+  torch::Tensor run(const std::string& unit_name, torch::Tensor x, F&& f, bool backward_reads_params = true) {
+    for (const auto& frozen : frozen_units_)
+      if (frozen == unit_name) return std::forward<F>(f)(std::move(x));
+    return run(unit(unit_name), std::move(x), std::forward<F>(f), backward_reads_params);
   }
 
   // The optimizer's step for this micro-batch: units still gathered are
@@ -269,11 +285,24 @@ class TorchModule final : private detail::TorchUnitEvents {
     std::map<const void*, std::string> owner;  // tensor -> name it was registered under
     auto add_unit = [&](const std::string& unit_name, const torch::OrderedDict<std::string, torch::Tensor>& params) {
       std::vector<std::pair<std::string, torch::Tensor>> fresh;
+      bool frozen_only = !params.is_empty();
       for (const auto& p : params) {
         const std::string name = unit_name.empty() ? p.key() : unit_name + "." + p.key();
-        if (owner.emplace(p.value().unsafeGetTensorImpl(), name).second) fresh.emplace_back(name, p.value());
+        if (!owner.emplace(p.value().unsafeGetTensorImpl(), name).second) continue;  // tied: registered before
+        // A frozen parameter (requires_grad false, as fine-tuning leaves
+        // it) stays the module's own, whole on every rank, never updated:
+        // what a torch optimizer does with a parameter that gets no .grad.
+        if (!p.value().requires_grad()) {
+          frozen_params_.push_back(name);
+          continue;
+        }
+        frozen_only = false;
+        fresh.emplace_back(name, p.value());
       }
-      if (fresh.empty()) return;  // only tied parameters, registered with their first module
+      if (fresh.empty()) {
+        if (frozen_only) frozen_units_.push_back(unit_name.empty() ? "(root)" : unit_name);
+        return;  // nothing to train: frozen, or only tied parameters registered with their first module
+      }
       const UnitId u = opt_.add_unit(unit_name.empty() ? "(root)" : unit_name);
       units_.push_back(u);
       unit_names_.push_back(unit_name.empty() ? "(root)" : unit_name);
@@ -374,6 +403,7 @@ class TorchModule final : private detail::TorchUnitEvents {
   std::vector<UnitId> units_;
   std::vector<std::string> unit_names_;
   std::vector<Param> params_;
+  std::vector<std::string> frozen_params_, frozen_units_;  // not registered (requires_grad false)
   std::vector<int> held_;  // gathers not yet released, per unit
   std::vector<int> uses_;  // forward uses whose backward has not finished, per unit
   bool entered_ = false;  // a unit was entered since the last step (stage 3 needs that)
