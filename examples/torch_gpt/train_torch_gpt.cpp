@@ -52,7 +52,8 @@ void add_options(CLI::App& app, Args& a) {
   a.config.precision = zero::PrecisionChoice::fp32;  // the module computes in fp32
   a.config.stage = 3;
   a.config.hyper["weight_decay"] = 0.1;
-  zero::examples::add_config_options(app, a.config, {.optimizers = {"adamw", "adam", "sgd"}, .offload_tiers = {"none"}});
+  zero::examples::add_config_options(app, a.config,
+                                     {.optimizers = {"adamw", "adam", "sgd"}, .offload_tiers = {"none"}});
   zero::examples::add_launch_options(app, a.launch, {
     "local",
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
@@ -209,8 +210,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
 #endif
     Args args;
-    CLI::App app("Trains a character-level GPT written with LibTorch (torch::nn, autograd) with ZeRO's optimizer on CPU "
-                 "ranks; prints the losses every --eval-every steps and ends with val_loss=<value>.",
+    CLI::App app("Trains a character-level GPT written with LibTorch (torch::nn, autograd) with ZeRO's optimizer on "
+                 "CPU ranks; prints the losses every --eval-every steps and ends with val_loss=<value>.",
                  "train_torch_gpt");
     add_options(app, args);
     zero::examples::parse_or_exit(app, argc, argv);

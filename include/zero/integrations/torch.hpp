@@ -196,6 +196,8 @@ class TorchModule final : private detail::TorchUnitEvents {
   // values (an embedding lookup): no gather for it.
   template <class F>
   torch::Tensor run(UnitId u, torch::Tensor x, F&& f, bool backward_reads_params = true) {
+    require(u.index < uses_.size(), "TorchModule::run: unit id ", u.index, " is not one of this adapter's (",
+            uses_.size(), " units): take it from unit(name)");
     const std::int64_t events = detail::events_key(this);
     const auto unit = static_cast<std::int64_t>(u.index);
     // Every use autograd records; its input end counts it down after its
@@ -254,7 +256,8 @@ class TorchModule final : private detail::TorchUnitEvents {
     } else {
       dtype = dtype_traits<typename Optimizer::param_type>::dtype;  // ZeroOptimizer
     }
-    require(dtype == DType::f32, "TorchModule: the optimizer's parameters are ", dtype_name(dtype), "; a torch::nn module computes in its tensors' type: use precision fp32 "
+    require(dtype == DType::f32, "TorchModule: the optimizer's parameters are ", dtype_name(dtype),
+            "; a torch::nn module computes in its tensors' type: use precision fp32 "
             "(config.precision = zero::PrecisionChoice::fp32, or precision::Full<float>)");
     require(opt_.options().grad_writes == GradWrites::accumulate, "TorchModule: autograd adds into .grad; set "
             "options.grad_writes = zero::GradWrites::accumulate (JSON \"grad_writes\": \"accumulate\")");
