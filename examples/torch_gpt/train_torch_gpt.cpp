@@ -49,7 +49,9 @@ struct Args {
 };
 
 void add_options(CLI::App& app, Args& a) {
-  a.config.precision = zero::PrecisionChoice::fp32;  // the module computes in fp32
+  // The module's tensors take the precision's storage type (bf16/fp16: the
+  // optimizer keeps the fp32 master weights).
+  a.config.precision = zero::PrecisionChoice::fp32;
   a.config.stage = 3;
   a.config.hyper["weight_decay"] = 0.1;
   zero::examples::add_config_options(app, a.config,
@@ -83,12 +85,19 @@ void add_options(CLI::App& app, Args& a) {
     if (a.shape.width % a.shape.heads != 0)
       throw CLI::ValidationError("--heads", std::to_string(a.shape.heads) + " does not divide --width " +
                                             std::to_string(a.shape.width));
-    if (a.config.precision != zero::PrecisionChoice::fp32)
-      throw CLI::ValidationError("--precision", "a torch::nn model computes in its tensors' type: this program "
-                                                "trains fp32 parameters (--precision fp32)");
+    if (a.config.precision == zero::PrecisionChoice::fp16)
+      throw CLI::ValidationError("--precision fp16", "LibTorch's CPU kernels have no fp16 LayerNorm (\"not "
+                                                     "implemented for 'Half'\"): use bf16 or fp32");
     zero::examples::check_config_options(a.config, false, {.optimizers = {"adamw", "adam", "sgd"},
                                                            .offload_tiers = {"none"}});
   });
+}
+
+// The tensors' type for the optimizer's storage type.
+torch::ScalarType module_dtype(zero::PrecisionChoice precision) {
+  return precision == zero::PrecisionChoice::bf16   ? torch::kBFloat16
+         : precision == zero::PrecisionChoice::fp16 ? torch::kFloat16
+                                                    : torch::kFloat32;
 }
 
 double learning_rate(const Args& a, int step) {
@@ -133,7 +142,7 @@ std::string generate(torch_gpt::Gpt& model, const torch_gpt::UnitCall& call, con
     const std::size_t from = ids.size() > static_cast<std::size_t>(context) ? ids.size() - context : 0;
     auto idx = torch::tensor(std::vector<std::int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end()))
                    .unsqueeze(0);
-    auto logits = model->forward(idx, call).select(1, idx.size(1) - 1);
+    auto logits = model->forward(idx, call).select(1, idx.size(1) - 1).to(torch::kFloat32);
     ids.push_back(torch::multinomial(torch::softmax(logits / 0.8, -1), 1, false, gen).item<std::int64_t>());
   }
   std::vector<std::uint8_t> bytes(ids.begin(), ids.end());
@@ -154,10 +163,10 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::T
     std::int64_t n = 0;
     for (const auto& p : model->parameters()) n += p.numel();
     std::printf("zero + LibTorch: GPT %d layers, width %d, %d heads, context %d, vocab %d: %lld parameters in %zu "
-                "units; %d ranks (%s), stage %d, %s\n",
+                "units; %d ranks (%s), stage %d, %s, %s\n",
                 a.shape.layers, a.shape.width, a.shape.heads, a.shape.context, a.shape.vocab,
                 static_cast<long long>(n), zt.unit_names().size(), comm.size(), a.launch.comm.c_str(),
-                config.stage, config.optimizer.c_str());
+                config.stage, zero::name(config.precision), config.optimizer.c_str());
     std::printf("data: %s, unigram entropy %.4f nats/char\n", a.data.c_str(), corpus.unigram_entropy());
     const zero::MemoryReport m = opt->memory_report();
     std::printf("optimizer memory per rank: %.2f MiB of model states (%.2f MiB at stage 0), %.2f MiB of buffers\n",
@@ -172,7 +181,9 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::T
     opt->set_hyper("lr", learning_rate(a, step));
     const auto [idx, targets] = windows(corpus.train(), corpus.train_size, a.batch, a.shape.context, rng);
     auto loss = model->loss(idx, targets, call);
-    loss.backward();
+    // fp16: the gradient of the scaled loss (step() unscales it, and skips
+    // a step whose gradients overflowed); bf16 and fp32 scale by 1.
+    (opt->loss_scale() == 1.0 ? loss : loss * opt->loss_scale()).backward();
     zt.step();
     train_sum += loss.item<double>();
     ++train_count;
@@ -226,6 +237,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < args.launch.ranks; ++r) {
         torch::manual_seed(static_cast<std::uint64_t>(args.seed));
         models.emplace_back(args.shape);
+        models.back()->to(module_dtype(args.config.precision));
       }
       zero::comm::LocalGroup group(args.launch.ranks);
       group.run([&](zero::comm::Local& comm) {
@@ -242,6 +254,7 @@ int main(int argc, char** argv) {
       at::set_num_threads(std::max(1, cores / comm.size()));
       torch::manual_seed(static_cast<std::uint64_t>(args.seed));
       torch_gpt::Gpt model(args.shape);
+      model->to(module_dtype(args.config.precision));
       val = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, corpus, model);
       if (comm.rank() != 0) return 0;
 #endif

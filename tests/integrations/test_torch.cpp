@@ -10,6 +10,8 @@
 //     docs/zero-math.md (fp32, AdamW: 4+4+8 bytes per element, the
 //     partitioned lines divided by the ranks), stage 3 under 0.6 of stage 0;
 //   - the adapter over a ZeroOptimizer type trains as over make_optimizer's;
+//   - a bf16 module with precision bf16: stages agree, it learns, memory
+//     follows the mixed-precision formulas;
 //   - two accumulated micro-batches train as one of both (stages 0, 3);
 //   - a frozen parameter stays the module's and unchanged, the rest trains
 //     as torch::optim::AdamW trains it (stage 3);
@@ -85,10 +87,11 @@ Gpt make_model() {
   return Gpt(kShape);
 }
 
-zero::Config config_of(int stage, bool release_pages = false) {
+zero::Config config_of(int stage, bool release_pages = false,
+                       zero::PrecisionChoice precision = zero::PrecisionChoice::fp32) {
   zero::Config c;
   c.options.release_memory_pages = release_pages;
-  c.precision = zero::PrecisionChoice::fp32;
+  c.precision = precision;
   c.optimizer = "adamw";
   c.stage = stage;
   c.hyper = {{"lr", kLr}, {"weight_decay", kWeightDecay}};
@@ -112,15 +115,19 @@ struct Run {
 
 // `ranks` ranks at `stage`, `steps` steps: rank r trains on its slice of each
 // global batch.
-Run train(int ranks, int stage, int steps, bool release_pages = false) {
+Run train(int ranks, int stage, int steps, bool release_pages = false,
+          zero::PrecisionChoice precision = zero::PrecisionChoice::fp32) {
   std::vector<Gpt> models;
-  for (int r = 0; r < ranks; ++r) models.push_back(make_model());  // the same values on every rank
+  for (int r = 0; r < ranks; ++r) {
+    models.push_back(make_model());  // the same values on every rank
+    if (precision == zero::PrecisionChoice::bf16) models.back()->to(torch::kBFloat16);
+  }
   Run out;
   zero::comm::LocalGroup group(ranks);
   group.run([&](zero::comm::Local& comm) {
     at::set_num_threads(1);
     const int r = comm.rank();
-    auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage, release_pages));
+    auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage, release_pages, precision));
     Adapter zt(*opt, *models[static_cast<std::size_t>(r)]);
     // Stages 0-2: each parameter tensor is a view of the optimizer's
     // resident parameters (no copy, no second copy held).
@@ -132,9 +139,10 @@ Run train(int ranks, int stage, int steps, bool release_pages = false) {
         EXPECT(id < params.size(), "parameter '%s' is not registered", named.key().c_str());
         if (id == params.size()) continue;
         const zero::UnitId u{params[id].unit};
-        const auto* resident = static_cast<const float*>(opt->acquire_unit(u)) + params[id].offset;  // resident
+        const auto* resident = static_cast<const char*>(opt->acquire_unit(u)) +
+                               params[id].offset * named.value().element_size();  // resident: no collective
         opt->release_unit(u);
-        EXPECT(named.value().data_ptr<float>() == resident,
+        EXPECT(named.value().data_ptr() == resident,
                "stage %d: '%s' is not a view of the optimizer's parameters", stage, named.key().c_str());
       }
     }
@@ -283,6 +291,41 @@ void stages_agree(int ranks) {
   if (ranks == 2) EXPECT(share <= 0.6, "stage 3 keeps %.3f of stage 0's model states at 2 ranks", share);
 }
 
+// A bf16 module (module->to(kBFloat16)) with precision bf16: its tensors
+// are the optimizer's bf16 parameters and gradients, the fp32 master
+// weights the optimizer's. Stages 1-3 equal stage 0 bit for bit, it learns
+// as the fp32 module does (within bf16's rounding), and memory per rank
+// follows the mixed-precision formulas (2 + 2 + 4 + 8 bytes per element).
+void bf16_module() {
+  constexpr int steps = 6, ranks = 2;
+  const Run fp32 = train(ranks, 0, steps);
+  std::vector<Run> runs;
+  for (int stage = 0; stage <= 3; ++stage) runs.push_back(train(ranks, stage, steps, false, zero::PrecisionChoice::bf16));
+  const Run& s0 = runs[0];
+  EXPECT(s0.losses.back() < s0.losses.front() - 0.1, "bf16 does not learn: %g -> %g", s0.losses.front(),
+         s0.losses.back());
+  EXPECT(std::abs(s0.losses.back() - fp32.losses.back()) <= 0.05, "bf16 ends at %g, fp32 at %g", s0.losses.back(),
+         fp32.losses.back());
+  const double phi = static_cast<double>(s0.memory.padded_elements), n = ranks;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Run& s = runs[static_cast<std::size_t>(stage)];
+    for (int k = 0; k < steps; ++k)
+      EXPECT(s.losses[k] == s0.losses[k], "bf16, stage %d, step %d: loss %.9g, stage 0 %.9g", stage, k, s.losses[k],
+             s0.losses[k]);
+    EXPECT(s.masters == s0.masters, "bf16, stage %d: master weights differ from stage 0's", stage);
+    const zero::MemoryReport& m = s.memory;
+    const double params = 2 * phi / (stage >= 3 ? n : 1), grads = 2 * phi / (stage >= 2 ? n : 1),
+                 master = 4 * phi / (stage >= 1 ? n : 1), states = 8 * phi / (stage >= 1 ? n : 1);
+    EXPECT(m.params == params && m.grads == grads && m.master == master && m.optimizer_states == states,
+           "bf16, stage %d: params %llu grads %llu master %llu states %llu; formula %g %g %g %g", stage,
+           static_cast<unsigned long long>(m.params), static_cast<unsigned long long>(m.grads),
+           static_cast<unsigned long long>(m.master), static_cast<unsigned long long>(m.optimizer_states), params,
+           grads, master, states);
+  }
+  std::printf("bf16 module, %d ranks: losses %.6f -> %.6f at every stage (fp32 module: %.6f -> %.6f)\n", ranks,
+              s0.losses.front(), s0.losses.back(), fp32.losses.front(), fp32.losses.back());
+}
+
 // Gradient accumulation: two micro-batches of half the batch per step
 // (Options::grad_accumulation_steps = 2; zt.step() after each) train as one
 // micro-batch of the whole batch, at stages 0 and 3 (within fp32 rounding:
@@ -412,7 +455,7 @@ void misuse_refused() {
       auto opt = zero::make_optimizer<zero::backend::Host>(comm, c);
       Gpt m = make_model();
       Adapter zt(*opt, *m);
-    }, "use precision fp32");
+    }, "convert the module with module->to(torch::kBFloat16)");
     refused("overwrite", [&] {
       zero::Config c = config_of(0);
       c.options.grad_writes = zero::GradWrites::overwrite;
@@ -458,6 +501,7 @@ int main(int argc, char** argv) {
   typed_optimizer_as_handle();
   frozen_parameters(bitwise);
   accumulation();
+  bf16_module();
   misuse_refused();
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);

@@ -40,10 +40,12 @@
 // Options::release_memory_pages its pages (and those of a taken gradient) go
 // back to the operating system.
 //
-// Limits: fp32 parameters (the engine's precision fp32: the module computes
-// in fp32) on CPU tensors with backend::Host; contiguous parameters; the
-// gradient mode GradWrites::accumulate (what autograd does). Each is
-// checked, with the fix in the message.
+// Precision: the module's tensors have the optimizer's storage type: fp32,
+// or bf16/fp16 with the fp32 master weights in the optimizer (fp16: scale
+// the loss by loss_scale() before backward). Limits: CPU tensors with
+// backend::Host; contiguous parameters; the gradient mode
+// GradWrites::accumulate (what autograd does). Each is checked, with the
+// fix in the message.
 #pragma once
 
 #include "zero/config.hpp"
@@ -138,7 +140,7 @@ struct UnitOutput : torch::autograd::Function<UnitOutput> {
 }  // namespace detail
 
 // Fits a torch::nn::Module to `Optimizer` (zero::AnyOptimizer from
-// make_optimizer, or a ZeroOptimizer with precision::Full<float>). Construct
+// make_optimizer, or a ZeroOptimizer). Construct
 // it on every rank, over a replica of the model with the same initial values
 // on every rank (the optimizer keeps the ranks' values equal from there).
 // Collective: the constructor (it finalizes the optimizer), step(), and at
@@ -154,8 +156,8 @@ class TorchModule final : private detail::TorchUnitEvents {
     // Every rank's replica starts from its own values: the same on every
     // rank (set_param's contract), as a same-seeded model is.
     for (std::size_t p = 0; p < params_.size(); ++p) {
-      const torch::Tensor& t = params_[p].tensor;
-      opt_.set_param(params_[p].id, t.data_ptr<float>());
+      const torch::Tensor values = params_[p].tensor.detach().to(torch::kFloat32).contiguous();  // fp32, as it takes
+      opt_.set_param(params_[p].id, values.data_ptr<float>());
     }
     if (stage_ < 3) view_resident_params();
     held_.assign(units_.size(), 0);
@@ -249,16 +251,16 @@ class TorchModule final : private detail::TorchUnitEvents {
     void* grad_data = nullptr;
   };
 
+  // The module's tensors are the optimizer's parameters and gradients, so
+  // they have its storage type: fp32 (precision fp32), or bf16/fp16 (the
+  // optimizer keeps the fp32 master weights; the module computes in 16 bits).
   void check_optimizer() {
-    DType dtype;
     if constexpr (requires { opt_.param_dtype(); }) {
-      dtype = opt_.param_dtype();  // AnyOptimizer
+      dtype_ = opt_.param_dtype();  // AnyOptimizer
     } else {
-      dtype = dtype_traits<typename Optimizer::param_type>::dtype;  // ZeroOptimizer
+      dtype_ = dtype_traits<typename Optimizer::param_type>::dtype;  // ZeroOptimizer
     }
-    require(dtype == DType::f32, "TorchModule: the optimizer's parameters are ", dtype_name(dtype),
-            "; a torch::nn module computes in its tensors' type: use precision fp32 "
-            "(config.precision = zero::PrecisionChoice::fp32, or precision::Full<float>)");
+    torch_dtype_ = dtype_ == DType::bf16 ? torch::kBFloat16 : dtype_ == DType::f16 ? torch::kFloat16 : torch::kFloat32;
     require(opt_.options().grad_writes == GradWrites::accumulate, "TorchModule: autograd adds into .grad; set "
             "options.grad_writes = zero::GradWrites::accumulate (JSON \"grad_writes\": \"accumulate\")");
   }
@@ -319,9 +321,10 @@ class TorchModule final : private detail::TorchUnitEvents {
   }
 
   void add_param(UnitId u, const std::string& name, torch::Tensor tensor) {
-    require(tensor.scalar_type() == torch::kFloat32, "TorchModule: parameter '", name, "' is ",
-            std::string(c10::toString(tensor.scalar_type())), "; the optimizer's precision is fp32: convert the "
-            "module with module->to(torch::kFloat32)");
+    require(tensor.scalar_type() == torch_dtype_, "TorchModule: parameter '", name, "' is ",
+            std::string(c10::toString(tensor.scalar_type())), "; the optimizer stores ", dtype_name(dtype_),
+            " parameters and gradients, which are the module's tensors: convert the module with module->to(torch::k",
+            std::string(c10::toString(torch_dtype_)), "), or choose the precision of its tensors");
     require(tensor.device().is_cpu(), "TorchModule: parameter '", name, "' is on ", tensor.device().str(),
             "; this adapter runs backend::Host on CPU tensors");
     require(tensor.is_contiguous(), "TorchModule: parameter '", name, "' is not contiguous; the optimizer reads "
@@ -336,7 +339,13 @@ class TorchModule final : private detail::TorchUnitEvents {
     // Stage 3 writes a unit's values into the tensor at each gather; at
     // stages 0-2 the tensor becomes a view of the optimizer's own parameters
     // after finalize() (view_resident_params), which need no copy.
-    opt_.use_memory(id, stage_ == 3 ? tensor.data_ptr<float>() : nullptr, static_cast<float*>(p.grad_data));
+    void* values = stage_ == 3 ? tensor.data_ptr() : nullptr;
+    if constexpr (requires { opt_.param_dtype(); }) {
+      opt_.use_memory(id, values, p.grad_data);  // AnyOptimizer: untyped
+    } else {
+      opt_.use_memory(id, static_cast<typename Optimizer::param_type*>(values),
+                      static_cast<typename Optimizer::grad_type*>(p.grad_data));
+    }
     params_.push_back(std::move(p));
   }
 
@@ -349,10 +358,10 @@ class TorchModule final : private detail::TorchUnitEvents {
     for (Param& p : params_) {
       const ParamInfo& info = opt_.layout().param(p.id);
       const UnitId u = units_[unit_index(info.unit)];
-      const float* base = static_cast<const float*>(opt_.acquire_unit(u));  // resident: no collective
+      const auto* base = static_cast<const std::byte*>(static_cast<const void*>(opt_.acquire_unit(u)));  // resident
       opt_.release_unit(u);
-      const auto sizes = p.tensor.sizes().vec();
-      p.tensor.set_data(torch::from_blob(const_cast<float*>(base + info.offset), sizes, torch::kFloat32));
+      auto* slice = const_cast<std::byte*>(base + info.offset * p.tensor.element_size());
+      p.tensor.set_data(torch::from_blob(slice, p.tensor.sizes().vec(), p.tensor.options()));
     }
     views_ = true;
   }
@@ -409,6 +418,8 @@ class TorchModule final : private detail::TorchUnitEvents {
   std::vector<std::string> frozen_params_, frozen_units_;  // not registered (requires_grad false)
   std::vector<int> held_;  // gathers not yet released, per unit
   std::vector<int> uses_;  // forward uses whose backward has not finished, per unit
+  DType dtype_ = DType::f32;                   // the optimizer's storage type
+  torch::ScalarType torch_dtype_ = torch::kFloat32;  // the same, as LibTorch names it
   bool entered_ = false;  // a unit was entered since the last step (stage 3 needs that)
   bool views_ = false;    // the tensors are views of the optimizer's parameters (stages 0-2)
 };
