@@ -22,6 +22,7 @@
 
 #include "common/cli.hpp"
 #include "common/openmp_waits.hpp"
+#include "common/rank_errors.hpp"
 #include "gpt/text_corpus.hpp"
 #include "torch_gpt/torch_gpt.hpp"
 #include "zero/comm/any_communicator.hpp"
@@ -98,6 +99,14 @@ torch::ScalarType module_dtype(zero::PrecisionChoice precision) {
   return precision == zero::PrecisionChoice::bf16   ? torch::kBFloat16
          : precision == zero::PrecisionChoice::fp16 ? torch::kFloat16
                                                     : torch::kFloat32;
+}
+
+// A rank's replica, from --seed: every rank's starts equal.
+torch_gpt::Gpt make_replica(const Args& a) {
+  torch::manual_seed(static_cast<std::uint64_t>(a.seed));
+  torch_gpt::Gpt model(a.shape);
+  model->to(module_dtype(a.config.precision));
+  return model;
 }
 
 double learning_rate(const Args& a, int step) {
@@ -231,16 +240,12 @@ int main(int argc, char** argv) {
     const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     double val = 0;
     if (args.launch.comm == "local") {
-      // One replica per rank, each made from the same seed (the ranks start
-      // equal); made here, one after another, as torch's generator is global.
+      // One replica per rank, made here one after another: torch's
+      // generator is global.
       std::vector<torch_gpt::Gpt> models;
-      for (int r = 0; r < args.launch.ranks; ++r) {
-        torch::manual_seed(static_cast<std::uint64_t>(args.seed));
-        models.emplace_back(args.shape);
-        models.back()->to(module_dtype(args.config.precision));
-      }
+      for (int r = 0; r < args.launch.ranks; ++r) models.push_back(make_replica(args));
       zero::comm::LocalGroup group(args.launch.ranks);
-      group.run([&](zero::comm::Local& comm) {
+      zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
         at::set_num_threads(std::max(1, cores / args.launch.ranks));
         const double v = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, corpus,
                                     models[static_cast<std::size_t>(comm.rank())]);
@@ -252,9 +257,7 @@ int main(int argc, char** argv) {
       zero::comm::Mpi comm;
       args.launch.ranks = comm.size();
       at::set_num_threads(std::max(1, cores / comm.size()));
-      torch::manual_seed(static_cast<std::uint64_t>(args.seed));
-      torch_gpt::Gpt model(args.shape);
-      model->to(module_dtype(args.config.precision));
+      torch_gpt::Gpt model = make_replica(args);
       val = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, corpus, model);
       if (comm.rank() != 0) return 0;
 #endif
@@ -265,7 +268,7 @@ int main(int argc, char** argv) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
     zero::comm::abort_mpi_job(e.what());
 #endif
-    std::fprintf(stderr, "error: %s\n", e.what());
+    zero::examples::print_error(e.what());
     return 1;
   }
 }

@@ -66,6 +66,11 @@ constexpr double kLr = 3e-3, kWeightDecay = 0.1;
 // on every rank and stage.
 struct Batch {
   torch::Tensor idx, targets;
+  // Part `k` of `parts` equal parts (rank k's slice, or micro-batch k).
+  Batch part(int k, int parts) const {
+    const int size = kGlobalBatch / parts;
+    return {idx.slice(0, k * size, (k + 1) * size), targets.slice(0, k * size, (k + 1) * size)};
+  }
 };
 Batch batch_of(int step) {
   torch::Generator gen = at::detail::createCPUGenerator(1000 + step);
@@ -100,7 +105,8 @@ zero::Config config_of(int stage, bool release_pages = false,
 }
 
 // The adapter's call: each unit through run(), so stage 3 gathers it.
-torch_gpt::UnitCall unit_call(Adapter& zt) {
+template <class Optimizer>
+torch_gpt::UnitCall unit_call(zero::integrations::TorchModule<Optimizer>& zt) {
   return [&zt](const std::string& unit, torch::Tensor x, const torch_gpt::UnitFn& f, bool reads) {
     return zt.run(unit, std::move(x), f, reads);
   };
@@ -146,13 +152,10 @@ Run train(int ranks, int stage, int steps, bool release_pages = false,
                "stage %d: '%s' is not a view of the optimizer's parameters", stage, named.key().c_str());
       }
     }
-    const int per_rank = kGlobalBatch / ranks;
     std::vector<double> losses;
     for (int k = 0; k < steps; ++k) {
-      const Batch b = batch_of(k);
-      auto loss = models[static_cast<std::size_t>(r)]->loss(b.idx.slice(0, r * per_rank, (r + 1) * per_rank),
-                                                             b.targets.slice(0, r * per_rank, (r + 1) * per_rank),
-                                                             unit_call(zt));
+      const Batch b = batch_of(k).part(r, ranks);
+      auto loss = models[static_cast<std::size_t>(r)]->loss(b.idx, b.targets, unit_call(zt));
       loss.backward();
       zt.step();
       losses.push_back(opt->mean_over_ranks(loss.item<double>()));
@@ -241,6 +244,23 @@ void compare_with_torch(Gpt& ours, Gpt& theirs, bool bitwise, const char* what) 
   }
 }
 
+// Model states per rank against the formulas of docs/zero-math.md: per
+// element of Phi (padded), `low` bytes of parameters and as many of
+// gradients, `master` bytes of fp32 master weights (0 where fp32 parameters
+// are their own) and 8 of AdamW's m and v, each divided by the ranks where
+// the stage partitions it.
+void expect_memory_formula(const zero::MemoryReport& m, int ranks, int stage, double low, double master,
+                           const char* what) {
+  const double phi = static_cast<double>(m.padded_elements), n = ranks;
+  const double params = low * phi / (stage >= 3 ? n : 1), grads = low * phi / (stage >= 2 ? n : 1),
+               masters = master * phi / (stage >= 1 ? n : 1), states = 8 * phi / (stage >= 1 ? n : 1);
+  EXPECT(m.params == params && m.grads == grads && m.master == masters && m.optimizer_states == states,
+         "%s, %d ranks, stage %d: params %llu grads %llu master %llu states %llu; formula %g %g %g %g", what, ranks,
+         stage, static_cast<unsigned long long>(m.params), static_cast<unsigned long long>(m.grads),
+         static_cast<unsigned long long>(m.master), static_cast<unsigned long long>(m.optimizer_states), params, grads,
+         masters, states);
+}
+
 void stages_agree(int ranks) {
   constexpr int steps = 6;
   const Run one = train(1, 0, steps);
@@ -272,20 +292,9 @@ void stages_agree(int ranks) {
                 label.c_str(), s.losses.front(), s.losses.back(), s0.losses.front(), s0.losses.back(), worst);
     if (stage <= 3) runs.push_back(s);
   }
-  // Model states per rank, fp32 AdamW (no separate master): parameters 4,
-  // gradients 4, m and v 8 bytes per element of Phi (padded), each divided
-  // by the ranks where the stage partitions it.
-  const double phi = static_cast<double>(runs[0].memory.padded_elements), n = ranks;
-  for (int stage = 0; stage <= 3; ++stage) {
-    const zero::MemoryReport& m = runs[static_cast<std::size_t>(stage)].memory;
-    const double params = 4 * phi / (stage >= 3 ? n : 1), grads = 4 * phi / (stage >= 2 ? n : 1),
-                 states = 8 * phi / (stage >= 1 ? n : 1);
-    EXPECT(m.params == params && m.grads == grads && m.optimizer_states == states && m.master == 0,
-          "%d ranks, stage %d: params %llu grads %llu states %llu master %llu; formula %g %g %g 0", ranks, stage,
-          static_cast<unsigned long long>(m.params), static_cast<unsigned long long>(m.grads),
-          static_cast<unsigned long long>(m.optimizer_states), static_cast<unsigned long long>(m.master), params,
-          grads, states);
-  }
+  // fp32 AdamW: the parameters are their own master.
+  for (int stage = 0; stage <= 3; ++stage)
+    expect_memory_formula(runs[static_cast<std::size_t>(stage)].memory, ranks, stage, 4, 0, "fp32");
   const double share = static_cast<double>(runs[3].memory.model_states()) / runs[0].memory.model_states();
   std::printf("%d ranks: model states per rank, stage 3 / stage 0 = %.3f\n", ranks, share);
   if (ranks == 2) EXPECT(share <= 0.6, "stage 3 keeps %.3f of stage 0's model states at 2 ranks", share);
@@ -306,21 +315,13 @@ void bf16_module() {
          s0.losses.back());
   EXPECT(std::abs(s0.losses.back() - fp32.losses.back()) <= 0.05, "bf16 ends at %g, fp32 at %g", s0.losses.back(),
          fp32.losses.back());
-  const double phi = static_cast<double>(s0.memory.padded_elements), n = ranks;
   for (int stage = 0; stage <= 3; ++stage) {
     const Run& s = runs[static_cast<std::size_t>(stage)];
     for (int k = 0; k < steps; ++k)
       EXPECT(s.losses[k] == s0.losses[k], "bf16, stage %d, step %d: loss %.9g, stage 0 %.9g", stage, k, s.losses[k],
              s0.losses[k]);
     EXPECT(s.masters == s0.masters, "bf16, stage %d: master weights differ from stage 0's", stage);
-    const zero::MemoryReport& m = s.memory;
-    const double params = 2 * phi / (stage >= 3 ? n : 1), grads = 2 * phi / (stage >= 2 ? n : 1),
-                 master = 4 * phi / (stage >= 1 ? n : 1), states = 8 * phi / (stage >= 1 ? n : 1);
-    EXPECT(m.params == params && m.grads == grads && m.master == master && m.optimizer_states == states,
-           "bf16, stage %d: params %llu grads %llu master %llu states %llu; formula %g %g %g %g", stage,
-           static_cast<unsigned long long>(m.params), static_cast<unsigned long long>(m.grads),
-           static_cast<unsigned long long>(m.master), static_cast<unsigned long long>(m.optimizer_states), params,
-           grads, master, states);
+    expect_memory_formula(s.memory, ranks, stage, 2, 4, "bf16");
   }
   std::printf("bf16 module, %d ranks: losses %.6f -> %.6f at every stage (fp32 module: %.6f -> %.6f)\n", ranks,
               s0.losses.front(), s0.losses.back(), fp32.losses.front(), fp32.losses.back());
@@ -343,13 +344,10 @@ void accumulation() {
       c.options.grad_accumulation_steps = 2;
       auto opt = zero::make_optimizer<zero::backend::Host>(comm, c);
       Adapter zt(*opt, *model);
-      const int half = kGlobalBatch / 2;
       for (int k = 0; k < steps; ++k) {
-        const Batch b = batch_of(k);
         for (int m = 0; m < 2; ++m) {
-          model->loss(b.idx.slice(0, m * half, (m + 1) * half), b.targets.slice(0, m * half, (m + 1) * half),
-                      unit_call(zt))
-              .backward();
+          const Batch b = batch_of(k).part(m, 2);
+          model->loss(b.idx, b.targets, unit_call(zt)).backward();
           const zero::StepResult r = zt.step();
           EXPECT(r.stepped == (m == 1), "stage %d, step %d, micro-batch %d: stepped %d", stage, k, m, r.stepped);
         }
@@ -416,14 +414,8 @@ void typed_optimizer_as_handle() {
     Typed opt(comm, {.lr = kLr, .weight_decay = kWeightDecay}, options);
     zero::integrations::TorchModule zt(opt, *models[static_cast<std::size_t>(r)]);
     for (int k = 0; k < steps; ++k) {
-      const Batch b = batch_of(k);
-      const int half = kGlobalBatch / 2;
-      auto loss = models[static_cast<std::size_t>(r)]->loss(b.idx.slice(0, r * half, (r + 1) * half),
-                                                             b.targets.slice(0, r * half, (r + 1) * half),
-                                                             [&zt](const std::string& unit, torch::Tensor x,
-                                                                   const torch_gpt::UnitFn& f, bool reads) {
-                                                               return zt.run(zt.unit(unit), std::move(x), f, reads);
-                                                             });
+      const Batch b = batch_of(k).part(r, 2);
+      auto loss = models[static_cast<std::size_t>(r)]->loss(b.idx, b.targets, unit_call(zt));
       loss.backward();
       zt.step();
       const double mean = opt.mean_over_ranks(loss.item<double>());

@@ -66,6 +66,7 @@
 #include "zero/engine/options.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
+#include "zero/runtime/name_list.hpp"
 #include "zero/shape.hpp"
 
 namespace zero::integrations {
@@ -159,7 +160,7 @@ class TorchModule final : private detail::TorchUnitEvents {
       const torch::Tensor values = params_[p].tensor.detach().to(torch::kFloat32).contiguous();  // fp32, as it takes
       opt_.set_param(params_[p].id, values.data_ptr<float>());
     }
-    if (stage_ < 3) view_resident_params();
+    if (views()) view_resident_params();
     held_.assign(units_.size(), 0);
     uses_.assign(units_.size(), 0);
   }
@@ -167,7 +168,7 @@ class TorchModule final : private detail::TorchUnitEvents {
   // values they last had (at stages 0-2 they were views of the optimizer's
   // memory, which may be freed after this).
   ~TorchModule() {
-    if (!views_) return;
+    if (!views()) return;
     for (Param& p : params_) p.tensor.set_data(p.tensor.detach().clone());
   }
   TorchModule(const TorchModule&) = delete;
@@ -182,7 +183,7 @@ class TorchModule final : private detail::TorchUnitEvents {
     for (const auto& frozen : frozen_units_)
       require(frozen != name, "TorchModule: unit '", name, "' has only frozen parameters (requires_grad false), "
               "which the optimizer does not hold: call it through run(name, x, f), which runs it as it is");
-    throw Error("TorchModule: no unit named '" + name + "'; the units are " + join(unit_names_));
+    throw Error("TorchModule: no unit named '" + name + "'; the units are " + listed(unit_names_));
   }
   // How many parameter tensors were registered (tied ones once; frozen ones
   // not), and the frozen ones' names.
@@ -272,7 +273,7 @@ class TorchModule final : private detail::TorchUnitEvents {
       for (const std::string& name : options.units) {
         const auto* found = all.find(name);
         require(found != nullptr, "TorchModule: no submodule named '", name, "' (TorchModuleOptions::units); the "
-                "module's direct children are ", join(module.named_children().keys()));
+                "module's direct children are ", listed(module.named_children().keys()));
         chosen.emplace_back(name, *found);
       }
     } else {
@@ -288,11 +289,13 @@ class TorchModule final : private detail::TorchUnitEvents {
       }
     }
     std::map<const void*, std::string> owner;  // tensor -> name it was registered under
-    auto add_unit = [&](const std::string& unit_name, const torch::OrderedDict<std::string, torch::Tensor>& params) {
+    // `path`: the submodule's ("" for the root's own parameters).
+    auto add_unit = [&](const std::string& path, const torch::OrderedDict<std::string, torch::Tensor>& params) {
+      const std::string unit_name = path.empty() ? "(root)" : path;
       std::vector<std::pair<std::string, torch::Tensor>> fresh;
       bool frozen_only = !params.is_empty();
       for (const auto& p : params) {
-        const std::string name = unit_name.empty() ? p.key() : unit_name + "." + p.key();
+        const std::string name = path.empty() ? p.key() : path + "." + p.key();
         if (!owner.emplace(p.value().unsafeGetTensorImpl(), name).second) continue;  // tied: registered before
         // A frozen parameter (requires_grad false, as fine-tuning leaves
         // it) stays the module's own, whole on every rank, never updated:
@@ -305,12 +308,12 @@ class TorchModule final : private detail::TorchUnitEvents {
         fresh.emplace_back(name, p.value());
       }
       if (fresh.empty()) {
-        if (frozen_only) frozen_units_.push_back(unit_name.empty() ? "(root)" : unit_name);
+        if (frozen_only) frozen_units_.push_back(unit_name);
         return;  // nothing to train: frozen, or only tied parameters registered with their first module
       }
-      const UnitId u = opt_.add_unit(unit_name.empty() ? "(root)" : unit_name);
+      const UnitId u = opt_.add_unit(unit_name);
       units_.push_back(u);
-      unit_names_.push_back(unit_name.empty() ? "(root)" : unit_name);
+      unit_names_.push_back(unit_name);
       for (auto& [name, tensor] : fresh) add_param(u, name, tensor);
     };
     if (options.units.empty()) add_unit("", module.named_parameters(false));
@@ -357,19 +360,15 @@ class TorchModule final : private detail::TorchUnitEvents {
   void view_resident_params() {
     for (Param& p : params_) {
       const ParamInfo& info = opt_.layout().param(p.id);
-      const UnitId u = units_[unit_index(info.unit)];
+      const UnitId u = units_[info.unit];
       const auto* base = static_cast<const std::byte*>(static_cast<const void*>(opt_.acquire_unit(u)));  // resident
       opt_.release_unit(u);
       auto* slice = const_cast<std::byte*>(base + info.offset * p.tensor.element_size());
       p.tensor.set_data(torch::from_blob(slice, p.tensor.sizes().vec(), p.tensor.options()));
     }
-    views_ = true;
   }
-  std::size_t unit_index(std::size_t layout_unit) const {
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      if (units_[u].index == layout_unit) return u;
-    throw Error("TorchModule: internal: layout unit " + std::to_string(layout_unit) + " is not one of the adapter's");
-  }
+  // Stages 0-2: the tensors are views of the optimizer's parameters.
+  bool views() const { return stage_ < 3; }
 
   void check_grads() const {
     for (const Param& p : params_) {
@@ -382,21 +381,20 @@ class TorchModule final : private detail::TorchUnitEvents {
 
   // Forward: gather (a collective at stage 3; nothing at 0-2).
   void entered(std::size_t u) override {
-    if (stage_ == 3) {
-      opt_.acquire_unit(units_[u]);
-      ++held_[u];
-    }
+    acquire_one(u);
     entered_ = true;
   }
   void left(std::size_t u) override { release_one(u); }
-  void backward_reached(std::size_t u) override {
-    if (stage_ != 3) return;
-    opt_.acquire_unit(units_[u]);
-    ++held_[u];
-  }
+  void backward_reached(std::size_t u) override { acquire_one(u); }
   void backward_done(std::size_t u) override {
     release_one(u);
     if (uses_[u] > 0 && --uses_[u] == 0) opt_.grad_ready(units_[u]);
+  }
+  // Stage 3 gathers and releases; stages 0-2 hold every unit resident.
+  void acquire_one(std::size_t u) {
+    if (stage_ != 3) return;
+    opt_.acquire_unit(units_[u]);
+    ++held_[u];
   }
   void release_one(std::size_t u) {
     if (stage_ != 3 || held_[u] == 0) return;
@@ -404,14 +402,15 @@ class TorchModule final : private detail::TorchUnitEvents {
     --held_[u];
   }
 
-  static std::string join(const std::vector<std::string>& names) {
-    std::string s;
-    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-    return s.empty() ? "(none)" : s;
+  template <class Names>
+  static std::string listed(const Names& names) {
+    return names.empty() ? std::string("(none)") : zero::detail::join_names(names);
   }
 
   Optimizer& opt_;
   int stage_;
+  // The adapter registers every unit, so units_[k] is UnitId{k}: the
+  // per-unit vectors below and the layout's unit numbers index alike.
   std::vector<UnitId> units_;
   std::vector<std::string> unit_names_;
   std::vector<Param> params_;
@@ -421,7 +420,6 @@ class TorchModule final : private detail::TorchUnitEvents {
   DType dtype_ = DType::f32;                   // the optimizer's storage type
   torch::ScalarType torch_dtype_ = torch::kFloat32;  // the same, as LibTorch names it
   bool entered_ = false;  // a unit was entered since the last step (stage 3 needs that)
-  bool views_ = false;    // the tensors are views of the optimizer's parameters (stages 0-2)
 };
 
 }  // namespace zero::integrations
