@@ -1,12 +1,15 @@
 // Host fused-step benchmark: parameters/s, bytes/s and the ratio to the
 // bandwidth limit of the same access pattern (ProbePolicy through the same
 // kernel, same threads, timed interleaved with the real step in this run).
+// bf16_remainder_adamw keeps the master as the bf16 copy plus a remainder
+// (Options::master = remainder): its probe runs the remainder path too.
 //
 //   bench_step_host [--n N (K/M/G suffixes)] [--reps R] [--json] [--isa portable|avx2|avx512]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -28,23 +31,28 @@ struct Options {
 // will use them (so pages land where the kernel runs).
 template <class Grad, class Param, int Slots>
 struct Buffers {
+  std::size_t n;
   std::vector<float> master;
+  std::vector<std::uint16_t> remainder;  // instead of the master, when given
   std::vector<Grad> grad;
   std::vector<std::vector<float>> state;
   std::vector<Param> param;
-  explicit Buffers(std::size_t n)
-      : master(n, 0.5f), grad(n, zero::from_float<Grad>(0.01f)), state(Slots, std::vector<float>(n, 0.0f)),
-        param(std::is_same_v<Param, float> ? 0 : n) {}
+  Buffers(std::size_t elements, bool remainders)
+      : n(elements), master(remainders ? 0 : n, 0.5f), remainder(remainders ? n : 0, 0),
+        grad(n, zero::from_float<Grad>(0.01f)), state(Slots, std::vector<float>(n, 0.0f)),
+        param(std::is_same_v<Param, float> ? 0 : n, zero::from_float<Param>(0.5f)) {}
 };
 
 template <class Opt, class Grad, class Param, int Slots>
 double time_step(Buffers<Grad, Param, Slots>& b, const typename Opt::Hyper& hyper, int step) {
   zero::kernels::FusedStepArgs<Opt, Grad, Param> args;
-  args.master = b.master.data();
+  args.master = b.master.empty() ? nullptr : b.master.data();
+  if constexpr (zero::kernels::FusedStepArgs<Opt, Grad, Param>::can_split_master)
+    args.remainder = b.remainder.empty() ? nullptr : b.remainder.data();
   args.grad = b.grad.data();
   for (int k = 0; k < Slots; ++k) args.state[k] = b.state[k].data();
   args.param = b.param.empty() ? nullptr : b.param.data();
-  args.n = b.master.size();
+  args.n = b.n;
   args.scalars = Opt::prepare(hyper, step);
   const auto t0 = std::chrono::steady_clock::now();
   zero::kernels::host_fused_step(args);
@@ -56,10 +64,10 @@ double time_step(Buffers<Grad, Param, Slots>& b, const typename Opt::Hyper& hype
 double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 template <class Opt, class Grad, class Param>
-void run(const char* label, const typename Opt::Hyper& hyper, const Options& o) {
+void run(const char* label, const typename Opt::Hyper& hyper, const Options& o, bool remainder = false) {
   constexpr int slots = Opt::state_slots;
   using Probe = zero::bench::ProbePolicy<slots>;
-  Buffers<Grad, Param, slots> b(o.n);
+  Buffers<Grad, Param, slots> b(o.n, remainder);
   // Warm up both (page faults, frequency), then alternate so drift hits both.
   time_step<Opt>(b, hyper, 1);
   time_step<Probe>(b, typename Probe::Hyper{}, 1);
@@ -69,7 +77,11 @@ void run(const char* label, const typename Opt::Hyper& hyper, const Options& o) 
     probe.push_back(time_step<Probe>(b, typename Probe::Hyper{}, r + 2));
   }
   const double t = fastest(real), tp = fastest(probe);
-  const double bytes_per_param = 4.0 * (1 + slots) * 2 + sizeof(Grad) + (std::is_same_v<Param, float> ? 0 : sizeof(Param));
+  // Read and written: the master (4, or a 2-byte remainder and the copy's
+  // 2 read back) and the states; read: the gradient; written: the copy.
+  const double master_bytes = remainder ? 2.0 * 2 + sizeof(Param) : 4.0 * 2;
+  const double bytes_per_param =
+      master_bytes + 4.0 * slots * 2 + sizeof(Grad) + (std::is_same_v<Param, float> ? 0 : sizeof(Param));
   const double params_per_s = static_cast<double>(o.n) / t;
   const double gbs = params_per_s * bytes_per_param / 1e9;
   const double ratio = tp / t;
@@ -110,6 +122,7 @@ int main(int argc, char** argv) {
   sgd.momentum = 0.9;
   run<zero::optim::AdamW, float, float>("fp32_adamw", adamw, o);
   run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_mixed_adamw", adamw, o);
+  run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_remainder_adamw", adamw, o, true);
   run<zero::optim::Sgd, float, float>("fp32_sgd_momentum", sgd, o);
   return 0;
 }

@@ -73,8 +73,8 @@ struct ConfigChoices {
 
 // The ZeRO choices as one zero::Config (zero/runtime/config.hpp), from a
 // file and the command line: --config FILE (a JSON file, docs/configuration.md),
-// then --stage, --precision, --optimizer, --offload, --nvme-dir DIR and
-// --nvme-window-mib MIB.
+// then --stage, --precision, --optimizer, --offload, --master, --nvme-dir DIR
+// and --nvme-window-mib MIB.
 //
 // Contract: after app.parse(), `config` holds what it held before, with
 // every setting FILE has replaced (zero::load_config_into: keys FILE does not
@@ -121,6 +121,12 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
          "through a host window; stages 1-3)")
       ->check(CLI::IsMember(accepted.offload_tiers))
       ->default_str(zero::name(config.offload));
+  app.add_option_function<std::string>(
+         "--master", [&config](const std::string& text) { config.options.master = *zero::parse_master_weights(text); },
+         "how the fp32 master weights of bf16 parameters are kept: fp32 (4 bytes per parameter), remainder (the "
+         "bf16 parameters plus 16 bits: 2 bytes, the same values bit for bit; copies rounded half away from zero)")
+      ->check(CLI::IsMember(std::vector<std::string>{"fp32", "remainder"}))
+      ->default_str(zero::name(config.options.master));
   app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
   app.add_option_function<double>(
          "--nvme-window-mib",

@@ -333,6 +333,10 @@ int main(int argc, char** argv) {
   std::string device_text, host_text;
   app.add_option("--device-memory", device_text, "Device memory per rank (80G): print whether it fits");
   app.add_option("--host-memory", host_text, "Host memory per rank (512G): print whether it fits");
+  std::string master = "fp32";
+  app.add_option("--master", master, "Options::master: how bf16 parameters' fp32 master is kept: fp32 (4 bytes per "
+                                     "parameter) or remainder (the bf16 parameters plus 16 bits: 2 bytes, exact)")
+      ->check(CLI::IsMember({"fp32", "remainder"}));
   bool json = false;
   app.add_flag("--json", json, "Machine-readable output (schema in docs)");
 
@@ -376,7 +380,12 @@ int main(int argc, char** argv) {
     config.options.bucket_bytes = bucket_text == "auto" ? 0 : parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
     config.options.reduce_dtype = reduce == "fp32" ? zero::ReduceDType::fp32 : zero::ReduceDType::same_as_grad;
     config.options.grad_writes = grad_writes == "accumulate" ? zero::GradWrites::accumulate : zero::GradWrites::overwrite;
-    const std::size_t least_window = zero::offload::disk_least_window_bytes(config.state_slots);
+    config.options.master = master == "remainder" ? zero::MasterWeights::remainder : zero::MasterWeights::fp32;
+    if (config.options.master == zero::MasterWeights::remainder && config.precision != plan::Precision::bf16)
+      throw CLI::ValidationError("--master remainder", "keeps the fp32 master as the bf16 parameters plus 16 bits: "
+                                                       "use --precision bf16, or --master fp32");
+    const std::size_t least_window = zero::offload::disk_least_window_bytes(
+        config.state_slots, config.options.master == zero::MasterWeights::remainder ? 2 : 4);
     if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
       throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "
                                                       "state slot: at least " + std::to_string(least_window) +

@@ -158,6 +158,9 @@ struct Variant {
   std::size_t windows;    // offload::Nvme's window in least windows (0: the 64 MiB default)
   zero::GradWrites writes = zero::GradWrites::overwrite;
   int live_buckets = 2;
+  // bf16 parameters: the master as the parameters plus a remainder
+  // (MasterWeights::remainder; the other precisions keep an fp32 master).
+  bool remainder = false;
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -181,8 +184,8 @@ void check_plan_against_optimizers() {
       {"defaults", 1, std::size_t{32} << 20, 1, ReduceDType::same_as_grad, false, 0},
       {"one unit per bucket, accumulate 2, no prefetch, delayed update, the least window", 2, 1, 0,
        ReduceDType::same_as_grad, true, 1},
-      {"3 KiB buckets, accumulate 3, prefetch 2, reduce in fp32, 3 least windows", 3, 3072, 2, ReduceDType::fp32,
-       false, 3},
+      {"3 KiB buckets, accumulate 3, prefetch 2, reduce in fp32, 3 least windows, remainder master (bf16)", 3,
+       3072, 2, ReduceDType::fp32, false, 3, zero::GradWrites::overwrite, 2, true},
       {"one unit per bucket, prefetch 2, reduce in fp32, delayed update", 1, 1, 2, ReduceDType::fp32, true, 0},
       {"gradients added: one unit per bucket, accumulate 2, 3 live buckets, reduce in fp32", 2, 1, 1,
        ReduceDType::fp32, false, 0, zero::GradWrites::accumulate, 3},
@@ -207,12 +210,16 @@ void check_plan_against_optimizers() {
         options.live_buckets = v.live_buckets;
         options.delayed_update = device_offload && v.delayed_update;
         options.delayed_update_warmup = 0;
+        constexpr bool bf16_params = std::is_same_v<typename O::param_type, zero::bf16>;
+        if (bf16_params && v.remainder) options.master = zero::MasterWeights::remainder;
         std::optional<TempDir> dir;
         if constexpr (nvme) {
           dir.emplace();
           options.nvme.directory = dir->path.string();
           if (v.windows != 0)
-            options.nvme.window_bytes = v.windows * zero::offload::disk_least_window_bytes(O::state_slots);
+            options.nvme.window_bytes =
+                v.windows * zero::offload::disk_least_window_bytes(
+                                O::state_slots, options.master == zero::MasterWeights::remainder ? 2 : 4);
         }
         // Host communicators do not overlap: one staging set.
         const plan::Config config = plan::config_for<O>(model, ranks, options, false);
@@ -413,6 +420,14 @@ TEST_CASE("the disk window and the swap file, by hand", "[engine][plan][offload]
   CHECK(disk_swap_file_bytes(window, 2, 0) == 1024 * 12);  // one record at least
   CHECK(zero::offload::disk_least_window_bytes(2) == 36864);
   CHECK(zero::offload::disk_least_window_bytes(1) == 24576);
+  // A remainder master (2 bytes) beside Adam's two states: 10 bytes per
+  // element, 30 per chunk element; 64 MiB / 30 = 2236962, in whole blocks
+  // of 2048 (the remainders' 4 KiB): 1092 blocks.
+  CHECK(disk_chunk_elements(window, 2, 10'000'000, 2) == 1092 * 2048);
+  CHECK(disk_window_elements(window, 2, 10'000'000, 2) == 3 * 1092 * 2048 * 10 / 4);
+  CHECK(disk_swap_file_bytes(window, 2, 10'000'000, 2) == 5u * 1092 * 2048 * 10);  // 5 records of 2236416
+  CHECK(disk_swap_file_bytes(window, 2, 1000, 2) == 2048 * 10);
+  CHECK(zero::offload::disk_least_window_bytes(2, 2) == 3 * 2048 * 10);
 }
 
 namespace {

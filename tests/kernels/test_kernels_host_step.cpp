@@ -3,6 +3,9 @@
 // thread splits) give the same bits as the scalar per-element body.
 #include <catch2/catch.hpp>
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -68,6 +71,129 @@ TEST_CASE("The host fused step matches the scalar body bit for bit at every size
         }
       }
     }
+  }
+  zero::simd::force_isa(zero::simd::detect_isa_from_cpu());
+}
+
+namespace {
+
+// The remainder master through the host step: for every ISA and size, the
+// SIMD paths give the scalar body's bits, and the whole update is the one
+// an fp32 master makes when its bf16 copy is rounded half away from zero
+// (Options::round_ties_away): same master bits (read back by join_master),
+// same copy, same state.
+template <class Opt>
+void check_remainder_step(std::size_t n, std::size_t misalign) {
+  INFO("n " << n << ", misalign " << misalign << ", " << Opt::name << ", isa "
+            << zero::simd::isa_name(zero::simd::active_isa()));
+  constexpr int S = Opt::state_slots;
+  const std::size_t total = n + misalign;
+  std::vector<float> master(total);
+  std::vector<zero::bf16> grad(total), copy(total), copy_simd, copy_fp32(total);
+  std::vector<std::uint16_t> rest(total), rest_simd;
+  std::vector<std::vector<float>> state(S, std::vector<float>(total)), state_simd, state_fp32;
+  for (std::size_t i = 0; i < total; ++i) {
+    std::uint32_t bits = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f);
+    if (i % 5 == 0) bits = (bits & 0xfffe0000u) | 0x8000u;  // ties, below an even copy: rounding to even breaks them
+    master[i] = std::bit_cast<float>(bits);
+    zero::split_master(master[i], copy[i], rest[i]);
+    REQUIRE(std::bit_cast<std::uint32_t>(zero::join_master(copy[i], rest[i])) == bits);
+    grad[i] = zero::from_float<zero::bf16>(static_cast<float>(static_cast<int>((i * 7) % 1001) - 500) * 1e-3f);
+    for (int k = 0; k < S; ++k) state[k][i] = static_cast<float>((i * (k + 3)) % 97) * 1e-4f;
+  }
+  copy_simd = copy;
+  rest_simd = rest;
+  state_simd = state_fp32 = state;
+  typename Opt::Hyper hyper;
+  hyper.lr = 1e-2;
+  zero::kernels::FusedStepArgs<Opt, zero::bf16, zero::bf16> args, ref, fp32;
+  args.grad = grad.data() + misalign;
+  args.n = n;
+  args.grad_scale = 0.5f;
+  args.scalars = Opt::prepare(hyper, 3);
+  ref = fp32 = args;
+  auto aim = [&](auto& a, std::vector<zero::bf16>& c, std::vector<std::uint16_t>& r, std::vector<std::vector<float>>& st) {
+    a.param = c.data() + misalign;
+    a.remainder = r.data() + misalign;
+    for (int k = 0; k < S; ++k) a.state[k] = st[k].data() + misalign;
+  };
+  aim(args, copy_simd, rest_simd, state_simd);
+  aim(ref, copy, rest, state);
+  fp32.master = master.data() + misalign;
+  fp32.param = copy_fp32.data() + misalign;
+  fp32.ties_away = true;
+  for (int k = 0; k < S; ++k) fp32.state[k] = state_fp32[k].data() + misalign;
+  zero::kernels::host_fused_step(args);
+  for (std::size_t i = 0; i < n; ++i) zero::kernels::fused_step_element(ref, i);
+  zero::kernels::host_fused_step(fp32);
+  CHECK(std::memcmp(copy_simd.data(), copy.data(), total * sizeof(zero::bf16)) == 0);
+  CHECK(std::memcmp(rest_simd.data(), rest.data(), total * sizeof(std::uint16_t)) == 0);
+  for (int k = 0; k < S; ++k) {
+    CHECK(std::memcmp(state_simd[k].data(), state[k].data(), total * sizeof(float)) == 0);
+    CHECK(std::memcmp(state_fp32[k].data(), state[k].data(), total * sizeof(float)) == 0);
+  }
+  std::size_t differ = 0, copies_differ = 0;
+  for (std::size_t i = misalign; i < total; ++i) {
+    differ += std::bit_cast<std::uint32_t>(zero::join_master(copy[i], rest[i])) != std::bit_cast<std::uint32_t>(master[i]);
+    copies_differ += copy[i].bits != copy_fp32[i].bits;
+  }
+  CHECK(differ == 0);
+  CHECK(copies_differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("A remainder master is the fp32 master bit for bit, whatever the bits", "[kernels][remainder]") {
+  // Every lower half for upper halves across the range: zeros, subnormals,
+  // the largest finite values (whose ties round to infinity), infinities,
+  // NaNs, both signs, and odd and even copies.
+  std::vector<std::uint32_t> highs = {0x0000, 0x0001, 0x0002, 0x007f, 0x0080, 0x3f7f, 0x3f80, 0x3f81, 0x7f7e, 0x7f7f,
+                                      0x7f80, 0x7f81, 0x7fc0, 0x7fff, 0x8000, 0x8001, 0xbf80, 0xff7f, 0xff80, 0xffff};
+  for (std::uint32_t h = 0; h < 0x10000; h += 251) highs.push_back(h);
+  // Counted, not asserted per value (130 million of them).
+  std::size_t checked = 0, wrong_nan = 0, wrong_back = 0, wrong_copy = 0, not_nearest = 0;
+  for (const std::uint32_t high : highs) {
+    for (std::uint32_t low = 0; low < 0x10000; ++low) {
+      const std::uint32_t bits = high << 16 | low;
+      const float f = std::bit_cast<float>(bits);
+      zero::bf16 copy;
+      std::uint16_t rest;
+      zero::split_master(f, copy, rest);
+      const float back = zero::join_master(copy, rest);
+      if (std::isnan(f)) {
+        wrong_nan += !std::isnan(back) || copy.bits != 0x7fff;  // the nearest-even conversion's NaN
+      } else {
+        wrong_back += std::bit_cast<std::uint32_t>(back) != bits;
+        // The copy is a nearest bf16 value (half away from zero on ties).
+        wrong_copy += copy.bits != ((bits + 0x8000u) >> 16) || !(zero::bf16_ties_away(f) == copy);
+        not_nearest += low != 0x8000 && !(copy == zero::from_float<zero::bf16>(f));
+      }
+      ++checked;
+    }
+  }
+  CHECK(wrong_nan == 0);
+  CHECK(wrong_back == 0);
+  CHECK(wrong_copy == 0);
+  CHECK(not_nearest == 0);
+  CHECK(checked == highs.size() * 65536);
+  // Rounding to nearest even has 65,537 values for an even copy: the tie
+  // above it is one of them, and no 16-bit remainder could tell it apart.
+  const float tie_above_even = std::bit_cast<float>(0x3f808000u);  // copy 0x3f80 is even
+  CHECK(zero::from_float<zero::bf16>(tie_above_even).bits == 0x3f80);
+  CHECK(zero::bf16_ties_away(tie_above_even).bits == 0x3f81);
+}
+
+TEST_CASE("The host fused step with a remainder master matches the scalar body and the fp32 master",
+          "[kernels][remainder]") {
+  const std::size_t sizes[] = {1, 15, 1000, (std::size_t{1} << 15) + 17};
+  for (const auto isa : zero::simd::supported_isas()) {
+    zero::simd::force_isa(isa);
+    for (std::size_t n : sizes)
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+        check_remainder_step<zero::optim::AdamW>(n, misalign);
+        check_remainder_step<zero::optim::Adam>(n, misalign);
+        check_remainder_step<zero::optim::Sgd>(n, misalign);
+      }
   }
   zero::simd::force_isa(zero::simd::detect_isa_from_cpu());
 }

@@ -153,9 +153,13 @@ struct EngineIo {
     }
     void write(std::size_t slot, const OwnedRange& r, const void* src) override {
       const std::size_t local = r.begin - opt_.ownership().update_begin(opt_.layout().units()[r.unit]);
-      if (is_param(slot))
-        opt_.write_params(r.unit, local, r.count, static_cast<const param_type*>(src));
-      else
+      // A remainder master wrote these parameters with the master (slot 0,
+      // read first): they are its upper halves, rounded half away from zero,
+      // and the file's copy (rounded to even by an fp32-master run) would
+      // not fit the remainders on exact ties.
+      if (is_param(slot)) {
+        if (!opt_.remainder_master()) opt_.write_params(r.unit, local, r.count, static_cast<const param_type*>(src));
+      } else
         opt_.write_state(store_slot(slot), r.unit, local, r.count, static_cast<const float*>(src));
     }
 
@@ -242,7 +246,8 @@ struct EngineIo {
     // copy (a run in another precision), and always in fp32, which saves no
     // "param" slot. (Without this an fp32 offloaded resume trained on the
     // fresh optimizer's values while gather_masters() looked right.)
-    const bool derive = mixed ? !result.slots_not_loaded.empty() : opt.separate_master();
+    const bool derive =
+        mixed ? !result.slots_not_loaded.empty() && !opt.remainder_master() : opt.separate_master();
     if (derive) params_from_master(opt, source);
     const RunState& run = result.manifest.run;
     opt.restore_progress(static_cast<std::int64_t>(run.step),
@@ -316,7 +321,7 @@ struct EngineIo {
       master.resize(r.count);
       low.resize(r.count);
       source.read(0, r, master.data());
-      for (std::size_t i = 0; i < r.count; ++i) low[i] = from_float<param_type>(master[i]);
+      for (std::size_t i = 0; i < r.count; ++i) low[i] = opt.rounded_copy(master[i]);
       opt.write_params(r.unit, r.begin - opt.ownership().update_begin(opt.layout().units()[r.unit]), r.count,
                        low.data());
     }

@@ -36,7 +36,17 @@ struct BufferSpec {
   // these two; left at their defaults, there are none.
   OffloadTier offload = OffloadTier::none;
   bool device_backend = false;   // the backend's memory is a device's (backend::Cuda), not the host's
+  // Bytes of the master per owned element: 4 (fp32), or 2 (a remainder
+  // master's remainders beside the bf16 parameters; Options::master).
+  std::size_t master_bytes = 4;
 };
+
+// Bytes per owned element of the master: none without a master of its own,
+// 2 for a remainder master, 4 for fp32.
+inline std::size_t master_element_bytes(bool separate_master, MasterWeights format) {
+  if (!separate_master) return 0;
+  return format == MasterWeights::remainder ? 2 : 4;
+}
 
 // Offloaded from a device: the owned gradient is copied to the host for the
 // CPU update and the updated parameters staged back (backend::Host with
@@ -235,9 +245,9 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   }
   if (spec.offload == OffloadTier::nvme) {
     const std::size_t window = options.nvme.window_bytes;
-    s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned);
-    s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned);
-    s.swap_file_bytes = offload::disk_swap_file_bytes(window, spec.state_slots, owned);
+    s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned, spec.master_bytes);
+    s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned, spec.master_bytes);
+    s.swap_file_bytes = offload::disk_swap_file_bytes(window, spec.state_slots, owned, spec.master_bytes);
   }
   return s;
 }

@@ -139,6 +139,7 @@ class Engine {
         control_(options.loss_scale, Precision::loss_scaling) {
     hyper_.validate();
     options_.validate();
+    check_master_format(options_);
   }
 
   Engine(const Engine&) = delete;
@@ -348,6 +349,13 @@ class Engine {
   void write_state(StateSlot slot, std::size_t unit, std::size_t local, std::size_t count, const float* host);
   // Whether the store keeps the fp32 master apart from the parameters.
   bool separate_master() const { return update_.separate_master(); }
+  // The master is the bf16 parameters plus remainders (Options::master): a
+  // master written through write_state() writes this rank's owned
+  // parameters too, which then follow the master and nothing else.
+  bool remainder_master() const { return update_.remainder_master(); }
+  // A 16-bit parameter copy of an fp32 value, rounded as the step rounds
+  // (to nearest even, or half away from zero: Options::round_ties_away).
+  param_type rounded_copy(float value) const;
   // Between optimizer steps, with nothing in flight: a background save
   // completed, the delayed update landed, the device idle.
   void settle(const char* what);
@@ -369,6 +377,8 @@ class Engine {
   using Buffer = typename Ops::template Buffer<T>;
 
   static EnginePlan checked(EnginePlan plan, DiskMaker disk);
+  // The master's format and the copies' rounding against the precision.
+  static void check_master_format(const Options& options);
 
   const UnitInfo& unit_of(std::size_t index) const { return layout_.units()[index]; }
   param_type* param_ptr(const UnitInfo& u) { return params_.data() + ownership().param_offset(u); }

@@ -44,6 +44,19 @@ EnginePlan Engine<P, O, B>::checked(EnginePlan plan, DiskMaker disk) {
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::check_master_format(const Options& options) {
+  const char* precision = P::mixed ? dtype_traits<param_type>::name : "fp32";
+  require(options.master != MasterWeights::remainder || std::is_same_v<param_type, bf16>,
+          "Options::master is remainder, but the parameters are ", precision,
+          ": the remainder master is the bf16 parameters plus 16 bits (", P::mixed
+              ? "an fp16 value's upper bits are not an fp32 value's; use precision::Mixed<bf16>, or "
+                "Options::master = MasterWeights::fp32)"
+              : "fp32 training keeps no master apart from its parameters; set Options::master = fp32)");
+  require(!options.round_ties_away || std::is_same_v<param_type, bf16>, "Options::round_ties_away rounds bf16 "
+          "parameter copies, but the parameters are ", precision, ": clear the option");
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::finalize() {
   const comm::ApiCall api_call("finalize");  // names this call in communicator errors (as every collective call)
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
@@ -56,8 +69,8 @@ void Engine<P, O, B>::finalize() {
   // fp32 training keeps no master apart from the parameters unless offload
   // moves it to the host (the device then keeps a working copy).
   const bool separate_master = P::mixed || plan_.offload != OffloadTier::none;
-  const BufferSpec spec{rules,          separate_master, sizeof(grad_type), state_slots, comm_.overlaps(),
-                        plan_.offload, B::device};
+  const BufferSpec spec{rules,           separate_master, sizeof(grad_type), state_slots, comm_.overlaps(),
+                        plan_.offload,   B::device,       master_element_bytes(true, options_.master)};
   const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
   if (const std::string note = gradient_saving_note(sizes, spec, layout_, options_); !note.empty() && rank() == 0)
     std::fprintf(stderr, "%s\n", note.c_str());

@@ -51,15 +51,14 @@ void Engine<P, O, B>::set_param(ParamId id, const float* values) {
   const Ownership own = ownership();
   const std::size_t begin = own.update_begin(u), end = begin + own.update_size(u);
   const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
-  auto to_params = [](const float* from, std::size_t n, param_type* to) {
+  auto to_params = [this](const float* from, std::size_t n, param_type* to) {
     std::vector<param_type> low(n);  // converted on the host, then uploaded (values are fp32 host memory)
-    for (std::size_t i = 0; i < n; ++i) low[i] = from_float<param_type>(from[i]);
+    for (std::size_t i = 0; i < n; ++i) low[i] = rounded_copy(from[i]);
     Ops::upload(to, low.data(), n);
   };
   if (lo < hi) {
     const float* owned = values + (lo - p.offset);
-    if (update_.store().owns_master())
-      update_.store().import_values(StateSlot{}, own.state_offset(u) + (lo - begin), owned, hi - lo);
+    if (update_.store().owns_master()) update_.import_master(u, lo - begin, owned, hi - lo);
     if (rules.params_sharded) to_params(owned, hi - lo, param_ptr(u) + (lo - begin));  // stages 0-2: below
   }
   if (rules.params_whole()) {
@@ -135,7 +134,11 @@ void Engine<P, O, B>::read_state(StateSlot slot, std::size_t unit, std::size_t l
     if constexpr (std::is_same_v<param_type, float>) Ops::download(host, param_ptr(u) + local, count);
     return;
   }
-  update_.store().export_values(slot, ownership().state_offset(u) + local, host, count);
+  if (slot.is_master())
+    update_.export_master(u, local, host, count);
+  else
+    update_.store().export_values(slot, ownership().state_offset(u) + local, host, count,
+                                  static_cast<const param_type*>(nullptr));
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
@@ -146,7 +149,18 @@ void Engine<P, O, B>::write_state(StateSlot slot, std::size_t unit, std::size_t 
     if constexpr (std::is_same_v<param_type, float>) Ops::upload(param_ptr(u) + local, host, count);
     return;
   }
-  update_.store().import_values(slot, ownership().state_offset(u) + local, host, count);
+  if (slot.is_master())
+    update_.import_master(u, local, host, count);
+  else
+    update_.store().import_values(slot, ownership().state_offset(u) + local, host, count,
+                                  static_cast<param_type*>(nullptr));
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+auto Engine<P, O, B>::rounded_copy(float value) const -> param_type {
+  if constexpr (std::is_same_v<param_type, bf16>)
+    if (update_.copies_round_ties_away()) return bf16_ties_away(value);
+  return from_float<param_type>(value);
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

@@ -42,6 +42,21 @@ constexpr const char* name(GradWrites w) {
   return "?";
 }
 
+// How the fp32 master weights of bf16 parameters are kept (docs/lean-states.md).
+// fp32: an array of their own, 4 bytes per parameter. remainder: the bf16
+// parameters the engine keeps anyway plus a 16-bit remainder, 2 bytes per
+// parameter and the same fp32 values bit for bit (zero/precision/
+// remainder.hpp); the bf16 copies are then rounded half away from zero.
+enum class MasterWeights { fp32, remainder };
+
+constexpr const char* name(MasterWeights m) {
+  switch (m) {
+    case MasterWeights::fp32: return "fp32";
+    case MasterWeights::remainder: return "remainder";
+  }
+  return "?";
+}
+
 struct LossScaleOptions {
   double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
   int growth_interval = 2000;      // steps without overflow before the scale grows
@@ -119,6 +134,13 @@ struct Options {
   std::uint64_t seed = 0x5eed;
   // bf16 parameter copies written with stochastic rounding.
   bool stochastic_rounding = false;
+  // The fp32 master of bf16 parameters as the parameters plus a 16-bit
+  // remainder (MasterWeights::remainder): 2 bytes per parameter less.
+  MasterWeights master = MasterWeights::fp32;
+  // bf16 parameter copies rounded to nearest with ties away from zero, not
+  // to even: what MasterWeights::remainder implies; set it with an fp32
+  // master to compare a run with a remainder run bit for bit.
+  bool round_ties_away = false;
   // Offload (offload::Cpu): CPU threads of the host update (0: OpenMP's
   // default, OMP_NUM_THREADS), and whether host buffers that could not be
   // page-locked are an error (true) or a warning and pageable memory (false).
@@ -139,7 +161,18 @@ struct Options {
   // (zero::Config compares whole configurations.)
   bool operator==(const Options&) const = default;
 
+  // The bf16 copies' rounding: half away from zero (remainder master or
+  // round_ties_away), or to even.
+  bool copies_round_ties_away() const { return round_ties_away || master == MasterWeights::remainder; }
+
   void validate() const {
+    require(!(stochastic_rounding && copies_round_ties_away()),
+            master == MasterWeights::remainder
+                ? "Options::master is remainder and Options::stochastic_rounding is on: a remainder master's bf16 "
+                  "copy must be the master rounded half away from zero (the remainder then holds the rest); "
+                  "stochastic rounding needs an fp32 master: set one of them off"
+                : "Options::round_ties_away and Options::stochastic_rounding are both on: the bf16 copies are "
+                  "rounded one way; set one of them off");
     require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
             "; it must be in [0, 16]");
     require(live_buckets >= 1 && live_buckets <= 64, "Options::live_buckets is ", live_buckets,

@@ -132,6 +132,7 @@ struct Config {
     s.element_bytes = element_bytes(precision);
     s.state_slots = state_slots;
     s.overlap = overlap;
+    s.master = options.master;
     return s;
   }
 
@@ -140,6 +141,9 @@ struct Config {
     require(ranks_per_node >= 1 && nodes >= 1, "plan: ranks per node and nodes must be >= 1");
     require(stage >= 0 && stage <= 3, "plan: stage must be 0, 1, 2 or 3, got ", stage);
     require(state_slots >= 0 && state_slots <= 4, "plan: state_slots must be in [0, 4]");
+    require(options.master != MasterWeights::remainder || precision == Precision::bf16,
+            "plan: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits; the precision is ",
+            name(precision), ": use bf16, or master fp32");
     options.validate();
   }
 };
@@ -319,7 +323,9 @@ inline Plan make_plan(const Config& config) {
   // 1/N as the stage shards it.
   const std::uint64_t phi = plan.param_elements;
   const std::uint64_t pb = spec.element_bytes;
-  const std::uint64_t k = (spec.mixed() ? 4 : 0) + 4 * static_cast<std::uint64_t>(config.state_slots);
+  // (A remainder master adds 2 bytes: its other 2 are the parameter's.)
+  const std::uint64_t master_k = spec.mixed() ? (spec.master == MasterWeights::remainder ? 2 : 4) : 0;
+  const std::uint64_t k = master_k + 4 * static_cast<std::uint64_t>(config.state_slots);
   const PaperShares shares = paper_shares(spec.stage, pb, pb, k);
   plan.paper_model_state_bytes = shares.whole * phi + shares.sharded * phi / N;
   plan.paper_comm_elements = (spec.stage.params_sharded ? 3 : 2) * phi * (N - 1) / N;
@@ -361,7 +367,8 @@ inline std::string to_json(const Plan& p) {
     << (c.options.reduce_dtype == ReduceDType::fp32 ? "fp32" : "same_as_grad") << "\",\"overlap\":"
     << (c.overlap ? "true" : "false") << ",\"backend\":\"" << (c.device_backend ? "device" : "host")
     << "\",\"delayed_update\":" << (c.options.delayed_update ? "true" : "false")
-    << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << "},\"lines\":[";
+    << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << ",\"master\":\"" << name(c.options.master)
+    << "\"},\"lines\":[";
   for (std::size_t i = 0; i < p.lines.size(); ++i) {
     o << (i ? "," : "") << "{\"name\":\"" << p.lines[i].name << "\",";
     tiers(p.lines[i]);

@@ -42,6 +42,9 @@ struct ScheduleSpec {
   // the documented training loop acquires every unit once in forward and
   // once in backward (zero_optimizer.hpp).
   int acquires_per_micro_batch = 2;
+  // How the master of 16-bit parameters is kept (Options::master is the
+  // engine's; the schedule reads it from here).
+  MasterWeights master = MasterWeights::fp32;
 
   bool mixed() const { return element_bytes != 4; }  // 16-bit parameters beside an fp32 master
 };
@@ -145,11 +148,15 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
   require(!options.delayed_update || (offloaded && spec.device_backend),
           "schedule: Options::delayed_update overlaps the CPU update of offload with the next step's work on the "
           "device; it needs offload cpu or nvme with a device backend; clear the option otherwise");
-  require(spec.offload != OffloadTier::nvme ||
-              options.nvme.window_bytes >= offload::disk_least_window_bytes(spec.state_slots),
+  const std::size_t least_window =
+      offload::disk_least_window_bytes(spec.state_slots, spec.master == MasterWeights::remainder ? 2 : 4);
+  require(spec.offload != OffloadTier::nvme || options.nvme.window_bytes >= least_window,
           "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, "; the window holds three chunks of "
           "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot): it "
-          "must be at least ", offload::disk_least_window_bytes(spec.state_slots), " bytes");
+          "must be at least ", least_window, " bytes");
+  require(spec.master == MasterWeights::fp32 || spec.element_bytes == 2,
+          "schedule: Options::master is remainder, but the parameters are fp32: the remainder master is bf16 "
+          "parameters plus 16 bits");
   require(spec.element_bytes == 2 || spec.element_bytes == 4, "schedule: element_bytes is ", spec.element_bytes,
           "; parameters and gradients are 2 bytes (bf16, fp16) or 4 (fp32)");
   require(spec.acquires_per_micro_batch >= 1, "schedule: acquires_per_micro_batch must be >= 1");
@@ -164,8 +171,10 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   // fp32 training keeps no master of its own unless the master leaves the
   // backend (the backend then holds a working copy): as finalize().
   const bool separate_master = spec.mixed() || offloaded;
-  const BufferSpec buffer_spec{stage,          separate_master, spec.element_bytes, spec.state_slots, spec.overlap,
-                               spec.offload, spec.device_backend};
+  // (4 when there is none: the disk tier's records still need a master size)
+  const std::size_t master_bytes = master_element_bytes(true, spec.master);
+  const BufferSpec buffer_spec{stage,        separate_master,     spec.element_bytes, spec.state_slots,
+                               spec.overlap, spec.offload,        spec.device_backend, master_bytes};
   s.sizes = buffer_sizes(layout, buffer_spec, options);
   const BufferSizes& z = s.sizes;
   const std::uint64_t eb = spec.element_bytes;
@@ -185,7 +194,8 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   };
   add("parameters", "params", ReportedAs::params, backend, z.params, eb);
   add("gradients", "grads", ReportedAs::grads, backend, z.grads, eb);
-  add("fp32 master weights", "master", ReportedAs::master, store, z.master, 4);
+  add(master_bytes == 2 ? "fp32 master remainders" : "fp32 master weights", "master", ReportedAs::master, store,
+      z.master, master_bytes);
   for (int k = 0; k < spec.state_slots; ++k)
     add("optimizer state", "optimizer_states", ReportedAs::optimizer_states, store, z.state_per_slot, 4);
   add(z.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
@@ -207,7 +217,8 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   if (spec.offload == OffloadTier::nvme) {
     // The swap file holds whole records: what the owned master and state
     // leave of the last one is on disk too.
-    const std::uint64_t state = static_cast<std::uint64_t>(z.state_per_slot) * 4 * (1 + spec.state_slots);
+    const std::uint64_t state =
+        static_cast<std::uint64_t>(z.state_per_slot) * offload::disk_record_element_bytes(spec.state_slots, master_bytes);
     add("swap file (rounded to whole records)", "swap_padding", ReportedAs::not_reported, Place::disk,
         z.swap_file_bytes - state, 1);
   }

@@ -23,6 +23,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "zero/backend/host.hpp"
 #include "zero/engine/options.hpp"
@@ -31,6 +32,7 @@
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/policies.hpp"
+#include "zero/precision/remainder.hpp"
 
 namespace zero {
 
@@ -48,9 +50,16 @@ struct StateSlot {
 //   by the backend's fused step (Ops = Ops<Backend>);
 // - offload::Cpu (ZeRO-Offload): in page-locked host memory, updated by the
 //   host fused step on the CPU (Ops = Ops<Host>) while the GPU computes.
-// `allocate(std::type_identity<Buf>, n, what)` is the engine's allocator:
-// it returns a Buf of n floats or throws an error naming the buffer.
-template <optim::Policy Optimizer, class Ops, class Buf, bool OnDevice>
+// Buf<T> is the tier's buffer type. `allocate(std::type_identity<Buf<T>>,
+// n, what)` is the engine's allocator: it returns a Buf<T> of n elements or
+// throws an error naming the buffer.
+//
+// The master is an fp32 array, or (MasterWeights::remainder) 16-bit
+// remainders beside the bf16 parameter copy that the update reads and
+// writes where the engine keeps it (zero/precision/remainder.hpp): the
+// master's imports, exports and update then take that copy, in memory Ops
+// reaches.
+template <optim::Policy Optimizer, class Ops, template <class> class Buf, bool OnDevice>
 class ArrayStateStore {
  public:
   static constexpr int state_slots = Optimizer::state_slots;
@@ -58,18 +67,47 @@ class ArrayStateStore {
   // `separate_master` false: fp32 training without offload, where the
   // parameters are their own master and update() receives them as such.
   template <class Allocate>
-  void allocate(std::size_t owned, bool separate_master, Allocate&& allocate) {
+  void allocate(std::size_t owned, bool separate_master, MasterWeights format, Allocate&& allocate) {
     owned_ = owned;
-    if (separate_master) master_ = allocate(std::type_identity<Buf>{}, owned, "fp32 master weights");
-    for (int k = 0; k < state_slots; ++k) states_[k] = allocate(std::type_identity<Buf>{}, owned, "optimizer state");
+    if (separate_master && format == MasterWeights::remainder)
+      remainders_ = allocate(std::type_identity<Buf<std::uint16_t>>{}, owned, "fp32 master remainders");
+    else if (separate_master)
+      master_ = allocate(std::type_identity<Buf<float>>{}, owned, "fp32 master weights");
+    for (int k = 0; k < state_slots; ++k)
+      states_[k] = allocate(std::type_identity<Buf<float>>{}, owned, "optimizer state");
   }
-  bool owns_master() const { return master_.size() != 0; }
+  bool owns_master() const { return master_.size() != 0 || remainders_.size() != 0; }
 
-  // Host values into owned elements [offset, offset + n) of a slot, and back.
-  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n) {
+  // Host values into owned elements [offset, offset + n) of a slot, and
+  // back; a remainder master also writes (reads) its bf16 copy at `copy`.
+  template <class Param>
+  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n, Param* copy) {
+    if (slot.is_master() && remainders_.size() != 0) {
+      check(offset, n);
+      if constexpr (std::is_same_v<Param, bf16>) {
+        std::vector<bf16> copies(n);
+        std::vector<std::uint16_t> rest(n);
+        for (std::size_t i = 0; i < n; ++i) split_master(host[i], copies[i], rest[i]);
+        Ops::upload(remainders_.data() + offset, rest.data(), n);
+        Ops::upload(copy, copies.data(), n);
+      }
+      return;
+    }
     Ops::upload(array(slot, offset, n), host, n);
   }
-  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n) {
+  template <class Param>
+  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n, const Param* copy) {
+    if (slot.is_master() && remainders_.size() != 0) {
+      check(offset, n);
+      if constexpr (std::is_same_v<Param, bf16>) {
+        std::vector<bf16> copies(n);
+        std::vector<std::uint16_t> rest(n);
+        Ops::download(rest.data(), remainders_.data() + offset, n);
+        Ops::download(copies.data(), copy, n);
+        for (std::size_t i = 0; i < n; ++i) host[i] = join_master(copies[i], rest[i]);
+      }
+      return;
+    }
     Ops::download(host, array(slot, offset, n), n);
   }
 
@@ -77,17 +115,24 @@ class ArrayStateStore {
   // caller fills the gradient, the parameter copy, scalars and rounding
   // (in memory Ops reaches); the store points the step at its master and
   // state. Without a master of its own (fp32) args.master must already point
-  // at the parameters. Afterwards args.master holds the updated master.
+  // at the parameters. Afterwards args.master holds the updated master
+  // (null for a remainder master: the copy and the remainders hold it).
   template <class Grad, class Param>
   void update(std::size_t offset, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
     require(offset <= owned_ && args.n <= owned_ - offset, "model-state store: update of owned elements [", offset,
             ", ", offset + args.n, ") outside this rank's ", owned_);
-    if (owns_master()) args.master = master_.data() + offset;
+    if constexpr (kernels::FusedStepArgs<Optimizer, Grad, Param>::can_split_master) {
+      if (remainders_.size() != 0) {
+        args.master = nullptr;
+        args.remainder = remainders_.data() + offset;
+      }
+    }
+    if (master_.size() != 0) args.master = master_.data() + offset;
     for (int k = 0; k < state_slots; ++k) args.state[k] = states_[k].data() + offset;
     Ops::fused_step(args);
   }
 
-  PlacedBytes master_bytes() const { return place(master_.bytes()); }
+  PlacedBytes master_bytes() const { return place(master_.bytes() + remainders_.bytes()); }
   PlacedBytes state_bytes() const {
     std::uint64_t b = 0;
     for (int k = 0; k < state_slots; ++k) b += states_[k].bytes();
@@ -100,9 +145,12 @@ class ArrayStateStore {
     (OnDevice ? p.device : p.host) = bytes;
     return p;
   }
-  float* array(StateSlot slot, std::size_t offset, std::size_t n) {
+  void check(std::size_t offset, std::size_t n) const {
     require(offset <= owned_ && n <= owned_ - offset, "model-state store: owned elements [", offset, ", ", offset + n,
             ") are outside this rank's ", owned_);
+  }
+  float* array(StateSlot slot, std::size_t offset, std::size_t n) {
+    check(offset, n);
     if (slot.is_master()) {
       require(owns_master(), "model-state store: fp32 training keeps no separate master (the parameters are it)");
       return master_.data() + offset;
@@ -113,20 +161,23 @@ class ArrayStateStore {
   }
 
   std::size_t owned_ = 0;
-  Buf master_;
-  Buf states_[state_slots > 0 ? state_slots : 1];
+  Buf<float> master_;
+  Buf<std::uint16_t> remainders_;  // MasterWeights::remainder: the master's lower halves
+  Buf<float> states_[state_slots > 0 ? state_slots : 1];
 };
 
 // What every tier's store does (ArrayStateStore here, offload::DiskStateStore
 // in zero/offload/disk_state_store.hpp), in the owned-element coordinates
 // above. allocate() takes the engine's allocator, which a store may ignore
 // when it owns its memory in its own way (the disk store's aligned window).
+// `copy`: the owned bf16 parameters a remainder master is split with (null
+// for a state slot or an fp32 master).
 template <class S, class Optimizer, class Grad, class Param>
 concept StateStoreFor = requires(S& s, const S& cs, StateSlot slot, std::size_t offset, float* out, const float* in,
-                                 kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
+                                 Param* copy, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
   { cs.owns_master() } -> std::same_as<bool>;
-  s.import_values(slot, offset, in, offset);
-  s.export_values(slot, offset, out, offset);
+  s.import_values(slot, offset, in, offset, copy);
+  s.export_values(slot, offset, out, offset, static_cast<const Param*>(copy));
   s.update(offset, args);
   { cs.master_bytes() } -> std::same_as<PlacedBytes>;
   { cs.state_bytes() } -> std::same_as<PlacedBytes>;
@@ -142,8 +193,9 @@ class AnyStateStore {
   using StepArgs = kernels::FusedStepArgs<Optimizer, Grad, Param>;
   virtual ~AnyStateStore() = default;
   virtual bool owns_master() const = 0;
-  virtual void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n) = 0;
-  virtual void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n) = 0;
+  virtual void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n, Param* copy) = 0;
+  virtual void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n,
+                             const Param* copy) = 0;
   virtual void update(std::size_t offset, StepArgs& args) = 0;
   virtual PlacedBytes master_bytes() const = 0;
   virtual PlacedBytes state_bytes() const = 0;
@@ -161,11 +213,11 @@ class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
   Store store;
 
   bool owns_master() const override { return store.owns_master(); }
-  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n) override {
-    store.import_values(slot, offset, host, n);
+  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n, Param* copy) override {
+    store.import_values(slot, offset, host, n, copy);
   }
-  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n) override {
-    store.export_values(slot, offset, host, n);
+  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n, const Param* copy) override {
+    store.export_values(slot, offset, host, n, copy);
   }
   void update(std::size_t offset, StepArgs& args) override { store.update(offset, args); }
   PlacedBytes master_bytes() const override { return store.master_bytes(); }
@@ -185,7 +237,8 @@ class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
 // without it.
 template <optim::Policy Optimizer, class Grad, class Param>
 using DiskStoreMaker = std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*)(const NvmeOptions& options,
-                                                                                   int rank, std::size_t owned);
+                                                                                   MasterWeights master, int rank,
+                                                                                   std::size_t owned);
 
 namespace offload {
 struct DiskTier;  // the disk tier's maker (zero/offload/disk_state_store.hpp)

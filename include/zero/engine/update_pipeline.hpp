@@ -69,6 +69,8 @@ class UpdatePipeline {
     host_staging_ = can_offload && offload_host_staging(spec);
     stage_params_ = host_staging_ && offload_stages_params(spec);
     separate_master_ = spec.separate_master;
+    master_format_ = separate_master_ ? options.master : MasterWeights::fp32;
+    ties_away_ = options.copies_round_ties_away();
     delayed_ = options.delayed_update;
     delayed_warmup_ = options.delayed_update_warmup;
     threads_ = offloaded_ ? options.offload_threads : 0;
@@ -96,18 +98,18 @@ class UpdatePipeline {
     const std::size_t owned = own.owned_total();
     auto array_store = [&]<class S>(std::type_identity<S>) {
       auto model = std::make_unique<StoreModel<S, Optimizer, grad_type, param_type>>();
-      model->store.allocate(owned, separate_master_, allocate);
+      model->store.allocate(owned, separate_master_, master_format_, allocate);
       store_ = std::move(model);
     };
     switch (tier_) {
       case OffloadTier::none:
-        array_store(std::type_identity<ArrayStateStore<Optimizer, Ops, Buffer<float>, Backend::device>>{});
+        array_store(std::type_identity<ArrayStateStore<Optimizer, Ops, Buffer, Backend::device>>{});
         break;
       case OffloadTier::cpu:
         if constexpr (Backend::device && can_offload)  // (refused otherwise when the engine was made)
-          array_store(std::type_identity<ArrayStateStore<Optimizer, HostOps, Pinned<float>, false>>{});
+          array_store(std::type_identity<ArrayStateStore<Optimizer, HostOps, Pinned, false>>{});
         break;
-      case OffloadTier::nvme: store_ = disk(options.nvme, rank, owned); break;
+      case OffloadTier::nvme: store_ = disk(options.nvme, master_format_, rank, owned); break;
     }
     if (!host_staging_) return;
     host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, sizes.host_grads,
@@ -207,12 +209,30 @@ class UpdatePipeline {
     const std::size_t n = own_.update_size(u);
     if (store_->owns_master()) {
       std::vector<float> host(n);  // values leave the store through host memory
-      store_->export_values(StateSlot{}, own_.state_offset(u), host.data(), n);
+      export_master(u, 0, host.data(), n);
       Ops::upload(dst, host.data(), n);
     } else if constexpr (std::is_same_v<param_type, float>) {
       Ops::copy(dst, params_ + own_.param_offset(u), n);
     }
   }
+  // Owned elements [local, local + n) of unit u's updated range of the
+  // master, from and to fp32 host values. A remainder master is split with
+  // the bf16 copy the update reads (and, offloaded from a device, the
+  // device's parameters follow it here; otherwise that copy is the device's).
+  void import_master(const UnitInfo& u, std::size_t local, const float* host, std::size_t n) {
+    param_type* copy = update_copy(u) + local;
+    store_->import_values(StateSlot{}, own_.state_offset(u) + local, host, n, copy);
+    if constexpr (can_offload)
+      if (stage_params_ && master_format_ == MasterWeights::remainder)
+        Ops::upload(params_ + own_.param_offset(u) + local, copy, n);
+  }
+  void export_master(const UnitInfo& u, std::size_t local, float* host, std::size_t n) {
+    store_->export_values(StateSlot{}, own_.state_offset(u) + local, host, n, update_copy(u) + local);
+  }
+  // The master is the bf16 copy plus a remainder (Options::master).
+  bool remainder_master() const { return master_format_ == MasterWeights::remainder; }
+  // The 16-bit copies are rounded half away from zero.
+  bool copies_round_ties_away() const { return ties_away_; }
 
   // Bytes for memory_report(): the host gradient copies, the parameter
   // staging and the disk window.
@@ -240,11 +260,10 @@ class UpdatePipeline {
       if (!separate_master_) {
         if constexpr (std::is_same_v<param_type, float>)
           args.master = params_ + own_.param_offset(u);  // fp32: the parameters are the master
-      } else if (stage_params_) {
-        args.param = host_params_.data() + own_.state_offset(u);
-      } else if (!host_staging_) {
-        args.param = params_ + own_.param_offset(u);  // (fp32 on backend::Host with nvme: the store copies the master in)
+      } else if (stage_params_ || !host_staging_) {
+        args.param = update_copy(u);  // (fp32 on backend::Host with nvme: the store copies the master in)
       }
+      args.ties_away = ties_away_;
       args.n = own_.update_size(u);
       // Stochastic rounding draws from (seed, step, element id): the id is
       // the unit's index and the position in the unit, which no rank count
@@ -266,6 +285,12 @@ class UpdatePipeline {
     }
   }
 
+  // Where the update reads and writes unit u's owned 16-bit parameters: the
+  // host staging (offloaded from a device) or the parameters themselves.
+  param_type* update_copy(const UnitInfo& u) {
+    return stage_params_ ? host_params_.data() + own_.state_offset(u) : params_ + own_.param_offset(u);
+  }
+
   // Offload: unit u's updated parameters, host to device (async).
   void upload_updated(const UnitInfo& u) {
     if constexpr (can_offload) {
@@ -281,7 +306,8 @@ class UpdatePipeline {
 
   OffloadTier tier_ = OffloadTier::none;
   bool offloaded_ = false, host_staging_ = false, stage_params_ = false, separate_master_ = false;
-  bool delayed_ = false;
+  bool delayed_ = false, ties_away_ = false;
+  MasterWeights master_format_ = MasterWeights::fp32;
   int delayed_warmup_ = 0, threads_ = 0;
   Ownership own_{};
   param_type* params_ = nullptr;

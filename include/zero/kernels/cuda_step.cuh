@@ -76,17 +76,30 @@ __device__ __forceinline__ void store_vector(T* p, const T (&in)[V]) {
 template <int V, class Opt, class Grad, class Param>
 __device__ __forceinline__ void fused_step_vector(const FusedStepArgs<Opt, Grad, Param>& a, std::size_t i) {
   constexpr int S = Opt::state_slots;
+  constexpr bool can_split = FusedStepArgs<Opt, Grad, Param>::can_split_master;
   float w[V];
   Grad g[V];
   float st[S > 0 ? S : 1][V];
   Param p[V];
-  load_vector<V>(a.master + i, w);
+  std::uint16_t rem[can_split ? V : 1];
+  // A remainder master (bf16 only): the copy and the remainder are read in
+  // place of the fp32 master, and written back in its place.
+  bool split = false;
+  if constexpr (can_split) split = a.remainder != nullptr;
+  if constexpr (can_split) {
+    if (split) {
+      load_vector<V>(a.param + i, p);
+      load_vector<V>(a.remainder + i, rem);
+    }
+  }
+  if (!split) load_vector<V>(a.master + i, w);
   load_vector<V>(a.grad + i, g);
 #pragma unroll
   for (int k = 0; k < S; ++k) load_vector<V>(a.state[k] + i, st[k]);
 
   FusedStepArgs<Opt, Grad, Param> r = a;
-  r.master = w;
+  r.master = split ? nullptr : w;
+  if constexpr (can_split) r.remainder = split ? rem : nullptr;
   r.grad = g;
 #pragma unroll
   for (int k = 0; k < S; ++k) r.state[k] = st[k];
@@ -96,15 +109,14 @@ __device__ __forceinline__ void fused_step_vector(const FusedStepArgs<Opt, Grad,
 #pragma unroll
   for (int l = 0; l < V; ++l) fused_step_element(r, static_cast<std::size_t>(l));
 
-  store_vector<V>(a.master + i, w);
+  if (!split) store_vector<V>(a.master + i, w);
 #pragma unroll
   for (int k = 0; k < S; ++k) store_vector<V>(a.state[k] + i, st[k]);
   if constexpr (!std::is_same_v<Param, float>) store_vector<V>(a.param + i, p);
+  if constexpr (can_split)
+    if (split) store_vector<V>(a.remainder + i, rem);
 }
 
-// Elements [0, head) and [head + vectors*V, n) go one at a time (unaligned
-// head, short tail, or everything when the arrays' alignments disagree);
-// [head, head + vectors*V) goes V at a time.
 template <int V, class Opt, class Grad, class Param>
 __global__ void fused_step_kernel(const FusedStepArgs<Opt, Grad, Param> a, std::size_t head, std::size_t vectors) {
   cuda::require_exact_float_flags();
@@ -126,7 +138,9 @@ struct VectorPlan {
 template <int V, class Opt, class Grad, class Param>
 VectorPlan plan_vectors(const FusedStepArgs<Opt, Grad, Param>& a) {
   for (std::size_t h = 0; h < static_cast<std::size_t>(V) && h < a.n; ++h) {
-    bool ok = can_align(a.master, h) && can_align(a.grad, h);
+    bool ok = (a.master == nullptr || can_align(a.master, h)) && can_align(a.grad, h);
+    if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master)
+      ok = ok && (a.remainder == nullptr || can_align(a.remainder, h));
     for (int k = 0; k < Opt::state_slots; ++k) ok = ok && can_align(a.state[k], h);
     if constexpr (!std::is_same_v<Param, float>) ok = ok && can_align(a.param, h);
     if (ok) return VectorPlan{h, (a.n - h) / static_cast<std::size_t>(V)};
@@ -136,7 +150,14 @@ VectorPlan plan_vectors(const FusedStepArgs<Opt, Grad, Param>& a) {
 
 template <class Opt, class Grad, class Param>
 void require_step_pointers(const FusedStepArgs<Opt, Grad, Param>& a) {
-  require(a.master != nullptr, "cuda_fused_step: FusedStepArgs::master is null; pass the fp32 master shard");
+  bool split = false;
+  if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master) split = a.remainder != nullptr;
+  require(split || a.master != nullptr,
+          "cuda_fused_step: FusedStepArgs::master is null; pass the fp32 master shard (or, with bf16 parameters, "
+          "the remainder of a master kept as the parameters plus a remainder)");
+  require(!split || !a.rounding.enabled,
+          "cuda_fused_step: a remainder master's copy is rounded half away from zero; stochastic rounding does not "
+          "apply (turn one off)");
   require(a.grad != nullptr, "cuda_fused_step: FusedStepArgs::grad is null; pass the gradient shard");
   for (int k = 0; k < Opt::state_slots; ++k)
     require(a.state[k] != nullptr, "cuda_fused_step: FusedStepArgs::state[", k, "] is null; ", Opt::name, " keeps ",

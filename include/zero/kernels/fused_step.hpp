@@ -16,6 +16,7 @@
 #include "zero/math.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/precision/convert.hpp"
+#include "zero/precision/remainder.hpp"
 #include "zero/precision/stochastic.hpp"
 #include "zero/precision/types.hpp"
 
@@ -26,8 +27,15 @@ namespace zero::kernels {
 template <optim::Policy Opt, StorageType Grad, StorageType Param>
 struct FusedStepArgs {
   static constexpr int slots = Opt::state_slots;
+  // The fp32 master may be kept as the bf16 copy plus a 16-bit remainder
+  // (zero/precision/remainder.hpp): bf16 parameters only.
+  static constexpr bool can_split_master = std::is_same_v<Param, bf16>;
 
-  float* master = nullptr;                          // fp32 master weights, n elements
+  float* master = nullptr;                          // fp32 master weights, n elements (null with `remainder`)
+  // The master as `param` (read and written) plus these n remainders;
+  // nearest-even and stochastic rounding do not apply (the copy is the
+  // master's rounding half away from zero).
+  std::uint16_t* remainder = nullptr;
   const Grad* grad = nullptr;                       // gradient shard, n elements
   float* state[slots > 0 ? slots : 1] = {};         // slot k: n fp32 values
   Param* param = nullptr;                           // low-precision copy (ignored for fp32)
@@ -39,22 +47,43 @@ struct FusedStepArgs {
   // same whichever rank or device updates the element.
   StochasticRounding rounding{};
   std::uint64_t global_offset = 0;                  // id of element 0; element i draws with id global_offset + i
+  // bf16 copies rounded to nearest with ties away from zero (as the
+  // remainder master rounds them; Options::round_ties_away).
+  bool ties_away = false;
 };
+
+// The 16-bit copy of an updated master value, as the arguments ask.
+template <optim::Policy Opt, class Grad, class Param>
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE Param rounded_copy(const FusedStepArgs<Opt, Grad, Param>& a, float w,
+                                                      std::size_t i) {
+  if (a.rounding.enabled) return stochastic_round<Param>(w, a.rounding, a.global_offset + i);
+  if constexpr (std::is_same_v<Param, bf16>)
+    if (a.ties_away) return bf16_ties_away(w);
+  return from_float<Param>(w);
+}
 
 // One element. Shared by the host scalar loop and the CUDA kernel.
 template <optim::Policy Opt, class Grad, class Param>
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE void fused_step_element(const FusedStepArgs<Opt, Grad, Param>& a, std::size_t i) {
   constexpr int slots = Opt::state_slots;
-  float w = a.master[i];
+  float w;
+  if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master)
+    w = a.remainder != nullptr ? join_master(a.param[i], a.remainder[i]) : a.master[i];
+  else
+    w = a.master[i];
   const float g = zero::math::mul(to_float(a.grad[i]), a.grad_scale);
   float st[slots > 0 ? slots : 1];
   for (int k = 0; k < slots; ++k) st[k] = a.state[k][i];
   Opt::update(a.scalars, w, g, st);
-  a.master[i] = w;
   for (int k = 0; k < slots; ++k) a.state[k][i] = st[k];
-  if constexpr (!std::is_same_v<Param, float>) {
-    a.param[i] = a.rounding.enabled ? stochastic_round<Param>(w, a.rounding, a.global_offset + i) : from_float<Param>(w);
+  if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master) {
+    if (a.remainder != nullptr) {
+      split_master(w, a.param[i], a.remainder[i]);
+      return;
+    }
   }
+  a.master[i] = w;
+  if constexpr (!std::is_same_v<Param, float>) a.param[i] = rounded_copy(a, w, i);
 }
 
 // Squared L2 norm and non-finite detection of a gradient shard (raw values,

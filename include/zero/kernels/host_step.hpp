@@ -39,7 +39,8 @@ struct HostStepBody {
       // Smaller copies stay cached for the all-gather or forward that reads them.
       constexpr std::size_t stream_threshold = std::size_t{1} << 24;
       constexpr bool low_precision_copy = !std::is_same_v<Param, float>;
-      const bool stream_copy = low_precision_copy && !rounding.enabled && a.n >= stream_threshold &&
+      const bool stream_copy = low_precision_copy && !rounding.enabled && !a.ties_away && a.remainder == nullptr &&
+                               a.n >= stream_threshold &&
                                reinterpret_cast<std::uintptr_t>(a.param + i) % (W * sizeof(Param)) == 0;
       // Elements ahead of the loads: 1 KiB of fp32 per array. Measured on a
       // 2-core EPYC VM (bench_step_host, fp32 AdamW): 256 beat 512 by 4-6%
@@ -52,11 +53,18 @@ struct HostStepBody {
       // AdamW) and 18% (bf16-mixed) more elements per second on one core when
       // compute-bound, measured in cache; with AVX2 (16 registers) two were
       // 22% slower, so it keeps one.
-      auto packs = [&]<int U>(std::size_t at) {
+      // Split: the master is the bf16 copy plus a remainder (read and
+      // written in place of the fp32 master; compiled for bf16 only).
+      auto packs = [&]<int U, bool Split>(std::size_t at) {
         if ((at & 15) == 0 && at + ahead < end) {
           for (int u = 0; u < U; u += (W >= 16 ? 1 : 2)) {
             const std::size_t p = at + ahead + static_cast<std::size_t>(u * W);
-            __builtin_prefetch(a.master + p, 1);
+            if constexpr (Split) {
+              __builtin_prefetch(a.param + p, 1);
+              __builtin_prefetch(a.remainder + p, 1);
+            } else {
+              __builtin_prefetch(a.master + p, 1);
+            }
             __builtin_prefetch(a.grad + p, 0);
             for (int k = 0; k < S; ++k) __builtin_prefetch(a.state[k] + p, 1);
           }
@@ -64,29 +72,51 @@ struct HostStepBody {
         P w[U], st[U][S > 0 ? S : 1];
         for (int u = 0; u < U; ++u) {
           const std::size_t j = at + static_cast<std::size_t>(u * W);
-          w[u] = simd::load<Isa>(a.master + j);
+          if constexpr (Split)
+            w[u] = simd::load_joined<Isa>(a.param + j, a.remainder + j);
+          else
+            w[u] = simd::load<Isa>(a.master + j);
           for (int k = 0; k < S; ++k) st[u][k] = simd::load<Isa>(a.state[k] + j);
           Opt::update(a.scalars, w[u], simd::load<Isa>(a.grad + j) * a.grad_scale, st[u]);
         }
         for (int u = 0; u < U; ++u) {
           const std::size_t j = at + static_cast<std::size_t>(u * W);
-          simd::store(a.master + j, w[u]);
           for (int k = 0; k < S; ++k) simd::store(a.state[k] + j, st[u][k]);
+          if constexpr (Split) {
+            simd::store_split(a.param + j, a.remainder + j, w[u]);
+            continue;
+          }
+          simd::store(a.master + j, w[u]);
           if constexpr (!std::is_same_v<Param, float>) {
             if (stream_copy) {
               simd::stream_store(a.param + j, w[u]);
-            } else if (!rounding.enabled) {
-              simd::store(a.param + j, w[u]);
-            } else {
+            } else if (rounding.enabled) {
               for (int l = 0; l < W; ++l)
                 a.param[j + l] = stochastic_round<Param>(w[u].v[l], rounding, a.global_offset + j + l);
+            } else if constexpr (Args::can_split_master) {
+              if (a.ties_away)
+                simd::store_ties_away(a.param + j, w[u]);
+              else
+                simd::store(a.param + j, w[u]);
+            } else {
+              simd::store(a.param + j, w[u]);
             }
           }
         }
       };
       constexpr int unroll = W >= 16 ? 2 : 1;
-      for (; i + unroll * W <= end; i += unroll * W) packs.template operator()<unroll>(i);
-      for (; i + W <= end; i += W) packs.template operator()<1>(i);
+      auto loop = [&]<bool Split>() {
+        for (; i + unroll * W <= end; i += unroll * W) packs.template operator()<unroll, Split>(i);
+        for (; i + W <= end; i += W) packs.template operator()<1, Split>(i);
+      };
+      if constexpr (Args::can_split_master) {
+        if (a.remainder != nullptr)
+          loop.template operator()<true>();
+        else
+          loop.template operator()<false>();
+      } else {
+        loop.template operator()<false>();
+      }
       if (stream_copy) Isa::stream_fence();
     }
 #endif

@@ -11,8 +11,11 @@
 // go and how large the window is.
 //
 // On disk, chunk c of the owned elements is one record: its master, then
-// each state slot, C floats each, at byte c * record_bytes. A record is a
-// multiple of 4096 bytes (O_DIRECT), and the window is three records.
+// each state slot, C elements each, at byte c * record_bytes. The master is
+// C floats, or C 16-bit remainders (MasterWeights::remainder: its bf16 copy
+// is the engine's parameters, which the update reads and writes in place).
+// A record is a multiple of 4096 bytes (O_DIRECT), and the window is three
+// records.
 #pragma once
 
 #include "zero/config.hpp"
@@ -50,21 +53,23 @@ class DiskStateStore {
   // Creates the swap file for `owned` elements (the master always: it lives
   // on disk) and the window, 4 KiB aligned for O_DIRECT, which is why this
   // store allocates its own memory instead of taking the engine's buffers.
-  void allocate(std::size_t owned) {
+  void allocate(std::size_t owned, MasterWeights format) {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
             "files of the master weights and optimizer state");
     // Three chunks of at least one 4 KiB block per array; a smaller window
     // would be silently exceeded.
-    const std::size_t least = disk_least_window_bytes(state_slots);
+    remainder_ = format == MasterWeights::remainder;
+    const std::size_t mb = master_element_bytes();
+    const std::size_t least = disk_least_window_bytes(state_slots, mb);
     require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
             "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
             state_slots, " state slot(s) of ", Optimizer::name, "): it must be at least ", least,
             " bytes; 64 MiB (the default) streams well");
     owned_ = owned;
-    chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned);
+    chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned, mb);
     chunks_ = (owned + chunk_ - 1) / chunk_;
-    record_floats_ = chunk_ * static_cast<std::size_t>(arrays);
+    record_floats_ = chunk_ * disk_record_element_bytes(state_slots, mb) / sizeof(float);
     DiskOptions disk;
     disk.directory = options_.directory;
     disk.block_bytes = options_.block_bytes;
@@ -72,8 +77,9 @@ class DiskStateStore {
     disk.direct = options_.direct;
     disk.option_names = "Options::nvme.";  // what the engine's users set
     // Sized by disk_window.hpp, which the planner's schedule reads too.
-    swap_ = std::make_unique<DiskSwap>(disk_swap_file_bytes(options_.window_bytes, state_slots, owned), disk, rank_);
-    window_ = AlignedBuffer<float>(disk_window_elements(options_.window_bytes, state_slots, owned));
+    swap_ = std::make_unique<DiskSwap>(disk_swap_file_bytes(options_.window_bytes, state_slots, owned, mb), disk,
+                                       rank_);
+    window_ = AlignedBuffer<float>(disk_window_elements(options_.window_bytes, state_slots, owned, mb));
     if (!io_) io_ = std::make_unique<zero::detail::UpdateWorker>();
     for (Slot& s : slots_) s = Slot{};
   }
@@ -86,14 +92,35 @@ class DiskStateStore {
   const DiskSwap& swap() const { return *swap_; }
   std::size_t chunk_elements() const { return chunk_; }
 
-  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n) {
-    transfer(slot, offset, n, [&](float* stored, std::size_t done, std::size_t count) {
+  // A remainder master is split with (joined from) the bf16 copy at `copy`.
+  template <class Param>
+  void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n, Param* copy) {
+    if (slot.is_master() && remainder_) {
+      if constexpr (std::is_same_v<Param, bf16>)
+        transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
+          auto* rest = static_cast<std::uint16_t*>(stored);
+          for (std::size_t i = 0; i < count; ++i) split_master(host[done + i], copy[done + i], rest[i]);
+          return true;
+        });
+      return;
+    }
+    transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
       std::memcpy(stored, host + done, count * sizeof(float));
       return true;
     });
   }
-  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n) {
-    transfer(slot, offset, n, [&](float* stored, std::size_t done, std::size_t count) {
+  template <class Param>
+  void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n, const Param* copy) {
+    if (slot.is_master() && remainder_) {
+      if constexpr (std::is_same_v<Param, bf16>)
+        transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
+          const auto* rest = static_cast<const std::uint16_t*>(stored);
+          for (std::size_t i = 0; i < count; ++i) host[done + i] = join_master(copy[done + i], rest[i]);
+          return false;
+        });
+      return;
+    }
+    transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
       std::memcpy(host + done, stored, count * sizeof(float));
       return false;
     });
@@ -115,7 +142,16 @@ class DiskStateStore {
       const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(end, (c + 1) * chunk_);
       const std::size_t at = lo - c * chunk_, skip = lo - offset;
       kernels::FusedStepArgs<Optimizer, Grad, Param> part = args;
-      part.master = array(s, 0) + at;
+      if constexpr (kernels::FusedStepArgs<Optimizer, Grad, Param>::can_split_master) {
+        if (remainder_) {
+          part.master = nullptr;
+          part.remainder = remainders(s) + at;
+        } else {
+          part.master = array(s, 0) + at;
+        }
+      } else {
+        part.master = array(s, 0) + at;
+      }
       for (int k = 0; k < state_slots; ++k) part.state[k] = array(s, 1 + k) + at;
       part.grad = args.grad + skip;
       if (args.param != nullptr) part.param = args.param + skip;
@@ -130,7 +166,7 @@ class DiskStateStore {
     }
   }
 
-  PlacedBytes master_bytes() const { return {0, 0, static_cast<std::uint64_t>(owned_) * sizeof(float)}; }
+  PlacedBytes master_bytes() const { return {0, 0, static_cast<std::uint64_t>(owned_) * master_element_bytes()}; }
   PlacedBytes state_bytes() const {
     return {0, 0, static_cast<std::uint64_t>(owned_) * sizeof(float) * static_cast<std::uint64_t>(state_slots)};
   }
@@ -187,10 +223,15 @@ class DiskStateStore {
     io_->wait();  // rethrows an I/O error
   }
 
+  std::size_t master_element_bytes() const { return remainder_ ? sizeof(std::uint16_t) : sizeof(float); }
   std::size_t record_bytes() const { return record_floats_ * sizeof(float); }
+  // Array a of window slot `slot`: 0 the master, 1 + k state slot k.
   float* array(int slot, int a) {
-    return window_.data() + static_cast<std::size_t>(slot) * record_floats_ + static_cast<std::size_t>(a) * chunk_;
+    const std::size_t master_floats = chunk_ * master_element_bytes() / sizeof(float);
+    return window_.data() + static_cast<std::size_t>(slot) * record_floats_ +
+           (a == 0 ? 0 : master_floats + static_cast<std::size_t>(a - 1) * chunk_);
   }
+  std::uint16_t* remainders(int slot) { return reinterpret_cast<std::uint16_t*>(array(slot, 0)); }
   // The slot holding chunk c, read in and with no transfer on it in flight
   // (the update may modify it).
   int resident(std::size_t c) {
@@ -252,7 +293,9 @@ class DiskStateStore {
     for (std::size_t c = offset / chunk_; n != 0 && c * chunk_ < offset + n; ++c) {
       const int s = resident(c);
       const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(offset + n, (c + 1) * chunk_);
-      if (visit(array(s, a) + (lo - c * chunk_), lo - offset, hi - lo)) {
+      const std::size_t bytes = a == 0 ? master_element_bytes() : sizeof(float);
+      void* stored = reinterpret_cast<char*>(array(s, a)) + (lo - c * chunk_) * bytes;
+      if (visit(stored, lo - offset, hi - lo)) {
         write_back(s);
         swap_->wait(slots_[s].io);
       }
@@ -262,6 +305,7 @@ class DiskStateStore {
   NvmeOptions options_{};
   int rank_ = 0;
   std::size_t owned_ = 0, chunk_ = 0, chunks_ = 0, record_floats_ = 0;
+  bool remainder_ = false;  // MasterWeights::remainder: array 0 holds 16-bit remainders
   std::unique_ptr<DiskSwap> swap_;
   AlignedBuffer<float> window_;
   std::array<Slot, window_slots> slots_{};
@@ -277,7 +321,8 @@ class DiskStateStore {
 namespace zero::offload {
 struct DiskTier {
   template <optim::Policy Optimizer, class Grad, class Param>
-  static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const NvmeOptions& options, int rank,
+  static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const NvmeOptions& options,
+                                                                      MasterWeights master, int rank,
                                                                       std::size_t owned);
   template <optim::Policy Optimizer, class Grad, class Param>
   static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
@@ -287,11 +332,12 @@ struct DiskTier {
 // (Outside the class, so not inline: an `extern template` of it,
 // zero/runtime/precompiled.hpp, keeps the store out of the files that name it.)
 template <optim::Policy Optimizer, class Grad, class Param>
-std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> DiskTier::make(const NvmeOptions& options, int rank,
+std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> DiskTier::make(const NvmeOptions& options,
+                                                                       MasterWeights master, int rank,
                                                                        std::size_t owned) {
   auto model = std::make_unique<StoreModel<DiskStateStore<Optimizer>, Optimizer, Grad, Param>>();
   model->store.configure(options, rank);
-  model->store.allocate(owned);
+  model->store.allocate(owned, master);
   return model;
 }
 }  // namespace zero::offload

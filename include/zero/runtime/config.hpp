@@ -29,6 +29,7 @@ inline constexpr PrecisionChoice all_precisions[] = {PrecisionChoice::fp32, Prec
 inline constexpr OffloadTier all_offload_tiers[] = {OffloadTier::none, OffloadTier::cpu, OffloadTier::nvme};
 inline constexpr ReduceDType all_reduce_dtypes[] = {ReduceDType::same_as_grad, ReduceDType::fp32};
 inline constexpr GradWrites all_grad_writes[] = {GradWrites::overwrite, GradWrites::accumulate};
+inline constexpr MasterWeights all_master_weights[] = {MasterWeights::fp32, MasterWeights::remainder};
 
 namespace detail {
 // The value whose name() is `text`, if any: names are defined once, by name().
@@ -58,6 +59,9 @@ inline std::optional<ReduceDType> parse_reduce_dtype(std::string_view text) {
 }
 inline std::optional<GradWrites> parse_grad_writes(std::string_view text) {
   return detail::parse_by_name(text, all_grad_writes);
+}
+inline std::optional<MasterWeights> parse_master_weights(std::string_view text) {
+  return detail::parse_by_name(text, all_master_weights);
 }
 
 struct Config {
@@ -97,6 +101,13 @@ struct Config {
             "zero::Config: offload nvme keeps the optimizer state in swap files and needs a directory for them, on "
             "a fast local disk: set offload.directory in a config file (--nvme-dir on the command line, "
             "options.nvme.directory in code)");
+    require(options.master != MasterWeights::remainder || precision == PrecisionChoice::bf16,
+            "zero::Config: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits, but the "
+            "precision is ", name(precision), ": use precision bf16, or master fp32 (\"master\" in a config file, "
+            "--master on the command line)");
+    require(!options.round_ties_away || precision == PrecisionChoice::bf16,
+            "zero::Config: round_ties_away rounds bf16 parameter copies, but the precision is ", name(precision),
+            ": clear it");
     options.validate();
   }
 };

@@ -78,6 +78,8 @@ void config_keys(C& c, Visit& v) {
   v.field("reduce_dtype", o.reduce_dtype);
   v.field("seed", o.seed);
   v.field("stochastic_rounding", o.stochastic_rounding);
+  v.field("master", o.master);
+  v.field("round_ties_away", o.round_ties_away);
   v.field("offload_threads", o.offload_threads);
   v.field("require_pinned_memory", o.require_pinned_memory);
   v.field("pinned_piece_bytes", o.pinned_piece_bytes);
@@ -90,6 +92,7 @@ constexpr const auto& all_values_of(PrecisionChoice) { return all_precisions; }
 constexpr const auto& all_values_of(OffloadTier) { return all_offload_tiers; }
 constexpr const auto& all_values_of(ReduceDType) { return all_reduce_dtypes; }
 constexpr const auto& all_values_of(GradWrites) { return all_grad_writes; }
+constexpr const auto& all_values_of(MasterWeights) { return all_master_weights; }
 
 // Reads one JSON object into the members config_keys names; `source` starts
 // every message ("zero config", "zero config file 'run.json'"), `path` is the

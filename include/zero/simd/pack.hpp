@@ -20,6 +20,7 @@
 
 #include "zero/math.hpp"
 #include "zero/precision/convert.hpp"
+#include "zero/precision/remainder.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::simd {
@@ -267,6 +268,31 @@ ZERO_FORCE_INLINE void store(fp16* p, const Pack<Isa>& x) {
   typename Isa::U u;
   zero::detail::float_to_half_bits_generic(u, x.v);
   store_u16_narrowed<Isa>(p, u);
+}
+
+// A remainder master (zero/precision/remainder.hpp): the fp32 values from
+// the bf16 copies and the 16-bit remainders, and back; and bf16 copies
+// rounded half away from zero.
+template <class Isa>
+ZERO_FORCE_INLINE Pack<Isa> load_joined(const bf16* copy, const std::uint16_t* remainder) {
+  typename Isa::U c, r, u;
+  load_u16_widened<Isa>(c, copy);
+  load_u16_widened<Isa>(r, remainder);
+  zero::detail::join_master_bits_generic(u, c, r);
+  return {(typename Isa::F)u};
+}
+template <class Isa>
+ZERO_FORCE_INLINE void store_split(bf16* copy, std::uint16_t* remainder, const Pack<Isa>& x) {
+  typename Isa::U c, r;
+  zero::detail::split_master_bits_generic(c, r, (typename Isa::U)x.v);
+  store_u16_narrowed<Isa>(copy, c);
+  store_u16_narrowed<Isa>(remainder, r);
+}
+template <class Isa>
+ZERO_FORCE_INLINE void store_ties_away(bf16* p, const Pack<Isa>& x) {
+  typename Isa::U c;
+  zero::detail::bits_to_bf16_ties_away_generic(c, (typename Isa::U)x.v);
+  store_u16_narrowed<Isa>(p, c);
 }
 
 }  // namespace zero::simd

@@ -1,0 +1,329 @@
+// Why: a remainder master (Options::master = MasterWeights::remainder)
+// promises the fp32 master bit for bit in 2 bytes per parameter instead of 4.
+// Its bf16 copy is the master rounded half away from zero, so the reference
+// is an fp32-master run whose copies are rounded the same way
+// (Options::round_ties_away): the two must agree in every master and every
+// copy after every step, for every stage, tier, optimizer and rank count.
+// The gradients here are computed from the bf16 copies (a quadratic pull
+// towards a target, plus each rank's noise), so a copy that differs in one
+// bit changes the trajectory; and the initial values include exact ties
+// above even copies, which rounding to even would break.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine_harness.hpp"
+#include "late_copies.hpp"
+#include "zero/checkpoint/optimizer_io.hpp"
+#include "zero/engine/plan.hpp"
+#include "zero/offload/disk_state_store.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zero::bf16;
+using zero::MasterWeights;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "zero-remainder-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Units with a one-element parameter, primes and a tail past a SIMD pack.
+const std::vector<std::pair<const char*, std::vector<std::size_t>>>& model() {
+  static const std::vector<std::pair<const char*, std::vector<std::size_t>>> m = {
+      {"embed", {1, 6}}, {"mlp", {1021}}, {"head", {4099, 3}}};
+  return m;
+}
+
+float init_value(std::size_t p, std::size_t i) {
+  const float x = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(p)) * 0.5f;
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  if (i % 7 == 3) bits = (bits & 0xfffe0000u) | 0x8000u;  // a tie above an even copy
+  return std::bit_cast<float>(bits);
+}
+
+struct Trace {
+  std::vector<std::vector<std::uint32_t>> masters;  // after set_param, then after each step (bits)
+  std::vector<std::vector<std::uint16_t>> copies;
+  zero::MemoryReport memory;
+};
+
+// `steps` steps from the initial values, or from the checkpoint at `resume`;
+// with `save` the state after step `save_at` goes there.
+template <class Opt>
+Trace train(zero::comm::Local& comm, const zero::Options& options, int steps, const std::string& resume = "",
+            const std::string& save = "", int save_at = 0) {
+  using Ops = zero::backend::Ops<typename Opt::backend_policy>;
+  typename Opt::Hyper hyper = zero::test::test_hyper<typename Opt::optimizer_policy>();
+  Opt opt(comm, hyper, options);
+  std::vector<zero::UnitId> units;
+  std::vector<zero::ParamId> ids;
+  for (const auto& [unit, sizes] : model()) {
+    units.push_back(opt.add_unit(unit));
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      ids.push_back(opt.add_param(units.back(), std::string(unit) + ".w" + std::to_string(k), sizes[k]));
+  }
+  opt.finalize();
+  for (std::size_t p = 0; p < ids.size(); ++p) {
+    std::vector<float> v(opt.layout().params()[p].numel);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = init_value(p, i);
+    opt.set_param(ids[p], v.data());
+  }
+  int first = 1;
+  if (!resume.empty()) first = static_cast<int>(opt.load(resume).manifest.run.step) + 1;
+  const zero::Layout& layout = opt.layout();
+  Trace trace;
+  auto record = [&] {
+    std::vector<float> m(layout.padded_total());
+    std::vector<bf16> c(layout.padded_total());
+    opt.gather_masters(m.data());
+    opt.gather_params(c.data());
+    trace.masters.emplace_back();
+    trace.copies.emplace_back();
+    for (const auto& info : layout.params()) {
+      const std::size_t start = layout.units()[info.unit].full_offset + info.offset;
+      for (std::size_t i = 0; i < info.numel; ++i) {
+        trace.masters.back().push_back(std::bit_cast<std::uint32_t>(m[start + i]));
+        trace.copies.back().push_back(c[start + i].bits);
+      }
+    }
+  };
+  record();
+  if (!save.empty() && save_at == first - 1) opt.save(save);
+  std::vector<bf16> values, grads;
+  for (int step = first; step <= steps; ++step) {
+    for (const zero::UnitId u : units) {  // forward
+      opt.acquire_unit(u);
+      opt.release_unit(u);
+    }
+    for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward: gradients of the copies
+      const zero::UnitInfo& unit = layout.unit(*it);
+      const bf16* held = opt.acquire_unit(*it);
+      values.resize(unit.padded);
+      Ops::download(values.data(), held, unit.padded);
+      grads.assign(unit.padded, bf16{});
+      for (std::size_t p : unit.params) {
+        const zero::ParamInfo& info = layout.params()[p];
+        for (std::size_t i = 0; i < info.numel; ++i) {
+          const float w = zero::to_float(values[info.offset + i]);
+          const float target = std::cos(0.11f * static_cast<float>(i + 13 * p));
+          const float noise = 0.01f * std::sin(static_cast<float>(i * 3 + 7 * comm.rank() + 31 * step));
+          grads[info.offset + i] = zero::from_float<bf16>(w - target + noise);
+        }
+      }
+      Ops::upload(opt.grad_buffer(*it), grads.data(), unit.padded);
+      opt.grad_ready(*it);
+      opt.release_unit(*it);
+    }
+    opt.step();
+    record();
+    if (!save.empty() && step == save_at) opt.save(save);
+  }
+  trace.memory = opt.memory_report();
+  return trace;
+}
+
+// The first element where two runs differ, or -1 (a failure prints one
+// number, not two vectors of thousands).
+template <class T>
+long first_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return static_cast<long>(std::min(a.size(), b.size()));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return static_cast<long>(i);
+  return -1;
+}
+
+template <class Opt>
+Trace run(int ranks, const zero::Options& options, int steps, const std::string& resume = "",
+          const std::string& save = "", int save_at = 0) {
+  std::vector<Trace> traces(static_cast<std::size_t>(ranks));
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& c) {
+    zero::test::late_copies() = {};
+    traces[static_cast<std::size_t>(c.rank())] = train<Opt>(c, options, steps, resume, save, save_at);
+  });
+  for (int r = 1; r < ranks; ++r)
+    for (std::size_t s = 0; s < traces[0].masters.size(); ++s)
+      REQUIRE(first_difference(traces[static_cast<std::size_t>(r)].masters[s], traces[0].masters[s]) == -1);
+  return traces[0];
+}
+
+zero::Options with_master(zero::Options o, MasterWeights m) {
+  o.master = m;
+  o.round_ties_away = m == MasterWeights::fp32;  // the reference rounds its copies as the remainder does
+  return o;
+}
+
+// Every step's masters and copies, remainder against fp32; and the memory:
+// the master line is 2 bytes per owned element where it was 4.
+template <class Opt>
+void check_bitwise(int ranks, zero::Options options) {
+  INFO(Opt::optimizer_policy::name << ", stage " << Opt::stage << ", offload " << Opt::offload_policy::name
+                                   << ", backend " << Opt::backend_policy::name << ", " << ranks << " rank(s)");
+  constexpr int steps = 4;
+  std::optional<TempDir> dir;
+  if constexpr (std::is_same_v<typename Opt::offload_policy, zero::offload::Nvme>) {
+    dir.emplace();
+    options.nvme.directory = dir->path.string();
+    options.nvme.window_bytes = 3 * zero::offload::disk_least_window_bytes(Opt::state_slots, 2);  // several chunks
+  }
+  const Trace fp32 = run<Opt>(ranks, with_master(options, MasterWeights::fp32), steps);
+  const Trace rem = run<Opt>(ranks, with_master(options, MasterWeights::remainder), steps);
+  REQUIRE(rem.masters.size() == steps + 1);
+  for (int s = 0; s <= steps; ++s) {
+    INFO("after step " << s);
+    CHECK(first_difference(rem.masters[s], fp32.masters[s]) == -1);
+    CHECK(first_difference(rem.copies[s], fp32.copies[s]) == -1);
+  }
+  // set_param kept every value exactly, ties included.
+  std::vector<std::uint32_t> initial;
+  std::size_t p = 0;
+  for (const auto& [unit, sizes] : model())
+    for (const std::size_t n : sizes) {
+      for (std::size_t i = 0; i < n; ++i) initial.push_back(std::bit_cast<std::uint32_t>(init_value(p, i)));
+      ++p;
+    }
+  CHECK(first_difference(rem.masters[0], initial) == -1);
+  // 2 bytes per owned element where the fp32 master had 4; nothing else moved.
+  CHECK(rem.memory.placed.master.total() * 2 == fp32.memory.placed.master.total());
+  CHECK(rem.memory.placed.optimizer_states == fp32.memory.placed.optimizer_states);
+  CHECK(rem.memory.placed.params == fp32.memory.placed.params);
+  CHECK(rem.memory.placed.grads == fp32.memory.placed.grads);
+}
+
+template <class O, int S>
+void check_every_tier() {
+  using namespace zero;
+  using P = precision::Mixed<bf16>;
+  for (const int ranks : {1, 2, 4}) {
+    check_bitwise<ZeroOptimizer<P, O, stage<S>, offload::None, backend::Host>>(ranks, {});
+    if constexpr (S >= 1) {
+      Options options;
+      options.bucket_bytes = 1;  // one unit per bucket
+      check_bitwise<ZeroOptimizer<P, O, stage<S>, offload::Nvme, backend::Host>>(ranks, options);
+      check_bitwise<ZeroOptimizer<P, O, stage<S>, offload::Cpu, backend::LateCopies>>(ranks, options);
+    }
+  }
+}
+
+}  // namespace
+
+
+TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 0", "[engine][remainder]") {
+  check_every_tier<zero::optim::AdamW, 0>();
+  check_every_tier<zero::optim::Adam, 0>();
+  check_every_tier<zero::optim::Sgd, 0>();
+}
+TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 1", "[engine][remainder]") {
+  check_every_tier<zero::optim::AdamW, 1>();
+  check_every_tier<zero::optim::Adam, 1>();
+  check_every_tier<zero::optim::Sgd, 1>();
+}
+TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 2", "[engine][remainder]") {
+  check_every_tier<zero::optim::AdamW, 2>();
+  check_every_tier<zero::optim::Adam, 2>();
+  check_every_tier<zero::optim::Sgd, 2>();
+}
+TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 3", "[engine][remainder]") {
+  check_every_tier<zero::optim::AdamW, 3>();
+  check_every_tier<zero::optim::Adam, 3>();
+  check_every_tier<zero::optim::Sgd, 3>();
+}
+
+TEST_CASE("A remainder master's memory: 14 bytes per parameter for bf16 AdamW, as the planner says",
+          "[engine][remainder]") {
+  using namespace zero;
+  using P = precision::Mixed<bf16>;
+  for (const int ranks : {1, 4}) {
+    auto check = [&]<class Opt>(std::type_identity<Opt>, std::uint64_t bytes_per_padded_element_times_n) {
+      INFO("stage " << Opt::stage << ", " << ranks << " rank(s)");
+      Options options;
+      options.master = MasterWeights::remainder;
+      const Trace t = run<Opt>(ranks, options, 1);
+      plan::Model m;
+      for (const auto& [unit, sizes] : model()) m.units.push_back({unit, sizes});
+      const plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, ranks, options, false));
+      CHECK(planned.placed.master == t.memory.placed.master);
+      CHECK(planned.model_states() == t.memory.model_states());
+      // params 2 + grads 2 + remainder 2 + m and v 8, whole (stage 0) or 1/N (stage 3).
+      CHECK(t.memory.placed.model_states().total() * static_cast<std::uint64_t>(ranks) ==
+            bytes_per_padded_element_times_n * planned.padded_elements);
+      CHECK(planned.paper_model_state_bytes ==
+            (Opt::stage == 0 ? 14 * planned.param_elements
+                             : 14 * planned.param_elements / static_cast<std::uint64_t>(ranks)));
+    };
+    check(std::type_identity<ZeroOptimizer<P, optim::AdamW, stage<0>, offload::None, backend::Host>>{},
+          14 * static_cast<std::uint64_t>(ranks));
+    check(std::type_identity<ZeroOptimizer<P, optim::AdamW, stage<3>, offload::None, backend::Host>>{}, 14);
+  }
+}
+
+TEST_CASE("A remainder master resumes bit for bit, and checkpoints move between master formats",
+          "[engine][remainder][checkpoint]") {
+  using namespace zero;
+  using Opt = ZeroOptimizer<precision::Mixed<bf16>, optim::AdamW, stage<2>, offload::None, backend::Host>;
+  const Options remainder = with_master({}, MasterWeights::remainder), fp32 = with_master({}, MasterWeights::fp32);
+  const Trace straight = run<Opt>(2, remainder, 6);
+  TempDir dir;
+  const std::string at3 = (dir.path / "step3").string();
+  run<Opt>(2, remainder, 3, "", at3, 3);
+  // The same format: the rest of the trajectory, bit for bit.
+  const Trace resumed = run<Opt>(2, remainder, 6, at3);
+  REQUIRE(resumed.masters.size() == 4);
+  CHECK(first_difference(resumed.masters[0], straight.masters[3]) == -1);
+  CHECK(first_difference(resumed.copies[0], straight.copies[3]) == -1);
+  CHECK(first_difference(resumed.masters[3], straight.masters[6]) == -1);
+  CHECK(first_difference(resumed.copies[3], straight.copies[6]) == -1);
+  // Into an fp32 master that rounds its copies the same way: the same.
+  const Trace into_fp32 = run<Opt>(2, fp32, 6, at3);
+  CHECK(first_difference(into_fp32.masters[3], straight.masters[6]) == -1);
+  CHECK(first_difference(into_fp32.copies[3], straight.copies[6]) == -1);
+  // From an fp32 master whose copies were rounded to even, saved before
+  // the first step (the initial ties are there): the remainder master takes
+  // the fp32 values exactly, and its copies are its own rounding of them,
+  // not the file's.
+  Options even;
+  const std::string even_at0 = (dir.path / "even0").string();
+  const Trace even_run = run<Opt>(2, even, 0, "", even_at0, 0);
+  const Trace loaded = run<Opt>(2, remainder, 0, even_at0);
+  CHECK(first_difference(loaded.masters[0], even_run.masters[0]) == -1);
+  std::size_t ties = 0, wrong = 0;
+  for (std::size_t i = 0; i < loaded.copies[0].size(); ++i) {
+    wrong += loaded.copies[0][i] != bf16_ties_away(std::bit_cast<float>(loaded.masters[0][i])).bits;
+    ties += loaded.copies[0][i] != even_run.copies[0][i];
+  }
+  CHECK(wrong == 0);
+  CHECK(ties > 0);
+}
+
+TEST_CASE("A remainder master is refused where it cannot be exact", "[engine][remainder][errors]") {
+  using namespace zero;
+  comm::LocalGroup group(1);
+  group.run([&](comm::Local& c) {
+    Options options;
+    options.master = MasterWeights::remainder;
+    using Fp16 = ZeroOptimizer<precision::Mixed<fp16>, optim::AdamW, stage<1>, offload::None, backend::Host>;
+    using Fp32 = ZeroOptimizer<precision::Full<float>, optim::AdamW, stage<1>, offload::None, backend::Host>;
+    using Bf16 = ZeroOptimizer<precision::Mixed<bf16>, optim::AdamW, stage<1>, offload::None, backend::Host>;
+    CHECK_THROWS_WITH(Fp16(c, {}, options), Catch::Contains("Options::master is remainder") &&
+                                                Catch::Contains("fp16") && Catch::Contains("Mixed<bf16>"));
+    CHECK_THROWS_WITH(Fp32(c, {}, options),
+                      Catch::Contains("Options::master is remainder") && Catch::Contains("fp32 training"));
+    options.stochastic_rounding = true;
+    CHECK_THROWS_WITH(Bf16(c, {}, options), Catch::Contains("stochastic") && Catch::Contains("remainder"));
+    Config config;
+    config.precision = PrecisionChoice::fp16;
+    config.options.master = MasterWeights::remainder;
+    CHECK_THROWS_WITH(config.validate(false), Catch::Contains("master remainder") && Catch::Contains("fp16"));
+  });
+}
