@@ -36,8 +36,8 @@ namespace {
 [[maybe_unused]] void members_have_keys(Config& c) {
   [[maybe_unused]] auto& [precision, optimizer, hyper, stage, offload, options] = c;
   [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, release_memory_pages, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
-                          loss_scale, reduce_dtype, seed, stochastic_rounding, offload_threads, require_pinned_memory,
-                          pinned_piece_bytes, delayed_update, delayed_update_warmup, nvme] = c.options;
+                          loss_scale, reduce_dtype, seed, stochastic_rounding, master, round_ties_away, offload_threads,
+                          require_pinned_memory, pinned_piece_bytes, delayed_update, delayed_update_warmup, nvme] = c.options;
   [[maybe_unused]] auto& [initial_scale, growth_interval, growth_factor, backoff_factor, hysteresis, min_scale] =
       c.options.loss_scale;
   [[maybe_unused]] auto& [directory, window_bytes, block_bytes, queue_depth, direct] = c.options.nvme;
@@ -64,6 +64,8 @@ Config every_setting_changed() {
   o.reduce_dtype = zero::ReduceDType::fp32;
   o.seed = 0xFFFFFFFFFFFFFFFFull;  // the largest seed: unsigned 64-bit through JSON
   o.stochastic_rounding = true;
+  o.master = zero::MasterWeights::remainder;  // (with fp16 and stochastic rounding invalid: only read and written here)
+  o.round_ties_away = true;
   o.offload_threads = 6;
   o.require_pinned_memory = true;
   o.pinned_piece_bytes = 1 << 20;
@@ -247,6 +249,16 @@ TEST_CASE("Config::validate refuses what the compile-time API refuses, in its wo
   c = Config{};
   c.options.prefetch_units = 99;  // Options::validate() is part of it
   CHECK_THAT(validate(c, false), Catch::Contains("Options::prefetch_units is 99"));
+
+  c = Config{};
+  c.options.master = zero::MasterWeights::remainder;
+  CHECK(validate(c, false) == "(no InvalidArgument thrown)");  // bf16: the default precision
+  c.precision = PrecisionChoice::fp16;
+  CHECK_THAT(validate(c, false), Catch::Contains("master remainder keeps the fp32 master as the bf16 parameters") &&
+                                     Catch::Contains("the precision is fp16: use precision bf16, or master fp32"));
+  c.precision = PrecisionChoice::bf16;
+  c.options.stochastic_rounding = true;
+  CHECK_THAT(validate(c, false), Catch::Contains("Options::master is remainder and Options::stochastic_rounding is on"));
 }
 
 TEST_CASE("The static_asserts say what Config::validate says", "[runtime][config]") {
