@@ -136,7 +136,7 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
   CHECK(top == std::set<std::string>{"precision", "optimizer", "stage", "offload", "bucket_bytes", "grad_writes",
                                      "live_buckets", "release_memory_pages", "prefetch_units",
                                      "grad_accumulation_steps", "clip_norm", "gradient_divisor", "loss_scale",
-                                     "reduce_dtype", "seed", "stochastic_rounding", "offload_threads",
+                                     "reduce_dtype", "seed", "stochastic_rounding", "master", "round_ties_away", "offload_threads",
                                      "require_pinned_memory", "pinned_piece_bytes", "delayed_update",
                                      "delayed_update_warmup"});
 }

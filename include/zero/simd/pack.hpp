@@ -272,17 +272,19 @@ ZERO_FORCE_INLINE void store(fp16* p, const Pack<Isa>& x) {
 
 // A remainder master (zero/precision/remainder.hpp): the fp32 values from
 // the bf16 copies and the 16-bit remainders, and back; and bf16 copies
-// rounded half away from zero.
-template <class Isa>
-ZERO_FORCE_INLINE Pack<Isa> load_joined(const bf16* copy, const std::uint16_t* remainder) {
+// rounded half away from zero. (Templates over the copy's type C, always
+// bf16 when called: a step compiled for other types names them in code it
+// discards, which Clang resolves before discarding.)
+template <class Isa, class C>
+ZERO_FORCE_INLINE Pack<Isa> load_joined(const C* copy, const std::uint16_t* remainder) {
   typename Isa::U c, r, u;
   load_u16_widened<Isa>(c, copy);
   load_u16_widened<Isa>(r, remainder);
   zero::detail::join_master_bits_generic(u, c, r);
   return {(typename Isa::F)u};
 }
-template <class Isa>
-ZERO_FORCE_INLINE void store_split(bf16* copy, std::uint16_t* remainder, const Pack<Isa>& x) {
+template <class Isa, class C>
+ZERO_FORCE_INLINE void store_split(C* copy, std::uint16_t* remainder, const Pack<Isa>& x) {
   typename Isa::U c, r;
   zero::detail::split_master_bits_generic(c, r, (typename Isa::U)x.v);
   store_u16_narrowed<Isa>(copy, c);
