@@ -73,8 +73,8 @@ struct ConfigChoices {
 
 // The ZeRO choices as one zero::Config (zero/runtime/config.hpp), from a
 // file and the command line: --config FILE (a JSON file, docs/configuration.md),
-// then --stage, --precision, --optimizer, --offload, --master, --nvme-dir DIR
-// and --nvme-window-mib MIB.
+// then --stage, --precision, --optimizer, --offload, --master, --states,
+// --nvme-dir DIR and --nvme-window-mib MIB.
 //
 // Contract: after app.parse(), `config` holds what it held before, with
 // every setting FILE has replaced (zero::load_config_into: keys FILE does not
@@ -127,6 +127,12 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
          "bf16 parameters plus 16 bits: 2 bytes, the same values bit for bit; copies rounded half away from zero)")
       ->check(CLI::IsMember(std::vector<std::string>{"fp32", "remainder"}))
       ->default_str(zero::name(config.options.master));
+  app.add_option_function<std::string>(
+         "--states", [&config](const std::string& text) { config.options.states = *zero::parse_state_format(text); },
+         "how the optimizer state (Adam's m and v) is stored: fp32 (4 bytes per value), bf16 (2: rounded to "
+         "nearest), bf16_stochastic (2: rounded stochastically)")
+      ->check(CLI::IsMember(std::vector<std::string>{"fp32", "bf16", "bf16_stochastic"}))
+      ->default_str(zero::name(config.options.states));
   app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
   app.add_option_function<double>(
          "--nvme-window-mib",

@@ -337,6 +337,10 @@ int main(int argc, char** argv) {
   app.add_option("--master", master, "Options::master: how bf16 parameters' fp32 master is kept: fp32 (4 bytes per "
                                      "parameter) or remainder (the bf16 parameters plus 16 bits: 2 bytes, exact)")
       ->check(CLI::IsMember({"fp32", "remainder"}));
+  std::string states = "fp32";
+  app.add_option("--states", states, "Options::states: the optimizer state's storage: fp32 (4 bytes per value) or "
+                                     "bf16 / bf16_stochastic (2)")
+      ->check(CLI::IsMember({"fp32", "bf16", "bf16_stochastic"}));
   bool json = false;
   app.add_flag("--json", json, "Machine-readable output (schema in docs)");
 
@@ -384,8 +388,10 @@ int main(int argc, char** argv) {
     if (config.options.master == zero::MasterWeights::remainder && config.precision != plan::Precision::bf16)
       throw CLI::ValidationError("--master remainder", "keeps the fp32 master as the bf16 parameters plus 16 bits: "
                                                        "use --precision bf16, or --master fp32");
+    config.options.states = *zero::parse_state_format(states);
     const std::size_t least_window = zero::offload::disk_least_window_bytes(
-        config.state_slots, config.options.master == zero::MasterWeights::remainder ? 2 : 4);
+        config.state_slots, config.options.master == zero::MasterWeights::remainder ? 2 : 4,
+        zero::state_element_bytes(config.options.states));
     if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
       throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "
                                                       "state slot: at least " + std::to_string(least_window) +

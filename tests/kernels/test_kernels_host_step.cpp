@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "zero/kernels/host_step.hpp"
@@ -194,6 +195,88 @@ TEST_CASE("The host fused step with a remainder master matches the scalar body a
         check_remainder_step<zero::optim::Adam>(n, misalign);
         check_remainder_step<zero::optim::Sgd>(n, misalign);
       }
+  }
+  zero::simd::force_isa(zero::simd::detect_isa_from_cpu());
+}
+
+namespace {
+
+// bf16 state (Options::states): the SIMD paths give the scalar body's bits,
+// rounded to nearest even or stochastically, beside an fp32 or remainder
+// master.
+template <class Opt, class Grad, class Param>
+void check_bf16_states_step(std::size_t n, std::size_t misalign, bool stochastic, bool remainder) {
+  INFO("n " << n << ", misalign " << misalign << ", " << Opt::name << ", stochastic " << stochastic
+            << ", remainder " << remainder << ", isa " << zero::simd::isa_name(zero::simd::active_isa()));
+  constexpr int S = Opt::state_slots;
+  const std::size_t total = n + misalign;
+  std::vector<float> master(total);
+  std::vector<Grad> grad(total);
+  std::vector<Param> copy(total);
+  std::vector<std::uint16_t> rest(total);
+  std::vector<std::vector<zero::bf16>> state(S, std::vector<zero::bf16>(total));
+  for (std::size_t i = 0; i < total; ++i) {
+    master[i] = static_cast<float>(static_cast<int>(i % 2001) - 1000) * 1e-3f;
+    if constexpr (std::is_same_v<Param, zero::bf16>) zero::split_master(master[i], copy[i], rest[i]);
+    grad[i] = zero::from_float<Grad>(static_cast<float>(static_cast<int>((i * 7) % 1001) - 500) * 1e-3f);
+    for (int k = 0; k < S; ++k) state[k][i] = zero::from_float<zero::bf16>(static_cast<float>((i * (k + 3)) % 97) * 1e-4f);
+  }
+  auto master_ref = master;
+  auto copy_ref = copy;
+  auto rest_ref = rest;
+  auto state_ref = state;
+  typename Opt::Hyper hyper;
+  hyper.lr = 1e-2;
+  if constexpr (requires { hyper.momentum; }) hyper.momentum = 0.9;  // SGD keeps its buffer unchanged without
+  zero::kernels::FusedStepArgs<Opt, Grad, Param> args, ref;
+  args.grad = grad.data() + misalign;
+  args.n = n;
+  args.grad_scale = 0.5f;
+  args.scalars = Opt::prepare(hyper, 3);
+  args.state_rounding = zero::StochasticRounding{stochastic, 99, 3};
+  args.global_offset = 1000;
+  ref = args;
+  auto aim = [&](auto& a, std::vector<float>& m, std::vector<Param>& c, std::vector<std::uint16_t>& r,
+                 std::vector<std::vector<zero::bf16>>& st) {
+    a.master = m.data() + misalign;
+    a.param = c.data() + misalign;
+    if constexpr (std::is_same_v<Param, zero::bf16>)
+      if (remainder) {
+        a.master = nullptr;
+        a.remainder = r.data() + misalign;
+      }
+    for (int k = 0; k < S; ++k) a.state16[k] = st[k].data() + misalign;
+  };
+  aim(args, master, copy, rest, state);
+  aim(ref, master_ref, copy_ref, rest_ref, state_ref);
+  zero::kernels::host_fused_step(args);
+  for (std::size_t i = 0; i < n; ++i) zero::kernels::fused_step_element(ref, i);
+  CHECK(std::memcmp(master.data(), master_ref.data(), total * sizeof(float)) == 0);
+  CHECK(std::memcmp(copy.data(), copy_ref.data(), total * sizeof(Param)) == 0);
+  CHECK(std::memcmp(rest.data(), rest_ref.data(), total * sizeof(std::uint16_t)) == 0);
+  std::size_t moved = 0;
+  for (int k = 0; k < S; ++k) {
+    CHECK(std::memcmp(state[k].data(), state_ref[k].data(), total * sizeof(zero::bf16)) == 0);
+    for (std::size_t i = misalign; i < total; ++i)
+      moved += !(state[k][i] == zero::from_float<zero::bf16>(static_cast<float>((i * (k + 3)) % 97) * 1e-4f));
+  }
+  CHECK(moved > 0);  // the state was updated (and stored), not left alone
+}
+
+}  // namespace
+
+TEST_CASE("The host fused step with bf16 states matches the scalar body", "[kernels][states]") {
+  const std::size_t sizes[] = {1, 15, 1000, (std::size_t{1} << 15) + 17};
+  for (const auto isa : zero::simd::supported_isas()) {
+    zero::simd::force_isa(isa);
+    for (std::size_t n : sizes)
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{1}})
+        for (const bool stochastic : {false, true}) {
+          check_bf16_states_step<zero::optim::AdamW, zero::bf16, zero::bf16>(n, misalign, stochastic, false);
+          check_bf16_states_step<zero::optim::AdamW, zero::bf16, zero::bf16>(n, misalign, stochastic, true);
+          check_bf16_states_step<zero::optim::Sgd, float, float>(n, misalign, stochastic, false);
+          check_bf16_states_step<zero::optim::Adam, zero::fp16, zero::fp16>(n, misalign, stochastic, false);
+        }
   }
   zero::simd::force_isa(zero::simd::detect_isa_from_cpu());
 }

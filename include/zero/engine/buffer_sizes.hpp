@@ -39,6 +39,8 @@ struct BufferSpec {
   // Bytes of the master per owned element: 4 (fp32), or 2 (a remainder
   // master's remainders beside the bf16 parameters; Options::master).
   std::size_t master_bytes = 4;
+  // Bytes of one optimizer-state element: 4 (fp32) or 2 (bf16; Options::states).
+  std::size_t state_bytes = 4;
 };
 
 // Bytes per owned element of the master: none without a master of its own,
@@ -245,9 +247,10 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   }
   if (spec.offload == OffloadTier::nvme) {
     const std::size_t window = options.nvme.window_bytes;
-    s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned, spec.master_bytes);
-    s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned, spec.master_bytes);
-    s.swap_file_bytes = offload::disk_swap_file_bytes(window, spec.state_slots, owned, spec.master_bytes);
+    const std::size_t mb = spec.master_bytes, sb = spec.state_bytes;
+    s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned, mb, sb);
+    s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned, mb, sb);
+    s.swap_file_bytes = offload::disk_swap_file_bytes(window, spec.state_slots, owned, mb, sb);
   }
   return s;
 }

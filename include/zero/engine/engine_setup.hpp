@@ -69,8 +69,15 @@ void Engine<P, O, B>::finalize() {
   // fp32 training keeps no master apart from the parameters unless offload
   // moves it to the host (the device then keeps a working copy).
   const bool separate_master = P::mixed || plan_.offload != OffloadTier::none;
-  const BufferSpec spec{rules,           separate_master, sizeof(grad_type), state_slots, comm_.overlaps(),
-                        plan_.offload,   B::device,       master_element_bytes(true, options_.master)};
+  const BufferSpec spec{rules,
+                        separate_master,
+                        sizeof(grad_type),
+                        state_slots,
+                        comm_.overlaps(),
+                        plan_.offload,
+                        B::device,
+                        master_element_bytes(true, options_.master),
+                        state_element_bytes(options_.states)};
   const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
   if (const std::string note = gradient_saving_note(sizes, spec, layout_, options_); !note.empty() && rank() == 0)
     std::fprintf(stderr, "%s\n", note.c_str());

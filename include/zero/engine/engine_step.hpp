@@ -79,6 +79,8 @@ StepResult Engine<P, O, B>::step() {
   args.grad_scale = decision.grad_scale;
   args.scalars = scalars;
   args.rounding = StochasticRounding{options_.stochastic_rounding, options_.seed, static_cast<std::uint64_t>(steps_)};
+  args.state_rounding = StochasticRounding{options_.states == StateFormat::bf16_stochastic, options_.seed,
+                                           static_cast<std::uint64_t>(steps_)};
   if (update_.update(args, steps_))
     publish_params();
   else

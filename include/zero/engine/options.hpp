@@ -57,6 +57,24 @@ constexpr const char* name(MasterWeights m) {
   return "?";
 }
 
+// How the optimizer's state slots (Adam's m and v, SGD's momentum) are
+// stored (docs/lean-states.md). fp32: 4 bytes per element. bf16: 2 bytes,
+// read as fp32 by the step and written back rounded to nearest even;
+// bf16_stochastic: rounded stochastically (zero in expectation, from
+// (Options::seed, step, element, slot) as the copies' stochastic rounding).
+enum class StateFormat { fp32, bf16, bf16_stochastic };
+
+constexpr const char* name(StateFormat f) {
+  switch (f) {
+    case StateFormat::fp32: return "fp32";
+    case StateFormat::bf16: return "bf16";
+    case StateFormat::bf16_stochastic: return "bf16_stochastic";
+  }
+  return "?";
+}
+// Bytes of one stored state element.
+constexpr std::size_t state_element_bytes(StateFormat f) { return f == StateFormat::fp32 ? 4 : 2; }
+
 struct LossScaleOptions {
   double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
   int growth_interval = 2000;      // steps without overflow before the scale grows
@@ -141,6 +159,8 @@ struct Options {
   // to even: what MasterWeights::remainder implies; set it with an fp32
   // master to compare a run with a remainder run bit for bit.
   bool round_ties_away = false;
+  // The optimizer state's storage (StateFormat): bf16 halves it.
+  StateFormat states = StateFormat::fp32;
   // Offload (offload::Cpu): CPU threads of the host update (0: OpenMP's
   // default, OMP_NUM_THREADS), and whether host buffers that could not be
   // page-locked are an error (true) or a warning and pageable memory (false).

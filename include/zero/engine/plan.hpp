@@ -133,6 +133,7 @@ struct Config {
     s.state_slots = state_slots;
     s.overlap = overlap;
     s.master = options.master;
+    s.states = options.states;
     return s;
   }
 
@@ -325,7 +326,8 @@ inline Plan make_plan(const Config& config) {
   const std::uint64_t pb = spec.element_bytes;
   // (A remainder master adds 2 bytes: its other 2 are the parameter's.)
   const std::uint64_t master_k = spec.mixed() ? (spec.master == MasterWeights::remainder ? 2 : 4) : 0;
-  const std::uint64_t k = master_k + 4 * static_cast<std::uint64_t>(config.state_slots);
+  const std::uint64_t k =
+      master_k + state_element_bytes(config.options.states) * static_cast<std::uint64_t>(config.state_slots);
   const PaperShares shares = paper_shares(spec.stage, pb, pb, k);
   plan.paper_model_state_bytes = shares.whole * phi + shares.sharded * phi / N;
   plan.paper_comm_elements = (spec.stage.params_sharded ? 3 : 2) * phi * (N - 1) / N;
@@ -368,7 +370,7 @@ inline std::string to_json(const Plan& p) {
     << (c.overlap ? "true" : "false") << ",\"backend\":\"" << (c.device_backend ? "device" : "host")
     << "\",\"delayed_update\":" << (c.options.delayed_update ? "true" : "false")
     << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << ",\"master\":\"" << name(c.options.master)
-    << "\"},\"lines\":[";
+    << "\",\"states\":\"" << name(c.options.states) << "\"},\"lines\":[";
   for (std::size_t i = 0; i < p.lines.size(); ++i) {
     o << (i ? "," : "") << "{\"name\":\"" << p.lines[i].name << "\",";
     tiers(p.lines[i]);

@@ -84,6 +84,8 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::master", static_cast<std::uint64_t>(options.master),
        [](std::uint64_t v) -> std::string { return v == 0 ? "fp32" : "remainder"; }},
       {"Options::round_ties_away", options.round_ties_away ? 1u : 0u, flag},
+      {"Options::states", static_cast<std::uint64_t>(options.states),
+       [](std::uint64_t v) -> std::string { return name(static_cast<StateFormat>(v)); }},
       {"Options::seed", options.seed, number},
       {"Options::delayed_update", options.delayed_update ? 1u : 0u, flag},
       {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options.delayed_update_warmup), number},

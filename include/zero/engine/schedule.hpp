@@ -45,6 +45,7 @@ struct ScheduleSpec {
   // How the master of 16-bit parameters is kept (Options::master is the
   // engine's; the schedule reads it from here).
   MasterWeights master = MasterWeights::fp32;
+  StateFormat states = StateFormat::fp32;  // (Options::states)
 
   bool mixed() const { return element_bytes != 4; }  // 16-bit parameters beside an fp32 master
 };
@@ -148,8 +149,8 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
   require(!options.delayed_update || (offloaded && spec.device_backend),
           "schedule: Options::delayed_update overlaps the CPU update of offload with the next step's work on the "
           "device; it needs offload cpu or nvme with a device backend; clear the option otherwise");
-  const std::size_t least_window =
-      offload::disk_least_window_bytes(spec.state_slots, spec.master == MasterWeights::remainder ? 2 : 4);
+  const std::size_t least_window = offload::disk_least_window_bytes(
+      spec.state_slots, spec.master == MasterWeights::remainder ? 2 : 4, state_element_bytes(spec.states));
   require(spec.offload != OffloadTier::nvme || options.nvme.window_bytes >= least_window,
           "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, "; the window holds three chunks of "
           "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot): it "
@@ -173,8 +174,10 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   const bool separate_master = spec.mixed() || offloaded;
   // (4 when there is none: the disk tier's records still need a master size)
   const std::size_t master_bytes = master_element_bytes(true, spec.master);
-  const BufferSpec buffer_spec{stage,        separate_master,     spec.element_bytes, spec.state_slots,
-                               spec.overlap, spec.offload,        spec.device_backend, master_bytes};
+  const std::size_t state_bytes = state_element_bytes(spec.states);
+  const BufferSpec buffer_spec{stage,        separate_master, spec.element_bytes, spec.state_slots,
+                               spec.overlap, spec.offload,    spec.device_backend, master_bytes,
+                               state_bytes};
   s.sizes = buffer_sizes(layout, buffer_spec, options);
   const BufferSizes& z = s.sizes;
   const std::uint64_t eb = spec.element_bytes;
@@ -197,7 +200,8 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   add(master_bytes == 2 ? "fp32 master remainders" : "fp32 master weights", "master", ReportedAs::master, store,
       z.master, master_bytes);
   for (int k = 0; k < spec.state_slots; ++k)
-    add("optimizer state", "optimizer_states", ReportedAs::optimizer_states, store, z.state_per_slot, 4);
+    add(state_bytes == 2 ? "optimizer state (bf16)" : "optimizer state", "optimizer_states",
+        ReportedAs::optimizer_states, store, z.state_per_slot, state_bytes);
   add(z.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
                             : "host copy of the owned gradient",
       "grads", ReportedAs::grads, Place::host, z.host_grads, eb);
@@ -218,7 +222,8 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
     // The swap file holds whole records: what the owned master and state
     // leave of the last one is on disk too.
     const std::uint64_t state =
-        static_cast<std::uint64_t>(z.state_per_slot) * offload::disk_record_element_bytes(spec.state_slots, master_bytes);
+        static_cast<std::uint64_t>(z.state_per_slot) *
+        offload::disk_record_element_bytes(spec.state_slots, master_bytes, state_bytes);
     add("swap file (rounded to whole records)", "swap_padding", ReportedAs::not_reported, Place::disk,
         z.swap_file_bytes - state, 1);
   }

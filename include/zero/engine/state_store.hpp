@@ -67,14 +67,19 @@ class ArrayStateStore {
   // `separate_master` false: fp32 training without offload, where the
   // parameters are their own master and update() receives them as such.
   template <class Allocate>
-  void allocate(std::size_t owned, bool separate_master, MasterWeights format, Allocate&& allocate) {
+  void allocate(std::size_t owned, bool separate_master, MasterWeights format, StateFormat states,
+                Allocate&& allocate) {
     owned_ = owned;
     if (separate_master && format == MasterWeights::remainder)
       remainders_ = allocate(std::type_identity<Buf<std::uint16_t>>{}, owned, "fp32 master remainders");
     else if (separate_master)
       master_ = allocate(std::type_identity<Buf<float>>{}, owned, "fp32 master weights");
-    for (int k = 0; k < state_slots; ++k)
-      states_[k] = allocate(std::type_identity<Buf<float>>{}, owned, "optimizer state");
+    for (int k = 0; k < state_slots; ++k) {
+      if (states == StateFormat::fp32)
+        states_[k] = allocate(std::type_identity<Buf<float>>{}, owned, "optimizer state");
+      else
+        states16_[k] = allocate(std::type_identity<Buf<bf16>>{}, owned, "optimizer state (bf16)");
+    }
   }
   bool owns_master() const { return master_.size() != 0 || remainders_.size() != 0; }
 
@@ -93,6 +98,12 @@ class ArrayStateStore {
       }
       return;
     }
+    if (!slot.is_master() && bf16_states()) {
+      std::vector<bf16> low(n);  // rounded to nearest even: a bf16 state's own value comes back unchanged
+      for (std::size_t i = 0; i < n; ++i) low[i] = from_float<bf16>(host[i]);
+      Ops::upload(state16(slot, offset, n), low.data(), n);
+      return;
+    }
     Ops::upload(array(slot, offset, n), host, n);
   }
   template <class Param>
@@ -106,6 +117,12 @@ class ArrayStateStore {
         Ops::download(copies.data(), copy, n);
         for (std::size_t i = 0; i < n; ++i) host[i] = join_master(copies[i], rest[i]);
       }
+      return;
+    }
+    if (!slot.is_master() && bf16_states()) {
+      std::vector<bf16> low(n);
+      Ops::download(low.data(), state16(slot, offset, n), n);
+      for (std::size_t i = 0; i < n; ++i) host[i] = to_float(low[i]);
       return;
     }
     Ops::download(host, array(slot, offset, n), n);
@@ -128,14 +145,19 @@ class ArrayStateStore {
       }
     }
     if (master_.size() != 0) args.master = master_.data() + offset;
-    for (int k = 0; k < state_slots; ++k) args.state[k] = states_[k].data() + offset;
+    for (int k = 0; k < state_slots; ++k) {
+      if (bf16_states())
+        args.state16[k] = states16_[k].data() + offset;
+      else
+        args.state[k] = states_[k].data() + offset;
+    }
     Ops::fused_step(args);
   }
 
   PlacedBytes master_bytes() const { return place(master_.bytes() + remainders_.bytes()); }
   PlacedBytes state_bytes() const {
     std::uint64_t b = 0;
-    for (int k = 0; k < state_slots; ++k) b += states_[k].bytes();
+    for (int k = 0; k < state_slots; ++k) b += states_[k].bytes() + states16_[k].bytes();
     return place(b);
   }
 
@@ -148,6 +170,13 @@ class ArrayStateStore {
   void check(std::size_t offset, std::size_t n) const {
     require(offset <= owned_ && n <= owned_ - offset, "model-state store: owned elements [", offset, ", ", offset + n,
             ") are outside this rank's ", owned_);
+  }
+  bool bf16_states() const { return state_slots > 0 && states16_[0].size() != 0; }
+  bf16* state16(StateSlot slot, std::size_t offset, std::size_t n) {
+    check(offset, n);
+    require(slot.index >= 0 && slot.index < state_slots, "model-state store: the optimizer has ", state_slots,
+            " state slot(s), not slot ", slot.index);
+    return states16_[slot.index].data() + offset;
   }
   float* array(StateSlot slot, std::size_t offset, std::size_t n) {
     check(offset, n);
@@ -164,6 +193,7 @@ class ArrayStateStore {
   Buf<float> master_;
   Buf<std::uint16_t> remainders_;  // MasterWeights::remainder: the master's lower halves
   Buf<float> states_[state_slots > 0 ? state_slots : 1];
+  Buf<bf16> states16_[state_slots > 0 ? state_slots : 1];  // StateFormat::bf16*: instead of states_
 };
 
 // What every tier's store does (ArrayStateStore here, offload::DiskStateStore
@@ -232,12 +262,12 @@ class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
 
 // The disk tier's store, made by zero/offload/disk_state_store.hpp (which
 // needs liburing, so the engine cannot include it): a function configured
-// from the run's Options::nvme for this rank, with `owned` elements. The
+// from the run's Options (nvme, master, states) for this rank, with `owned`
+// elements. The
 // engine is handed it where that header is included and refuses the tier
 // without it.
 template <optim::Policy Optimizer, class Grad, class Param>
-using DiskStoreMaker = std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*)(const NvmeOptions& options,
-                                                                                   MasterWeights master, int rank,
+using DiskStoreMaker = std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*)(const Options& options, int rank,
                                                                                    std::size_t owned);
 
 namespace offload {

@@ -98,7 +98,7 @@ class UpdatePipeline {
     const std::size_t owned = own.owned_total();
     auto array_store = [&]<class S>(std::type_identity<S>) {
       auto model = std::make_unique<StoreModel<S, Optimizer, grad_type, param_type>>();
-      model->store.allocate(owned, separate_master_, master_format_, allocate);
+      model->store.allocate(owned, separate_master_, master_format_, options.states, allocate);
       store_ = std::move(model);
     };
     switch (tier_) {
@@ -109,7 +109,7 @@ class UpdatePipeline {
         if constexpr (Backend::device && can_offload)  // (refused otherwise when the engine was made)
           array_store(std::type_identity<ArrayStateStore<Optimizer, HostOps, Pinned, false>>{});
         break;
-      case OffloadTier::nvme: store_ = disk(options.nvme, master_format_, rank, owned); break;
+      case OffloadTier::nvme: store_ = disk(options, rank, owned); break;
     }
     if (!host_staging_) return;
     host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, sizes.host_grads,

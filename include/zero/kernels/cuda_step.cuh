@@ -94,15 +94,30 @@ __device__ __forceinline__ void fused_step_vector(const FusedStepArgs<Opt, Grad,
   }
   if (!split) load_vector<V>(a.master + i, w);
   load_vector<V>(a.grad + i, g);
+  // bf16 state (Options::states): read and written an element at a time
+  // (its vectors need not be whole 16-byte accesses), converted by the
+  // per-element body.
+  const bool s16 = a.states_in_bf16();
+  bf16 st16[S > 0 ? S : 1][V];
 #pragma unroll
-  for (int k = 0; k < S; ++k) load_vector<V>(a.state[k] + i, st[k]);
+  for (int k = 0; k < S; ++k) {
+    if (s16) {
+#pragma unroll
+      for (int l = 0; l < V; ++l) st16[k][l] = a.state16[k][i + l];
+    } else {
+      load_vector<V>(a.state[k] + i, st[k]);
+    }
+  }
 
   FusedStepArgs<Opt, Grad, Param> r = a;
   r.master = split ? nullptr : w;
   if constexpr (can_split) r.remainder = split ? rem : nullptr;
   r.grad = g;
 #pragma unroll
-  for (int k = 0; k < S; ++k) r.state[k] = st[k];
+  for (int k = 0; k < S; ++k) {
+    r.state[k] = st[k];
+    r.state16[k] = s16 ? st16[k] : nullptr;
+  }
   r.param = p;
   r.n = V;
   r.global_offset = a.global_offset + i;
@@ -111,7 +126,14 @@ __device__ __forceinline__ void fused_step_vector(const FusedStepArgs<Opt, Grad,
 
   if (!split) store_vector<V>(a.master + i, w);
 #pragma unroll
-  for (int k = 0; k < S; ++k) store_vector<V>(a.state[k] + i, st[k]);
+  for (int k = 0; k < S; ++k) {
+    if (s16) {
+#pragma unroll
+      for (int l = 0; l < V; ++l) a.state16[k][i + l] = st16[k][l];
+    } else {
+      store_vector<V>(a.state[k] + i, st[k]);
+    }
+  }
   if constexpr (!std::is_same_v<Param, float>) store_vector<V>(a.param + i, p);
   if constexpr (can_split)
     if (split) store_vector<V>(a.remainder + i, rem);
@@ -141,7 +163,7 @@ VectorPlan plan_vectors(const FusedStepArgs<Opt, Grad, Param>& a) {
     bool ok = (a.master == nullptr || can_align(a.master, h)) && can_align(a.grad, h);
     if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master)
       ok = ok && (a.remainder == nullptr || can_align(a.remainder, h));
-    for (int k = 0; k < Opt::state_slots; ++k) ok = ok && can_align(a.state[k], h);
+    for (int k = 0; k < Opt::state_slots; ++k) ok = ok && (a.states_in_bf16() || can_align(a.state[k], h));
     if constexpr (!std::is_same_v<Param, float>) ok = ok && can_align(a.param, h);
     if (ok) return VectorPlan{h, (a.n - h) / static_cast<std::size_t>(V)};
   }
@@ -160,7 +182,7 @@ void require_step_pointers(const FusedStepArgs<Opt, Grad, Param>& a) {
           "apply (turn one off)");
   require(a.grad != nullptr, "cuda_fused_step: FusedStepArgs::grad is null; pass the gradient shard");
   for (int k = 0; k < Opt::state_slots; ++k)
-    require(a.state[k] != nullptr, "cuda_fused_step: FusedStepArgs::state[", k, "] is null; ", Opt::name, " keeps ",
+    require(a.state[k] != nullptr || a.state16[k] != nullptr, "cuda_fused_step: FusedStepArgs::state[", k, "] is null; ", Opt::name, " keeps ",
             Opt::state_slots, " fp32 state array(s) of n elements");
   if constexpr (!std::is_same_v<Param, float>)
     require(a.param != nullptr, "cuda_fused_step: FusedStepArgs::param is null; a ", dtype_traits<Param>::name,

@@ -50,7 +50,22 @@ struct FusedStepArgs {
   // bf16 copies rounded to nearest with ties away from zero (as the
   // remainder master rounds them; Options::round_ties_away).
   bool ties_away = false;
+  // The state in bf16 (Options::states): slot k's n values, read as fp32 and
+  // written back rounded, to nearest even or (state_rounding.enabled)
+  // stochastically; `state` is then unused. All slots or none.
+  bf16* state16[slots > 0 ? slots : 1] = {};
+  StochasticRounding state_rounding{};
+
+  ZERO_HOST_DEVICE bool states_in_bf16() const { return slots > 0 && state16[0] != nullptr; }
 };
+
+// A bf16 state value. Stochastic rounding draws for (element id, slot):
+// the slot in the id's top bits (element ids use the low 48), so no slot
+// shares a stream with another or with the copies.
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE bf16 rounded_state(const StochasticRounding& r, float v, std::uint64_t id, int k) {
+  if (r.enabled) return stochastic_round<bf16>(v, r, id ^ (static_cast<std::uint64_t>(k + 1) << 58));
+  return from_float<bf16>(v);
+}
 
 // The 16-bit copy of an updated master value, as the arguments ask.
 template <optim::Policy Opt, class Grad, class Param>
@@ -73,9 +88,15 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE void fused_step_element(const FusedStepArgs<O
     w = a.master[i];
   const float g = zero::math::mul(to_float(a.grad[i]), a.grad_scale);
   float st[slots > 0 ? slots : 1];
-  for (int k = 0; k < slots; ++k) st[k] = a.state[k][i];
+  const bool s16 = a.states_in_bf16();
+  for (int k = 0; k < slots; ++k) st[k] = s16 ? to_float(a.state16[k][i]) : a.state[k][i];
   Opt::update(a.scalars, w, g, st);
-  for (int k = 0; k < slots; ++k) a.state[k][i] = st[k];
+  for (int k = 0; k < slots; ++k) {
+    if (s16)
+      a.state16[k][i] = rounded_state(a.state_rounding, st[k], a.global_offset + i, k);
+    else
+      a.state[k][i] = st[k];
+  }
   if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master) {
     if (a.remainder != nullptr) {
       split_master(w, a.param[i], a.remainder[i]);

@@ -33,6 +33,10 @@ struct HostStepBody {
       // A local copy: read through the reference, g++ recomputes the hash's
       // seed-and-step part for every element.
       const StochasticRounding rounding = a.rounding;
+      const StochasticRounding state_rounding = a.state_rounding;
+      // bf16 state (Options::states): a branch per pack on a value fixed for
+      // the call, not another compiled copy of the loop.
+      const bool s16 = a.states_in_bf16();
       // A low-precision copy larger than a last-level cache is written without
       // being read: stream it past the caches, saving each line's read for
       // ownership (aligned ranges only; the scalar tail stores normally).
@@ -66,7 +70,12 @@ struct HostStepBody {
               __builtin_prefetch(a.master + p, 1);
             }
             __builtin_prefetch(a.grad + p, 0);
-            for (int k = 0; k < S; ++k) __builtin_prefetch(a.state[k] + p, 1);
+            for (int k = 0; k < S; ++k) {
+              if (s16)
+                __builtin_prefetch(a.state16[k] + p, 1);
+              else
+                __builtin_prefetch(a.state[k] + p, 1);
+            }
           }
         }
         P w[U], st[U][S > 0 ? S : 1];
@@ -76,12 +85,22 @@ struct HostStepBody {
             w[u] = simd::load_joined<Isa>(a.param + j, a.remainder + j);
           else
             w[u] = simd::load<Isa>(a.master + j);
-          for (int k = 0; k < S; ++k) st[u][k] = simd::load<Isa>(a.state[k] + j);
+          for (int k = 0; k < S; ++k)
+            st[u][k] = s16 ? simd::load<Isa>(a.state16[k] + j) : simd::load<Isa>(a.state[k] + j);
           Opt::update(a.scalars, w[u], simd::load<Isa>(a.grad + j) * a.grad_scale, st[u]);
         }
         for (int u = 0; u < U; ++u) {
           const std::size_t j = at + static_cast<std::size_t>(u * W);
-          for (int k = 0; k < S; ++k) simd::store(a.state[k] + j, st[u][k]);
+          for (int k = 0; k < S; ++k) {
+            if (!s16) {
+              simd::store(a.state[k] + j, st[u][k]);
+            } else if (!state_rounding.enabled) {
+              simd::store(a.state16[k] + j, st[u][k]);
+            } else {
+              for (int l = 0; l < W; ++l)
+                a.state16[k][j + l] = rounded_state(state_rounding, st[u][k].v[l], a.global_offset + j + l, k);
+            }
+          }
           if constexpr (Split) {
             simd::store_split(a.param + j, a.remainder + j, w[u]);
             continue;

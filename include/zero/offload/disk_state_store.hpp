@@ -13,7 +13,8 @@
 // On disk, chunk c of the owned elements is one record: its master, then
 // each state slot, C elements each, at byte c * record_bytes. The master is
 // C floats, or C 16-bit remainders (MasterWeights::remainder: its bf16 copy
-// is the engine's parameters, which the update reads and writes in place).
+// is the engine's parameters, which the update reads and writes in place);
+// each state slot C floats, or C bf16 values (StateFormat::bf16*).
 // A record is a multiple of 4096 bytes (O_DIRECT), and the window is three
 // records.
 #pragma once
@@ -53,23 +54,24 @@ class DiskStateStore {
   // Creates the swap file for `owned` elements (the master always: it lives
   // on disk) and the window, 4 KiB aligned for O_DIRECT, which is why this
   // store allocates its own memory instead of taking the engine's buffers.
-  void allocate(std::size_t owned, MasterWeights format) {
+  void allocate(std::size_t owned, MasterWeights format, StateFormat states) {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
             "files of the master weights and optimizer state");
     // Three chunks of at least one 4 KiB block per array; a smaller window
     // would be silently exceeded.
     remainder_ = format == MasterWeights::remainder;
-    const std::size_t mb = master_element_bytes();
-    const std::size_t least = disk_least_window_bytes(state_slots, mb);
+    states16_ = states != StateFormat::fp32;
+    const std::size_t mb = master_element_bytes(), sb = state_element_bytes();
+    const std::size_t least = disk_least_window_bytes(state_slots, mb, sb);
     require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
             "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
             state_slots, " state slot(s) of ", Optimizer::name, "): it must be at least ", least,
             " bytes; 64 MiB (the default) streams well");
     owned_ = owned;
-    chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned, mb);
+    chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned, mb, sb);
     chunks_ = (owned + chunk_ - 1) / chunk_;
-    record_floats_ = chunk_ * disk_record_element_bytes(state_slots, mb) / sizeof(float);
+    record_floats_ = chunk_ * disk_record_element_bytes(state_slots, mb, sb) / sizeof(float);
     DiskOptions disk;
     disk.directory = options_.directory;
     disk.block_bytes = options_.block_bytes;
@@ -77,9 +79,9 @@ class DiskStateStore {
     disk.direct = options_.direct;
     disk.option_names = "Options::nvme.";  // what the engine's users set
     // Sized by disk_window.hpp, which the planner's schedule reads too.
-    swap_ = std::make_unique<DiskSwap>(disk_swap_file_bytes(options_.window_bytes, state_slots, owned, mb), disk,
-                                       rank_);
-    window_ = AlignedBuffer<float>(disk_window_elements(options_.window_bytes, state_slots, owned, mb));
+    swap_ = std::make_unique<DiskSwap>(disk_swap_file_bytes(options_.window_bytes, state_slots, owned, mb, sb),
+                                       disk, rank_);
+    window_ = AlignedBuffer<float>(disk_window_elements(options_.window_bytes, state_slots, owned, mb, sb));
     if (!io_) io_ = std::make_unique<zero::detail::UpdateWorker>();
     for (Slot& s : slots_) s = Slot{};
   }
@@ -104,6 +106,14 @@ class DiskStateStore {
         });
       return;
     }
+    if (!slot.is_master() && states16_) {
+      transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
+        auto* low = static_cast<bf16*>(stored);
+        for (std::size_t i = 0; i < count; ++i) low[i] = from_float<bf16>(host[done + i]);
+        return true;
+      });
+      return;
+    }
     transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
       std::memcpy(stored, host + done, count * sizeof(float));
       return true;
@@ -118,6 +128,14 @@ class DiskStateStore {
           for (std::size_t i = 0; i < count; ++i) host[done + i] = join_master(copy[done + i], rest[i]);
           return false;
         });
+      return;
+    }
+    if (!slot.is_master() && states16_) {
+      transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
+        const auto* low = static_cast<const bf16*>(stored);
+        for (std::size_t i = 0; i < count; ++i) host[done + i] = to_float(low[i]);
+        return false;
+      });
       return;
     }
     transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
@@ -152,7 +170,12 @@ class DiskStateStore {
       } else {
         part.master = array(s, 0) + at;
       }
-      for (int k = 0; k < state_slots; ++k) part.state[k] = array(s, 1 + k) + at;
+      for (int k = 0; k < state_slots; ++k) {
+        if (states16_)
+          part.state16[k] = reinterpret_cast<bf16*>(array(s, 1 + k)) + at;
+        else
+          part.state[k] = array(s, 1 + k) + at;
+      }
       part.grad = args.grad + skip;
       if (args.param != nullptr) part.param = args.param + skip;
       part.n = hi - lo;
@@ -168,7 +191,7 @@ class DiskStateStore {
 
   PlacedBytes master_bytes() const { return {0, 0, static_cast<std::uint64_t>(owned_) * master_element_bytes()}; }
   PlacedBytes state_bytes() const {
-    return {0, 0, static_cast<std::uint64_t>(owned_) * sizeof(float) * static_cast<std::uint64_t>(state_slots)};
+    return {0, 0, static_cast<std::uint64_t>(owned_) * state_element_bytes() * static_cast<std::uint64_t>(state_slots)};
   }
   // The host window (not model state: it holds three chunks in passing).
   std::uint64_t window_bytes() const { return window_.bytes(); }
@@ -224,12 +247,15 @@ class DiskStateStore {
   }
 
   std::size_t master_element_bytes() const { return remainder_ ? sizeof(std::uint16_t) : sizeof(float); }
+  std::size_t state_element_bytes() const { return states16_ ? sizeof(bf16) : sizeof(float); }
   std::size_t record_bytes() const { return record_floats_ * sizeof(float); }
-  // Array a of window slot `slot`: 0 the master, 1 + k state slot k.
+  // Array a of window slot `slot`: 0 the master, 1 + k state slot k (a
+  // chunk is a multiple of 2048 elements where an array is 2-byte: whole floats).
   float* array(int slot, int a) {
     const std::size_t master_floats = chunk_ * master_element_bytes() / sizeof(float);
+    const std::size_t state_floats = chunk_ * state_element_bytes() / sizeof(float);
     return window_.data() + static_cast<std::size_t>(slot) * record_floats_ +
-           (a == 0 ? 0 : master_floats + static_cast<std::size_t>(a - 1) * chunk_);
+           (a == 0 ? 0 : master_floats + static_cast<std::size_t>(a - 1) * state_floats);
   }
   std::uint16_t* remainders(int slot) { return reinterpret_cast<std::uint16_t*>(array(slot, 0)); }
   // The slot holding chunk c, read in and with no transfer on it in flight
@@ -293,7 +319,7 @@ class DiskStateStore {
     for (std::size_t c = offset / chunk_; n != 0 && c * chunk_ < offset + n; ++c) {
       const int s = resident(c);
       const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(offset + n, (c + 1) * chunk_);
-      const std::size_t bytes = a == 0 ? master_element_bytes() : sizeof(float);
+      const std::size_t bytes = a == 0 ? master_element_bytes() : state_element_bytes();
       void* stored = reinterpret_cast<char*>(array(s, a)) + (lo - c * chunk_) * bytes;
       if (visit(stored, lo - offset, hi - lo)) {
         write_back(s);
@@ -306,6 +332,7 @@ class DiskStateStore {
   int rank_ = 0;
   std::size_t owned_ = 0, chunk_ = 0, chunks_ = 0, record_floats_ = 0;
   bool remainder_ = false;  // MasterWeights::remainder: array 0 holds 16-bit remainders
+  bool states16_ = false;   // StateFormat::bf16*: arrays 1.. hold bf16
   std::unique_ptr<DiskSwap> swap_;
   AlignedBuffer<float> window_;
   std::array<Slot, window_slots> slots_{};
@@ -321,8 +348,7 @@ class DiskStateStore {
 namespace zero::offload {
 struct DiskTier {
   template <optim::Policy Optimizer, class Grad, class Param>
-  static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const NvmeOptions& options,
-                                                                      MasterWeights master, int rank,
+  static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const Options& options, int rank,
                                                                       std::size_t owned);
   template <optim::Policy Optimizer, class Grad, class Param>
   static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
@@ -332,12 +358,11 @@ struct DiskTier {
 // (Outside the class, so not inline: an `extern template` of it,
 // zero/runtime/precompiled.hpp, keeps the store out of the files that name it.)
 template <optim::Policy Optimizer, class Grad, class Param>
-std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> DiskTier::make(const NvmeOptions& options,
-                                                                       MasterWeights master, int rank,
+std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> DiskTier::make(const Options& options, int rank,
                                                                        std::size_t owned) {
   auto model = std::make_unique<StoreModel<DiskStateStore<Optimizer>, Optimizer, Grad, Param>>();
-  model->store.configure(options, rank);
-  model->store.allocate(owned, master);
+  model->store.configure(options.nvme, rank);
+  model->store.allocate(owned, options.master, options.states);
   return model;
 }
 }  // namespace zero::offload

@@ -21,30 +21,35 @@ inline constexpr std::size_t disk_window_chunks = 3;
 
 // A record holds, for each of its chunk's elements, the master
 // (`master_bytes`: 4 for fp32, 2 for a remainder master's remainders) and
-// every state slot (4 bytes each), array after array; each array of a
-// record is a whole number of 4 KiB blocks (O_DIRECT), so a chunk is a
-// multiple of 4096 / master_bytes elements.
-inline constexpr std::size_t disk_record_element_bytes(int state_slots, std::size_t master_bytes) {
-  return master_bytes + sizeof(float) * static_cast<std::size_t>(state_slots);
+// every state slot (`state_bytes` each: 4 for fp32, 2 for bf16), array
+// after array; each array of a record is a whole number of 4 KiB blocks
+// (O_DIRECT), so a chunk is a multiple of 4096 / (the narrowest array's
+// element) elements.
+inline constexpr std::size_t disk_record_element_bytes(int state_slots, std::size_t master_bytes,
+                                                       std::size_t state_bytes = 4) {
+  return master_bytes + state_bytes * static_cast<std::size_t>(state_slots);
 }
-inline constexpr std::size_t disk_chunk_block(std::size_t master_bytes) {
-  return disk_alignment / std::min(master_bytes, sizeof(float));
+inline constexpr std::size_t disk_chunk_block(std::size_t master_bytes, std::size_t state_bytes = 4) {
+  return disk_alignment / std::min(master_bytes, state_bytes);
 }
 
 // The least Options::nvme.window_bytes: three chunks of one block for each
 // array (the master and every state slot); a smaller window would be
 // silently exceeded.
-inline constexpr std::size_t disk_least_window_bytes(int state_slots, std::size_t master_bytes = 4) {
-  return disk_window_chunks * disk_chunk_block(master_bytes) * disk_record_element_bytes(state_slots, master_bytes);
+inline constexpr std::size_t disk_least_window_bytes(int state_slots, std::size_t master_bytes = 4,
+                                                     std::size_t state_bytes = 4) {
+  return disk_window_chunks * disk_chunk_block(master_bytes, state_bytes) *
+         disk_record_element_bytes(state_slots, master_bytes, state_bytes);
 }
 
 // Elements per chunk for a window of `window_bytes` (three records): a
 // multiple of the block (1024 elements with an fp32 master), at least one
 // block, no more than the owned elements need.
 inline std::size_t disk_chunk_elements(std::size_t window_bytes, int state_slots, std::size_t owned,
-                                       std::size_t master_bytes = 4) {
-  const std::size_t block = disk_chunk_block(master_bytes);
-  const std::size_t per_element = disk_window_chunks * disk_record_element_bytes(state_slots, master_bytes);
+                                       std::size_t master_bytes = 4, std::size_t state_bytes = 4) {
+  const std::size_t block = disk_chunk_block(master_bytes, state_bytes);
+  const std::size_t per_element =
+      disk_window_chunks * disk_record_element_bytes(state_slots, master_bytes, state_bytes);
   std::size_t c = window_bytes / per_element / block * block;
   c = std::max(c, block);
   return std::min(c, std::max(block, (owned + block - 1) / block * block));
@@ -54,10 +59,10 @@ inline std::size_t disk_chunk_elements(std::size_t window_bytes, int state_slots
 // most window_bytes once that is at least the least window (three blocks
 // per array); smaller when the owned elements need less.
 inline std::size_t disk_window_elements(std::size_t window_bytes, int state_slots, std::size_t owned,
-                                        std::size_t master_bytes = 4) {
-  const std::size_t chunk = disk_chunk_elements(window_bytes, state_slots, owned, master_bytes);
+                                        std::size_t master_bytes = 4, std::size_t state_bytes = 4) {
+  const std::size_t chunk = disk_chunk_elements(window_bytes, state_slots, owned, master_bytes, state_bytes);
   // (a chunk is a multiple of 1024 elements: the bytes are whole floats)
-  return checked_mul(disk_window_chunks * disk_record_element_bytes(state_slots, master_bytes), chunk,
+  return checked_mul(disk_window_chunks * disk_record_element_bytes(state_slots, master_bytes, state_bytes), chunk,
                      "offload::Nvme: the host window") /
          sizeof(float);
 }
@@ -65,10 +70,10 @@ inline std::size_t disk_window_elements(std::size_t window_bytes, int state_slot
 // Bytes of the swap file: whole records (a chunk of every array), at least
 // one; a record is a multiple of 4096 bytes, as O_DIRECT needs.
 inline std::size_t disk_swap_file_bytes(std::size_t window_bytes, int state_slots, std::size_t owned,
-                                        std::size_t master_bytes = 4) {
-  const std::size_t chunk = disk_chunk_elements(window_bytes, state_slots, owned, master_bytes);
+                                        std::size_t master_bytes = 4, std::size_t state_bytes = 4) {
+  const std::size_t chunk = disk_chunk_elements(window_bytes, state_slots, owned, master_bytes, state_bytes);
   const std::size_t chunks = std::max<std::size_t>((owned + chunk - 1) / chunk, 1);
-  const std::size_t record = checked_mul(chunk, disk_record_element_bytes(state_slots, master_bytes),
+  const std::size_t record = checked_mul(chunk, disk_record_element_bytes(state_slots, master_bytes, state_bytes),
                                          "offload::Nvme: a swap-file record");
   return checked_mul(chunks, record, "offload::Nvme: the swap file");
 }

@@ -30,6 +30,7 @@ inline constexpr OffloadTier all_offload_tiers[] = {OffloadTier::none, OffloadTi
 inline constexpr ReduceDType all_reduce_dtypes[] = {ReduceDType::same_as_grad, ReduceDType::fp32};
 inline constexpr GradWrites all_grad_writes[] = {GradWrites::overwrite, GradWrites::accumulate};
 inline constexpr MasterWeights all_master_weights[] = {MasterWeights::fp32, MasterWeights::remainder};
+inline constexpr StateFormat all_state_formats[] = {StateFormat::fp32, StateFormat::bf16, StateFormat::bf16_stochastic};
 
 namespace detail {
 // The value whose name() is `text`, if any: names are defined once, by name().
@@ -62,6 +63,9 @@ inline std::optional<GradWrites> parse_grad_writes(std::string_view text) {
 }
 inline std::optional<MasterWeights> parse_master_weights(std::string_view text) {
   return detail::parse_by_name(text, all_master_weights);
+}
+inline std::optional<StateFormat> parse_state_format(std::string_view text) {
+  return detail::parse_by_name(text, all_state_formats);
 }
 
 struct Config {

@@ -80,6 +80,7 @@ void config_keys(C& c, Visit& v) {
   v.field("stochastic_rounding", o.stochastic_rounding);
   v.field("master", o.master);
   v.field("round_ties_away", o.round_ties_away);
+  v.field("states", o.states);
   v.field("offload_threads", o.offload_threads);
   v.field("require_pinned_memory", o.require_pinned_memory);
   v.field("pinned_piece_bytes", o.pinned_piece_bytes);
@@ -93,6 +94,7 @@ constexpr const auto& all_values_of(OffloadTier) { return all_offload_tiers; }
 constexpr const auto& all_values_of(ReduceDType) { return all_reduce_dtypes; }
 constexpr const auto& all_values_of(GradWrites) { return all_grad_writes; }
 constexpr const auto& all_values_of(MasterWeights) { return all_master_weights; }
+constexpr const auto& all_values_of(StateFormat) { return all_state_formats; }
 
 // Reads one JSON object into the members config_keys names; `source` starts
 // every message ("zero config", "zero config file 'run.json'"), `path` is the

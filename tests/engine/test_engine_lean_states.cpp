@@ -1,4 +1,6 @@
-// Why: a remainder master (Options::master = MasterWeights::remainder)
+// Lean optimizer states (docs/lean-states.md).
+//
+// The remainder master. A remainder master (Options::master = MasterWeights::remainder)
 // promises the fp32 master bit for bit in 2 bytes per parameter instead of 4.
 // Its bf16 copy is the master rounded half away from zero, so the reference
 // is an fp32-master run whose copies are rounded the same way
@@ -8,6 +10,11 @@
 // towards a target, plus each rank's noise), so a copy that differs in one
 // bit changes the trajectory; and the initial values include exact ties
 // above even copies, which rounding to even would break.
+//
+// bf16 states (Options::states). One rank is held to a plain loop written
+// here (torch.optim's rule, zero::optim's golden-tested update, on fp32
+// values whose state is rounded to bf16 after every step); every stage and
+// tier on 2 and 4 ranks to stage 0 without offload on as many, bit for bit.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -50,6 +57,15 @@ float init_value(std::size_t p, std::size_t i) {
   std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
   if (i % 7 == 3) bits = (bits & 0xfffe0000u) | 0x8000u;  // a tie above an even copy
   return std::bit_cast<float>(bits);
+}
+
+// The gradient of element i of parameter p, from its bf16 copy: a pull
+// towards a target plus each rank's noise.
+bf16 gradient(bf16 copy, std::size_t p, std::size_t i, int rank, int step) {
+  const float w = zero::to_float(copy);
+  const float target = std::cos(0.11f * static_cast<float>(i + 13 * p));
+  const float noise = 0.01f * std::sin(static_cast<float>(i * 3 + 7 * rank + 31 * step));
+  return zero::from_float<bf16>(w - target + noise);
 }
 
 struct Trace {
@@ -114,12 +130,8 @@ Trace train(zero::comm::Local& comm, const zero::Options& options, int steps, co
       grads.assign(unit.padded, bf16{});
       for (std::size_t p : unit.params) {
         const zero::ParamInfo& info = layout.params()[p];
-        for (std::size_t i = 0; i < info.numel; ++i) {
-          const float w = zero::to_float(values[info.offset + i]);
-          const float target = std::cos(0.11f * static_cast<float>(i + 13 * p));
-          const float noise = 0.01f * std::sin(static_cast<float>(i * 3 + 7 * comm.rank() + 31 * step));
-          grads[info.offset + i] = zero::from_float<bf16>(w - target + noise);
-        }
+        for (std::size_t i = 0; i < info.numel; ++i)
+          grads[info.offset + i] = gradient(values[info.offset + i], p, i, comm.rank(), step);
       }
       Ops::upload(opt.grad_buffer(*it), grads.data(), unit.padded);
       opt.grad_ready(*it);
@@ -326,4 +338,161 @@ TEST_CASE("A remainder master is refused where it cannot be exact", "[engine][re
     config.options.master = MasterWeights::remainder;
     CHECK_THROWS_WITH(config.validate(false), Catch::Contains("master remainder") && Catch::Contains("fp16"));
   });
+}
+
+namespace {
+
+// One rank's training written plainly: fp32 masters, bf16 copies rounded to
+// nearest even, the state stored in bf16 (rounded to nearest even after
+// every update), the optimizer's per-element rule. No engine code.
+template <class O>
+Trace plain_bf16_states(int steps) {
+  std::vector<float> w;
+  std::vector<std::size_t> param, index;
+  std::size_t p = 0;
+  for (const auto& [unit, sizes] : model())
+    for (const std::size_t n : sizes) {
+      for (std::size_t i = 0; i < n; ++i) {
+        w.push_back(init_value(p, i));
+        param.push_back(p);
+        index.push_back(i);
+      }
+      ++p;
+    }
+  std::vector<std::vector<bf16>> state(O::state_slots, std::vector<bf16>(w.size(), bf16{0}));
+  const auto hyper = zero::test::test_hyper<O>();
+  Trace t;
+  auto record = [&] {
+    t.masters.emplace_back();
+    t.copies.emplace_back();
+    for (const float x : w) {
+      t.masters.back().push_back(std::bit_cast<std::uint32_t>(x));
+      t.copies.back().push_back(zero::from_float<bf16>(x).bits);
+    }
+  };
+  record();
+  for (int step = 1; step <= steps; ++step) {
+    const auto scalars = O::prepare(hyper, step);
+    for (std::size_t e = 0; e < w.size(); ++e) {
+      const float g = zero::to_float(gradient(zero::from_float<bf16>(w[e]), param[e], index[e], 0, step));
+      float st[O::state_slots > 0 ? O::state_slots : 1];
+      for (int k = 0; k < O::state_slots; ++k) st[k] = zero::to_float(state[k][e]);
+      O::update(scalars, w[e], g, st);
+      for (int k = 0; k < O::state_slots; ++k) state[k][e] = zero::from_float<bf16>(st[k]);
+    }
+    record();
+  }
+  return t;
+}
+
+template <class O, int S>
+void check_bf16_states_every_tier(const Trace& stage0, int ranks, zero::Options options) {
+  using namespace zero;
+  using P = precision::Mixed<bf16>;
+  auto same = [&]<class Opt>(std::type_identity<Opt>) {
+    INFO(O::name << ", stage " << S << ", offload " << Opt::offload_policy::name << ", " << ranks << " rank(s)");
+    std::optional<TempDir> dir;
+    if constexpr (std::is_same_v<typename Opt::offload_policy, offload::Nvme>) {
+      dir.emplace();
+      options.nvme.directory = dir->path.string();
+      options.nvme.window_bytes = 3 * offload::disk_least_window_bytes(Opt::state_slots, 4, 2);
+    }
+    const Trace t = run<Opt>(ranks, options, static_cast<int>(stage0.masters.size()) - 1);
+    for (std::size_t s = 0; s < t.masters.size(); ++s) {
+      INFO("after step " << s);
+      CHECK(first_difference(t.masters[s], stage0.masters[s]) == -1);
+      CHECK(first_difference(t.copies[s], stage0.copies[s]) == -1);
+    }
+  };
+  same(std::type_identity<ZeroOptimizer<P, O, stage<S>, offload::None, backend::Host>>{});
+  if constexpr (S >= 1) {
+    same(std::type_identity<ZeroOptimizer<P, O, stage<S>, offload::Nvme, backend::Host>>{});
+    same(std::type_identity<ZeroOptimizer<P, O, stage<S>, offload::Cpu, backend::LateCopies>>{});
+  }
+}
+
+template <class O>
+void check_bf16_states() {
+  using namespace zero;
+  using P = precision::Mixed<bf16>;
+  constexpr int steps = 4;
+  Options options;
+  options.states = StateFormat::bf16;
+  options.bucket_bytes = 1;
+  {
+    INFO(O::name << ": one rank against the plain loop");
+    const Trace plain = plain_bf16_states<O>(steps);
+    const Trace one = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, options, steps);
+    for (int s = 0; s <= steps; ++s) {
+      INFO("after step " << s);
+      CHECK(first_difference(one.masters[s], plain.masters[s]) == -1);
+      CHECK(first_difference(one.copies[s], plain.copies[s]) == -1);
+    }
+    // The fp32 state's run is another one (the rounding matters).
+    Options fp32 = options;
+    fp32.states = StateFormat::fp32;
+    const Trace full = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, fp32, steps);
+    CHECK(first_difference(full.masters[steps], plain.masters[steps]) != -1);
+    CHECK(one.memory.placed.optimizer_states.total() * 2 == full.memory.placed.optimizer_states.total());
+  }
+  for (const auto format : {StateFormat::bf16, StateFormat::bf16_stochastic})
+    for (const auto master : {MasterWeights::fp32, MasterWeights::remainder})
+      for (const int ranks : {2, 4}) {
+        INFO(name(format) << " states, " << name(master) << " master");
+        Options o = options;
+        o.states = format;
+        o.master = master;
+        const Trace stage0 = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(ranks, o, steps);
+        check_bf16_states_every_tier<O, 1>(stage0, ranks, o);
+        check_bf16_states_every_tier<O, 2>(stage0, ranks, o);
+        check_bf16_states_every_tier<O, 3>(stage0, ranks, o);
+      }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 states: the plain loop on one rank, every stage and tier alike on more", "[engine][states]") {
+  check_bf16_states<zero::optim::AdamW>();
+  check_bf16_states<zero::optim::Adam>();
+  check_bf16_states<zero::optim::Sgd>();
+}
+
+TEST_CASE("bf16 states with a remainder master: 10 bytes per parameter for bf16 AdamW, as the planner says",
+          "[engine][states]") {
+  using namespace zero;
+  using Opt = ZeroOptimizer<precision::Mixed<bf16>, optim::AdamW, stage<0>, offload::None, backend::Host>;
+  Options options;
+  options.master = MasterWeights::remainder;
+  options.states = StateFormat::bf16;
+  const Trace t = run<Opt>(1, options, 1);
+  plan::Model m;
+  for (const auto& [unit, sizes] : model()) m.units.push_back({unit, sizes});
+  const plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, 1, options, false));
+  CHECK(planned.placed.optimizer_states == t.memory.placed.optimizer_states);
+  CHECK(planned.model_states() == t.memory.model_states());
+  // params 2 + grads 2 + remainder 2 + m and v 2 + 2.
+  CHECK(t.memory.placed.model_states().total() == 10 * planned.padded_elements);
+  CHECK(planned.paper_model_state_bytes == 10 * planned.param_elements);
+}
+
+TEST_CASE("bf16 states resume bit for bit; fp32 states load into them rounded", "[engine][states][checkpoint]") {
+  using namespace zero;
+  using Opt = ZeroOptimizer<precision::Mixed<bf16>, optim::AdamW, stage<3>, offload::None, backend::Host>;
+  Options bf16_states;
+  bf16_states.states = StateFormat::bf16_stochastic;
+  const Trace straight = run<Opt>(2, bf16_states, 6);
+  TempDir dir;
+  const std::string at3 = (dir.path / "step3").string();
+  run<Opt>(2, bf16_states, 3, "", at3, 3);
+  const Trace resumed = run<Opt>(2, bf16_states, 6, at3);
+  CHECK(first_difference(resumed.masters[3], straight.masters[6]) == -1);
+  CHECK(first_difference(resumed.copies[3], straight.copies[6]) == -1);
+  // An fp32-state checkpoint: the load rounds the state, the run goes on.
+  const std::string fp32_at3 = (dir.path / "fp32").string();
+  run<Opt>(2, Options{}, 3, "", fp32_at3, 3);
+  const Trace from_fp32 = run<Opt>(2, bf16_states, 6, fp32_at3);
+  REQUIRE(from_fp32.masters.size() == 4);
+  const Trace fp32_straight = run<Opt>(2, Options{}, 6);
+  CHECK(first_difference(from_fp32.masters[0], fp32_straight.masters[3]) == -1);
+  CHECK(first_difference(from_fp32.masters[3], fp32_straight.masters[6]) != -1);
 }
