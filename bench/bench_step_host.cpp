@@ -2,7 +2,8 @@
 // bandwidth limit of the same access pattern (ProbePolicy through the same
 // kernel, same threads, timed interleaved with the real step in this run).
 // bf16_remainder_adamw keeps the master as the bf16 copy plus a remainder
-// (Options::master = remainder): its probe runs the remainder path too.
+// (Options::master = remainder), bf16_remainder_bf16states_adamw also the
+// state in bf16 (Options::states = bf16): their probes run the same paths.
 //
 //   bench_step_host [--n N (K/M/G suffixes)] [--reps R] [--json] [--isa portable|avx2|avx512]
 #include <algorithm>
@@ -36,10 +37,12 @@ struct Buffers {
   std::vector<std::uint16_t> remainder;  // instead of the master, when given
   std::vector<Grad> grad;
   std::vector<std::vector<float>> state;
+  std::vector<std::vector<zero::bf16>> state16;  // instead of `state`, when given
   std::vector<Param> param;
-  Buffers(std::size_t elements, bool remainders)
+  Buffers(std::size_t elements, bool remainders, bool bf16_states)
       : n(elements), master(remainders ? 0 : n, 0.5f), remainder(remainders ? n : 0, 0),
-        grad(n, zero::from_float<Grad>(0.01f)), state(Slots, std::vector<float>(n, 0.0f)),
+        grad(n, zero::from_float<Grad>(0.01f)), state(bf16_states ? 0 : Slots, std::vector<float>(n, 0.0f)),
+        state16(bf16_states ? Slots : 0, std::vector<zero::bf16>(n, zero::bf16{0})),
         param(std::is_same_v<Param, float> ? 0 : n, zero::from_float<Param>(0.5f)) {}
 };
 
@@ -50,7 +53,12 @@ double time_step(Buffers<Grad, Param, Slots>& b, const typename Opt::Hyper& hype
   if constexpr (zero::kernels::FusedStepArgs<Opt, Grad, Param>::can_split_master)
     args.remainder = b.remainder.empty() ? nullptr : b.remainder.data();
   args.grad = b.grad.data();
-  for (int k = 0; k < Slots; ++k) args.state[k] = b.state[k].data();
+  for (int k = 0; k < Slots; ++k) {
+    if (b.state16.empty())
+      args.state[k] = b.state[k].data();
+    else
+      args.state16[k] = b.state16[k].data();
+  }
   args.param = b.param.empty() ? nullptr : b.param.data();
   args.n = b.n;
   args.scalars = Opt::prepare(hyper, step);
@@ -64,10 +72,11 @@ double time_step(Buffers<Grad, Param, Slots>& b, const typename Opt::Hyper& hype
 double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 template <class Opt, class Grad, class Param>
-void run(const char* label, const typename Opt::Hyper& hyper, const Options& o, bool remainder = false) {
+void run(const char* label, const typename Opt::Hyper& hyper, const Options& o, bool remainder = false,
+         bool bf16_states = false) {
   constexpr int slots = Opt::state_slots;
   using Probe = zero::bench::ProbePolicy<slots>;
-  Buffers<Grad, Param, slots> b(o.n, remainder);
+  Buffers<Grad, Param, slots> b(o.n, remainder, bf16_states);
   // Warm up both (page faults, frequency), then alternate so drift hits both.
   time_step<Opt>(b, hyper, 1);
   time_step<Probe>(b, typename Probe::Hyper{}, 1);
@@ -80,8 +89,9 @@ void run(const char* label, const typename Opt::Hyper& hyper, const Options& o, 
   // Read and written: the master (4, or a 2-byte remainder and the copy's
   // 2 read back) and the states; read: the gradient; written: the copy.
   const double master_bytes = remainder ? 2.0 * 2 + sizeof(Param) : 4.0 * 2;
+  const double state_bytes = bf16_states ? 2.0 : 4.0;
   const double bytes_per_param =
-      master_bytes + 4.0 * slots * 2 + sizeof(Grad) + (std::is_same_v<Param, float> ? 0 : sizeof(Param));
+      master_bytes + state_bytes * slots * 2 + sizeof(Grad) + (std::is_same_v<Param, float> ? 0 : sizeof(Param));
   const double params_per_s = static_cast<double>(o.n) / t;
   const double gbs = params_per_s * bytes_per_param / 1e9;
   const double ratio = tp / t;
@@ -93,7 +103,7 @@ void run(const char* label, const typename Opt::Hyper& hyper, const Options& o, 
         "\"probe_seconds\":%.6f,\"params_per_s\":%.4e,\"bytes_per_param\":%.0f,\"gb_per_s\":%.3f,\"ratio_to_probe\":%.4f}\n",
         label, o.n, isa, threads, t, tp, params_per_s, bytes_per_param, gbs, ratio);
   } else {
-    std::printf("%-18s n=%zu isa=%s threads=%d  %.2f ms/step  %.3e params/s  %.2f GB/s (%.0f B/param)  probe %.2f ms  "
+    std::printf("%-32s n=%zu isa=%s threads=%d  %.2f ms/step  %.3e params/s  %.2f GB/s (%.0f B/param)  probe %.2f ms  "
                 "ratio to probe %.3f\n",
                 label, o.n, isa, threads, t * 1e3, params_per_s, gbs, bytes_per_param, tp * 1e3, ratio);
   }
@@ -123,6 +133,7 @@ int main(int argc, char** argv) {
   run<zero::optim::AdamW, float, float>("fp32_adamw", adamw, o);
   run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_mixed_adamw", adamw, o);
   run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_remainder_adamw", adamw, o, true);
+  run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_remainder_bf16states_adamw", adamw, o, true, true);
   run<zero::optim::Sgd, float, float>("fp32_sgd_momentum", sgd, o);
   return 0;
 }

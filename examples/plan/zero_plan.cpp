@@ -112,14 +112,15 @@ std::string count_text(std::uint64_t n) {
 void print_table(const plan::Plan& p) {
   const plan::Config& c = p.config;
   const std::size_t pb = plan::element_bytes(c.precision);
-  const std::uint64_t k = (c.precision != plan::Precision::fp32 ? 4 : 0) + 4 * static_cast<std::uint64_t>(c.state_slots);
+  const std::uint64_t k = p.paper_k;  // the master's and the state's formats decide it (plan.hpp)
   std::printf("model: %s; %s parameters (%llu; %llu with padding) in %zu unit(s)\n", c.model.description.c_str(),
               count_text(p.param_elements).c_str(), static_cast<unsigned long long>(p.param_elements),
               static_cast<unsigned long long>(p.padded_elements), c.model.units.size());
-  std::printf("run: %d rank(s) (%d per node x %d node(s)), stage %d, %s, %s (K = %llu bytes/parameter), offload %s, "
-              "%s backend\n",
+  std::printf("run: %d rank(s) (%d per node x %d node(s)), stage %d, %s, %s (K = %llu bytes/parameter: master %s, "
+              "states %s), offload %s, %s backend\n",
               c.ranks(), c.ranks_per_node, c.nodes, c.stage, plan::name(c.precision), c.optimizer.c_str(),
-              static_cast<unsigned long long>(k), plan::name(c.offload), c.device_backend ? "device" : "host");
+              static_cast<unsigned long long>(k), zero::name(c.options.master), zero::name(c.options.states),
+              plan::name(c.offload), c.device_backend ? "device" : "host");
   const zero::GradientBuckets& buckets = p.sizes.buckets;
   std::printf("options: bucket %s (%zu bucket(s) of up to %zu unit(s), the largest %s; %zu staging set(s)), "
               "gradients %s, prefetch %d, accumulation %d, reduce in %s, overlap %s\n\n",

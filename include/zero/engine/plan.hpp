@@ -209,6 +209,7 @@ struct Plan {
   // these added up, and padding).
   MemoryReport::Placement placed;
   std::uint64_t paper_model_state_bytes = 0;  // the ZeRO paper's formula, with Φ unpadded
+  std::uint64_t paper_k = 0;  // its K: optimizer-state bytes per parameter (master and state slots)
   std::uint64_t paper_comm_elements = 0;      // 2Φ(N-1)/N (stages 0-2) or 3Φ(N-1)/N (stage 3)
   CommVolume comm;
 
@@ -330,6 +331,7 @@ inline Plan make_plan(const Config& config) {
       master_k + state_element_bytes(config.options.states) * static_cast<std::uint64_t>(config.state_slots);
   const PaperShares shares = paper_shares(spec.stage, pb, pb, k);
   plan.paper_model_state_bytes = shares.whole * phi + shares.sharded * phi / N;
+  plan.paper_k = k;
   plan.paper_comm_elements = (spec.stage.params_sharded ? 3 : 2) * phi * (N - 1) / N;
 
   // Communication per optimizer step: the schedule's collectives.
