@@ -60,8 +60,9 @@ struct FusedStepArgs {
 };
 
 // A bf16 state value. Stochastic rounding draws for (element id, slot):
-// the slot in the id's top bits (element ids use the low 48), so no slot
-// shares a stream with another or with the copies.
+// the slot in bits 58 and up of the id (an element id, a unit's index << 40
+// plus the position, stays below 2^58 for fewer than 2^18 units), so no
+// slot shares a stream with another or with the copies.
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE bf16 rounded_state(const StochasticRounding& r, float v, std::uint64_t id, int k) {
   if (r.enabled) return stochastic_round<bf16>(v, r, id ^ (static_cast<std::uint64_t>(k + 1) << 58));
   return from_float<bf16>(v);
