@@ -36,7 +36,10 @@
 // disk tier on few cores should do the same (docs/offload.md).
 //
 //   bench_offload [--part disk|cpu|all] [--dir DIR] [--n PARAMS] [--units U] [--window B] [--block B]
-//                 [--depth D] [--reps R] [--json]
+//                 [--depth D] [--reps R] [--json] [--lean]
+//
+// --lean: the disk part again with a remainder master and bf16 states (6
+// bytes per element on disk instead of 12), and the two steps' ratio.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -71,6 +74,16 @@ struct Options {
   unsigned depth = zero::NvmeOptions{}.queue_depth;
   int reps = 3;
   bool json = false;
+  // --lean: the disk part also with a remainder master and bf16 states
+  // (docs/lean-states.md), timed after today's formats in the same run.
+  bool lean = false;
+};
+
+// The disk part's formats: today's (fp32 master and states), or lean.
+struct Formats {
+  zero::MasterWeights master = zero::MasterWeights::fp32;
+  zero::StateFormat states = zero::StateFormat::fp32;
+  const char* name() const { return master == zero::MasterWeights::fp32 ? "fp32 master and states" : "remainder master, bf16 states"; }
 };
 
 // One rank's model of `units` equal units of one parameter each, driven as a
@@ -153,24 +166,31 @@ void print_mib_line(const char* label, double bytes) { std::printf("  %-34s %10.
 
 // ---- disk ------------------------------------------------------------------
 
-void bench_disk_tier(const Options& o) {
+// Returns the disk step's seconds.
+double bench_disk_tier(const Options& o, const Formats& formats) {
   using Disk = zero::ZeroOptimizer<Precision, Optimizer, zero::stage<1>, zero::offload::Nvme, zero::backend::Host>;
   using Memory = zero::ZeroOptimizer<Precision, Optimizer, zero::stage<1>, zero::offload::None, zero::backend::Host>;
-  zero::Options options;
+  zero::Options options, in_memory;
+  in_memory.master = options.master = formats.master;
+  in_memory.states = options.states = formats.states;
   options.nvme.directory = o.dir;
   options.nvme.window_bytes = o.window;
   options.nvme.block_bytes = o.block;
   options.nvme.queue_depth = o.depth;
+  double result = 0;
   on_one_rank([&](zero::comm::Local& comm) {
     Model<Disk> disk(comm, o, options);
-    Model<Memory> memory(comm, o, zero::Options{});
+    Model<Memory> memory(comm, o, in_memory);
     const zero::MemoryReport report = disk.memory();
     const std::uint64_t state = report.placed.master.disk + report.placed.optimizer_states.disk;
     // The swap file holds whole records of chunk elements; each step reads
     // and writes every record once.
-    const std::size_t owned = report.placed.master.disk / sizeof(float);
-    const std::size_t chunk = zero::offload::disk_chunk_elements(o.window, Optimizer::state_slots, owned);
-    const std::size_t moved = (owned + chunk - 1) / chunk * chunk * sizeof(float) * (1 + Optimizer::state_slots);
+    const std::size_t mb = formats.master == zero::MasterWeights::remainder ? 2 : 4;
+    const std::size_t sb = zero::state_element_bytes(formats.states);
+    const std::size_t owned = report.placed.master.disk / mb;
+    const std::size_t chunk = zero::offload::disk_chunk_elements(o.window, Optimizer::state_slots, owned, mb, sb);
+    const std::size_t moved =
+        (owned + chunk - 1) / chunk * chunk * zero::offload::disk_record_element_bytes(Optimizer::state_slots, mb, sb);
     zero::offload::AlignedBuffer<unsigned char> src(moved), dst(moved);
     zero::bench::fill_incompressible(src.data(), moved);
 
@@ -195,20 +215,23 @@ void bench_disk_tier(const Options& o) {
     const double ratio_mixed = t_mixed / t_disk;  // the probe moving the step's bytes as the step does
     const double overlap = std::max(t_probe, t_memory) / t_disk;
     const double no_overlap = std::max(t_probe, t_memory) / (t_probe + t_memory);
+    result = t_disk;
     if (o.json) {
-      std::printf("{\"bench\":\"offload_disk\",\"n\":%zu,\"units\":%d,\"window_bytes\":%zu,\"chunk_elements\":%zu,"
+      std::printf("{\"bench\":\"offload_disk\",\"formats\":\"%s\",\"n\":%zu,\"units\":%d,\"window_bytes\":%zu,\"chunk_elements\":%zu,"
                   "\"state_bytes\":%llu,\"moved_bytes_per_step\":%zu,\"block_bytes\":%zu,\"queue_depth\":%u,"
                   "\"step_seconds\":%.6f,\"step_GBps\":%.4f,\"probe_seconds\":%.6f,\"probe_write_GBps\":%.4f,"
                   "\"probe_read_GBps\":%.4f,\"memory_step_seconds\":%.6f,\"ratio_to_probe\":%.4f,\"overlap\":%.4f,"
                   "\"overlap_if_serial\":%.4f,\"checksum_seconds\":%.6f,\"step_cpu_seconds\":%.6f,"
                   "\"probe_mixed_seconds\":%.6f,\"ratio_to_mixed_probe\":%.4f,\"omp_wait_policy\":\"%s\"}\n",
-                  o.n, o.units, o.window, chunk, static_cast<unsigned long long>(state), 2 * moved, o.block, o.depth,
+                  formats.name(), o.n, o.units, o.window, chunk, static_cast<unsigned long long>(state), 2 * moved,
+                  o.block, o.depth,
                   t_disk, gbs, t_probe, best.write, best.read, t_memory, ratio, overlap, no_overlap, t_hash, cpu_disk,
                   t_mixed, ratio_mixed, std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "");
     } else {
-      std::printf("offload::Nvme step (AdamW, bf16 mixed, stage 1, 1 rank, %zu params in %d units, %s), fastest of %d, "
-                  "OMP_WAIT_POLICY=%s\n",
-                  o.n, o.units, o.dir.c_str(), o.reps, std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
+      std::printf("offload::Nvme step (AdamW, bf16 mixed, %s, stage 1, 1 rank, %zu params in %d units, %s), fastest "
+                  "of %d, OMP_WAIT_POLICY=%s\n",
+                  formats.name(), o.n, o.units, o.dir.c_str(), o.reps,
+                  std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
       print_mib_line("master + state on disk", static_cast<double>(state));
       print_mib_line("host window", static_cast<double>(o.window));
       print_mib_line("moved per step (read + write)", 2.0 * static_cast<double>(moved));
@@ -226,6 +249,7 @@ void bench_disk_tier(const Options& o) {
     }
     std::fflush(stdout);
   });
+  return result;
 }
 
 // ---- cpu -------------------------------------------------------------------
@@ -271,7 +295,7 @@ int main(int argc, char** argv) {
   Options o;
   zero::bench::Args args(argc, argv,
                          "[--part disk|cpu|all (all)] [--dir DIR (/tmp)] [--n PARAMS (32M)] [--units U (16)] "
-                         "[--window B (64M)] [--block B (1M)] [--depth D (16)] [--reps R (3)] [--json]");
+                         "[--window B (64M)] [--block B (1M)] [--depth D (16)] [--reps R (3)] [--json] [--lean]");
   while (args.next()) {
     if (args.is("--part")) {
       o.part = args.value();
@@ -292,6 +316,8 @@ int main(int argc, char** argv) {
       o.reps = args.positive();
     } else if (args.is("--json")) {
       o.json = true;
+    } else if (args.is("--lean")) {
+      o.lean = true;
     } else {
       args.usage();
     }
@@ -301,7 +327,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (o.part != "cpu") bench_disk_tier(o);
+    if (o.part != "cpu") {
+      const double today = bench_disk_tier(o, Formats{});
+      if (o.lean) {
+        const double lean = bench_disk_tier(o, Formats{zero::MasterWeights::remainder, zero::StateFormat::bf16});
+        if (!o.json)
+          std::printf("lean formats: the disk step %.2fx as fast as with today's (same run)\n", today / lean);
+      }
+    }
     if (o.part != "disk") {
       bench_cpu_side<1>(o);
       bench_cpu_side<2>(o);
