@@ -34,9 +34,6 @@ struct HostStepBody {
       // seed-and-step part for every element.
       const StochasticRounding rounding = a.rounding;
       const StochasticRounding state_rounding = a.state_rounding;
-      // bf16 state (Options::states): a branch per pack on a value fixed for
-      // the call, not another compiled copy of the loop.
-      const bool s16 = a.states_in_bf16();
       // A low-precision copy larger than a last-level cache is written without
       // being read: stream it past the caches, saving each line's read for
       // ownership (aligned ranges only; the scalar tail stores normally).
@@ -59,7 +56,10 @@ struct HostStepBody {
       // 22% slower, so it keeps one.
       // Split: the master is the bf16 copy plus a remainder (read and
       // written in place of the fp32 master; compiled for bf16 only).
-      auto packs = [&]<int U, bool Split>(std::size_t at) {
+      // S16: the state in bf16. Both are compiled loops of their own: as
+      // branches in one loop they cost today's bf16 step 10-30% (register
+      // pressure beside the update; bench_step_host, 2-core EPYC).
+      auto packs = [&]<int U, bool Split, bool S16>(std::size_t at) {
         if ((at & 15) == 0 && at + ahead < end) {
           for (int u = 0; u < U; u += (W >= 16 ? 1 : 2)) {
             const std::size_t p = at + ahead + static_cast<std::size_t>(u * W);
@@ -71,7 +71,7 @@ struct HostStepBody {
             }
             __builtin_prefetch(a.grad + p, 0);
             for (int k = 0; k < S; ++k) {
-              if (s16)
+              if constexpr (S16)
                 __builtin_prefetch(a.state16[k] + p, 1);
               else
                 __builtin_prefetch(a.state[k] + p, 1);
@@ -85,14 +85,18 @@ struct HostStepBody {
             w[u] = simd::load_joined<Isa>(a.param + j, a.remainder + j);
           else
             w[u] = simd::load<Isa>(a.master + j);
-          for (int k = 0; k < S; ++k)
-            st[u][k] = s16 ? simd::load<Isa>(a.state16[k] + j) : simd::load<Isa>(a.state[k] + j);
+          for (int k = 0; k < S; ++k) {
+            if constexpr (S16)
+              st[u][k] = simd::load<Isa>(a.state16[k] + j);
+            else
+              st[u][k] = simd::load<Isa>(a.state[k] + j);
+          }
           Opt::update(a.scalars, w[u], simd::load<Isa>(a.grad + j) * a.grad_scale, st[u]);
         }
         for (int u = 0; u < U; ++u) {
           const std::size_t j = at + static_cast<std::size_t>(u * W);
           for (int k = 0; k < S; ++k) {
-            if (!s16) {
+            if constexpr (!S16) {
               simd::store(a.state[k] + j, st[u][k]);
             } else if (!state_rounding.enabled) {
               simd::store(a.state16[k] + j, st[u][k]);
@@ -124,17 +128,23 @@ struct HostStepBody {
         }
       };
       constexpr int unroll = W >= 16 ? 2 : 1;
-      auto loop = [&]<bool Split>() {
-        for (; i + unroll * W <= end; i += unroll * W) packs.template operator()<unroll, Split>(i);
-        for (; i + W <= end; i += W) packs.template operator()<1, Split>(i);
+      auto loop = [&]<bool Split, bool S16>() {
+        for (; i + unroll * W <= end; i += unroll * W) packs.template operator()<unroll, Split, S16>(i);
+        for (; i + W <= end; i += W) packs.template operator()<1, Split, S16>(i);
+      };
+      auto with_states = [&]<bool Split>() {
+        if (a.states_in_bf16())
+          loop.template operator()<Split, true>();
+        else
+          loop.template operator()<Split, false>();
       };
       if constexpr (Args::can_split_master) {
         if (a.remainder != nullptr)
-          loop.template operator()<true>();
+          with_states.template operator()<true>();
         else
-          loop.template operator()<false>();
+          with_states.template operator()<false>();
       } else {
-        loop.template operator()<false>();
+        with_states.template operator()<false>();
       }
       if (stream_copy) Isa::stream_fence();
     }
