@@ -185,7 +185,7 @@ double bench_disk_tier(const Options& o, const Formats& formats) {
     const std::uint64_t state = report.placed.master.disk + report.placed.optimizer_states.disk;
     // The swap file holds whole records of chunk elements; each step reads
     // and writes every record once.
-    const std::size_t mb = formats.master == zero::MasterWeights::remainder ? 2 : 4;
+    const std::size_t mb = zero::master_element_bytes(formats.master);
     const std::size_t sb = zero::state_element_bytes(formats.states);
     const std::size_t owned = report.placed.master.disk / mb;
     const std::size_t chunk = zero::offload::disk_chunk_elements(o.window, Optimizer::state_slots, owned, mb, sb);

@@ -125,13 +125,13 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
          "--master", [&config](const std::string& text) { config.options.master = *zero::parse_master_weights(text); },
          "how the fp32 master weights of bf16 parameters are kept: fp32 (4 bytes per parameter), remainder (the "
          "bf16 parameters plus 16 bits: 2 bytes, the same values bit for bit; copies rounded half away from zero)")
-      ->check(CLI::IsMember(std::vector<std::string>{"fp32", "remainder"}))
+      ->check(CLI::IsMember(names_of(zero::all_master_weights)))
       ->default_str(zero::name(config.options.master));
   app.add_option_function<std::string>(
          "--states", [&config](const std::string& text) { config.options.states = *zero::parse_state_format(text); },
          "how the optimizer state (Adam's m and v) is stored: fp32 (4 bytes per value), bf16 (2: rounded to "
          "nearest), bf16_stochastic (2: rounded stochastically)")
-      ->check(CLI::IsMember(std::vector<std::string>{"fp32", "bf16", "bf16_stochastic"}))
+      ->check(CLI::IsMember(names_of(zero::all_state_formats)))
       ->default_str(zero::name(config.options.states));
   app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
   app.add_option_function<double>(

@@ -337,11 +337,11 @@ int main(int argc, char** argv) {
   std::string master = "fp32";
   app.add_option("--master", master, "Options::master: how bf16 parameters' fp32 master is kept: fp32 (4 bytes per "
                                      "parameter) or remainder (the bf16 parameters plus 16 bits: 2 bytes, exact)")
-      ->check(CLI::IsMember({"fp32", "remainder"}));
+      ->check(CLI::IsMember(zero::examples::names_of(zero::all_master_weights)));
   std::string states = "fp32";
   app.add_option("--states", states, "Options::states: the optimizer state's storage: fp32 (4 bytes per value) or "
                                      "bf16 / bf16_stochastic (2)")
-      ->check(CLI::IsMember({"fp32", "bf16", "bf16_stochastic"}));
+      ->check(CLI::IsMember(zero::examples::names_of(zero::all_state_formats)));
   bool json = false;
   app.add_flag("--json", json, "Machine-readable output (schema in docs)");
 
@@ -385,13 +385,13 @@ int main(int argc, char** argv) {
     config.options.bucket_bytes = bucket_text == "auto" ? 0 : parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
     config.options.reduce_dtype = reduce == "fp32" ? zero::ReduceDType::fp32 : zero::ReduceDType::same_as_grad;
     config.options.grad_writes = grad_writes == "accumulate" ? zero::GradWrites::accumulate : zero::GradWrites::overwrite;
-    config.options.master = master == "remainder" ? zero::MasterWeights::remainder : zero::MasterWeights::fp32;
+    config.options.master = *zero::parse_master_weights(master);
     if (config.options.master == zero::MasterWeights::remainder && config.precision != plan::Precision::bf16)
       throw CLI::ValidationError("--master remainder", "keeps the fp32 master as the bf16 parameters plus 16 bits: "
                                                        "use --precision bf16, or --master fp32");
     config.options.states = *zero::parse_state_format(states);
     const std::size_t least_window = zero::offload::disk_least_window_bytes(
-        config.state_slots, config.options.master == zero::MasterWeights::remainder ? 2 : 4,
+        config.state_slots, zero::master_element_bytes(config.options.master),
         zero::state_element_bytes(config.options.states));
     if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
       throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "

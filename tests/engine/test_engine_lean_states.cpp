@@ -231,26 +231,17 @@ void check_every_tier() {
 }  // namespace
 
 
-TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 0", "[engine][remainder]") {
-  check_every_tier<zero::optim::AdamW, 0>();
-  check_every_tier<zero::optim::Adam, 0>();
-  check_every_tier<zero::optim::Sgd, 0>();
-}
-TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 1", "[engine][remainder]") {
-  check_every_tier<zero::optim::AdamW, 1>();
-  check_every_tier<zero::optim::Adam, 1>();
-  check_every_tier<zero::optim::Sgd, 1>();
-}
-TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 2", "[engine][remainder]") {
-  check_every_tier<zero::optim::AdamW, 2>();
-  check_every_tier<zero::optim::Adam, 2>();
-  check_every_tier<zero::optim::Sgd, 2>();
-}
-TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage 3", "[engine][remainder]") {
-  check_every_tier<zero::optim::AdamW, 3>();
-  check_every_tier<zero::optim::Adam, 3>();
-  check_every_tier<zero::optim::Sgd, 3>();
-}
+// One test case per stage, each for every optimizer.
+#define ZERO_REMAINDER_TEST(S)                                                                        \
+  TEST_CASE("A remainder master trains bit for bit like an fp32 master, stage " #S, "[engine][remainder]") { \
+    check_every_tier<zero::optim::AdamW, S>();                                                        \
+    check_every_tier<zero::optim::Adam, S>();                                                         \
+    check_every_tier<zero::optim::Sgd, S>();                                                          \
+  }
+ZERO_REMAINDER_TEST(0)
+ZERO_REMAINDER_TEST(1)
+ZERO_REMAINDER_TEST(2)
+ZERO_REMAINDER_TEST(3)
 
 TEST_CASE("A remainder master's memory: 14 bytes per parameter for bf16 AdamW, as the planner says",
           "[engine][remainder]") {

@@ -219,7 +219,7 @@ void check_plan_against_optimizers() {
           if (v.windows != 0)
             options.nvme.window_bytes =
                 v.windows * zero::offload::disk_least_window_bytes(
-                                O::state_slots, options.master == zero::MasterWeights::remainder ? 2 : 4);
+                                O::state_slots, zero::master_element_bytes(options.master));
         }
         // Host communicators do not overlap: one staging set.
         const plan::Config config = plan::config_for<O>(model, ranks, options, false);

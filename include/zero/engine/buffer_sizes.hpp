@@ -43,13 +43,6 @@ struct BufferSpec {
   std::size_t state_bytes = 4;
 };
 
-// Bytes per owned element of the master: none without a master of its own,
-// 2 for a remainder master, 4 for fp32.
-inline std::size_t master_element_bytes(bool separate_master, MasterWeights format) {
-  if (!separate_master) return 0;
-  return format == MasterWeights::remainder ? 2 : 4;
-}
-
 // Offloaded from a device: the owned gradient is copied to the host for the
 // CPU update and the updated parameters staged back (backend::Host with
 // offload::Nvme updates straight from and into its own buffers).

@@ -76,7 +76,7 @@ void Engine<P, O, B>::finalize() {
                         comm_.overlaps(),
                         plan_.offload,
                         B::device,
-                        master_element_bytes(true, options_.master),
+                        master_element_bytes(options_.master),
                         state_element_bytes(options_.states)};
   const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
   if (const std::string note = gradient_saving_note(sizes, spec, layout_, options_); !note.empty() && rank() == 0)

@@ -158,9 +158,7 @@ void Engine<P, O, B>::write_state(StateSlot slot, std::size_t unit, std::size_t 
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 auto Engine<P, O, B>::rounded_copy(float value) const -> param_type {
-  if constexpr (std::is_same_v<param_type, bf16>)
-    if (update_.copies_round_ties_away()) return bf16_ties_away(value);
-  return from_float<param_type>(value);
+  return nearest_copy<param_type>(value, update_.copies_round_ties_away());
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

@@ -72,7 +72,9 @@ constexpr const char* name(StateFormat f) {
   }
   return "?";
 }
-// Bytes of one stored state element.
+// Bytes of one stored master element (the remainder's; its other half is
+// the parameter) and of one stored state element.
+constexpr std::size_t master_element_bytes(MasterWeights m) { return m == MasterWeights::remainder ? 2 : 4; }
 constexpr std::size_t state_element_bytes(StateFormat f) { return f == StateFormat::fp32 ? 4 : 2; }
 
 struct LossScaleOptions {

@@ -326,7 +326,7 @@ inline Plan make_plan(const Config& config) {
   const std::uint64_t phi = plan.param_elements;
   const std::uint64_t pb = spec.element_bytes;
   // (A remainder master adds 2 bytes: its other 2 are the parameter's.)
-  const std::uint64_t master_k = spec.mixed() ? (spec.master == MasterWeights::remainder ? 2 : 4) : 0;
+  const std::uint64_t master_k = spec.mixed() ? master_element_bytes(spec.master) : 0;
   const std::uint64_t k =
       master_k + state_element_bytes(config.options.states) * static_cast<std::uint64_t>(config.state_slots);
   const PaperShares shares = paper_shares(spec.stage, pb, pb, k);

@@ -82,7 +82,7 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::loss_scale.min_scale", bits(ls.min_scale), real},
       {"Options::stochastic_rounding", options.stochastic_rounding ? 1u : 0u, flag},
       {"Options::master", static_cast<std::uint64_t>(options.master),
-       [](std::uint64_t v) -> std::string { return v == 0 ? "fp32" : "remainder"; }},
+       [](std::uint64_t v) -> std::string { return name(static_cast<MasterWeights>(v)); }},
       {"Options::round_ties_away", options.round_ties_away ? 1u : 0u, flag},
       {"Options::states", static_cast<std::uint64_t>(options.states),
        [](std::uint64_t v) -> std::string { return name(static_cast<StateFormat>(v)); }},

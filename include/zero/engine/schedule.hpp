@@ -150,7 +150,7 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
           "schedule: Options::delayed_update overlaps the CPU update of offload with the next step's work on the "
           "device; it needs offload cpu or nvme with a device backend; clear the option otherwise");
   const std::size_t least_window = offload::disk_least_window_bytes(
-      spec.state_slots, spec.master == MasterWeights::remainder ? 2 : 4, state_element_bytes(spec.states));
+      spec.state_slots, master_element_bytes(spec.master), state_element_bytes(spec.states));
   require(spec.offload != OffloadTier::nvme || options.nvme.window_bytes >= least_window,
           "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, "; the window holds three chunks of "
           "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot): it "
@@ -172,8 +172,8 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   // fp32 training keeps no master of its own unless the master leaves the
   // backend (the backend then holds a working copy): as finalize().
   const bool separate_master = spec.mixed() || offloaded;
-  // (4 when there is none: the disk tier's records still need a master size)
-  const std::size_t master_bytes = master_element_bytes(true, spec.master);
+  // (even where there is no master of its own: the disk tier's records need its size)
+  const std::size_t master_bytes = master_element_bytes(spec.master);
   const std::size_t state_bytes = state_element_bytes(spec.states);
   const BufferSpec buffer_spec{stage,        separate_master, spec.element_bytes, spec.state_slots,
                                spec.overlap, spec.offload,    spec.device_backend, master_bytes,

@@ -85,8 +85,8 @@ __device__ __forceinline__ void fused_step_vector(const FusedStepArgs<Opt, Grad,
   // A remainder master (bf16 only): the copy and the remainder are read in
   // place of the fp32 master, and written back in its place.
   bool split = false;
-  if constexpr (can_split) split = a.remainder != nullptr;
   if constexpr (can_split) {
+    split = a.remainder != nullptr;
     if (split) {
       load_vector<V>(a.param + i, p);
       load_vector<V>(a.remainder + i, rem);
@@ -182,7 +182,8 @@ void require_step_pointers(const FusedStepArgs<Opt, Grad, Param>& a) {
           "apply (turn one off)");
   require(a.grad != nullptr, "cuda_fused_step: FusedStepArgs::grad is null; pass the gradient shard");
   for (int k = 0; k < Opt::state_slots; ++k)
-    require(a.state[k] != nullptr || a.state16[k] != nullptr, "cuda_fused_step: FusedStepArgs::state[", k, "] is null; ", Opt::name, " keeps ",
+    require(a.state[k] != nullptr || a.state16[k] != nullptr, "cuda_fused_step: FusedStepArgs::state[", k,
+            "] is null; ", Opt::name, " keeps ",
             Opt::state_slots, " fp32 state array(s) of n elements");
   if constexpr (!std::is_same_v<Param, float>)
     require(a.param != nullptr, "cuda_fused_step: FusedStepArgs::param is null; a ", dtype_traits<Param>::name,

@@ -73,9 +73,7 @@ template <optim::Policy Opt, class Grad, class Param>
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE Param rounded_copy(const FusedStepArgs<Opt, Grad, Param>& a, float w,
                                                       std::size_t i) {
   if (a.rounding.enabled) return stochastic_round<Param>(w, a.rounding, a.global_offset + i);
-  if constexpr (std::is_same_v<Param, bf16>)
-    if (a.ties_away) return bf16_ties_away(w);
-  return from_float<Param>(w);
+  return nearest_copy<Param>(w, a.ties_away);
 }
 
 // One element. Shared by the host scalar loop and the CUDA kernel.

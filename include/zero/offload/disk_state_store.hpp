@@ -60,9 +60,9 @@ class DiskStateStore {
             "files of the master weights and optimizer state");
     // Three chunks of at least one 4 KiB block per array; a smaller window
     // would be silently exceeded.
-    remainder_ = format == MasterWeights::remainder;
-    states16_ = states != StateFormat::fp32;
-    const std::size_t mb = master_element_bytes(), sb = state_element_bytes();
+    master_format_ = format;
+    state_format_ = states;
+    const std::size_t mb = master_bytes_each(), sb = state_bytes_each();
     const std::size_t least = disk_least_window_bytes(state_slots, mb, sb);
     require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
             "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
@@ -97,7 +97,7 @@ class DiskStateStore {
   // A remainder master is split with (joined from) the bf16 copy at `copy`.
   template <class Param>
   void import_values(StateSlot slot, std::size_t offset, const float* host, std::size_t n, Param* copy) {
-    if (slot.is_master() && remainder_) {
+    if (slot.is_master() && remainder()) {
       if constexpr (std::is_same_v<Param, bf16>)
         transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
           auto* rest = static_cast<std::uint16_t*>(stored);
@@ -106,7 +106,7 @@ class DiskStateStore {
         });
       return;
     }
-    if (!slot.is_master() && states16_) {
+    if (!slot.is_master() && bf16_states()) {
       transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
         auto* low = static_cast<bf16*>(stored);
         for (std::size_t i = 0; i < count; ++i) low[i] = from_float<bf16>(host[done + i]);
@@ -121,7 +121,7 @@ class DiskStateStore {
   }
   template <class Param>
   void export_values(StateSlot slot, std::size_t offset, float* host, std::size_t n, const Param* copy) {
-    if (slot.is_master() && remainder_) {
+    if (slot.is_master() && remainder()) {
       if constexpr (std::is_same_v<Param, bf16>)
         transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
           const auto* rest = static_cast<const std::uint16_t*>(stored);
@@ -130,7 +130,7 @@ class DiskStateStore {
         });
       return;
     }
-    if (!slot.is_master() && states16_) {
+    if (!slot.is_master() && bf16_states()) {
       transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
         const auto* low = static_cast<const bf16*>(stored);
         for (std::size_t i = 0; i < count; ++i) host[done + i] = to_float(low[i]);
@@ -161,7 +161,7 @@ class DiskStateStore {
       const std::size_t at = lo - c * chunk_, skip = lo - offset;
       kernels::FusedStepArgs<Optimizer, Grad, Param> part = args;
       if constexpr (kernels::FusedStepArgs<Optimizer, Grad, Param>::can_split_master) {
-        if (remainder_) {
+        if (remainder()) {
           part.master = nullptr;
           part.remainder = remainders(s) + at;
         } else {
@@ -171,7 +171,7 @@ class DiskStateStore {
         part.master = array(s, 0) + at;
       }
       for (int k = 0; k < state_slots; ++k) {
-        if (states16_)
+        if (bf16_states())
           part.state16[k] = reinterpret_cast<bf16*>(array(s, 1 + k)) + at;
         else
           part.state[k] = array(s, 1 + k) + at;
@@ -189,9 +189,9 @@ class DiskStateStore {
     }
   }
 
-  PlacedBytes master_bytes() const { return {0, 0, static_cast<std::uint64_t>(owned_) * master_element_bytes()}; }
+  PlacedBytes master_bytes() const { return {0, 0, static_cast<std::uint64_t>(owned_) * master_bytes_each()}; }
   PlacedBytes state_bytes() const {
-    return {0, 0, static_cast<std::uint64_t>(owned_) * state_element_bytes() * static_cast<std::uint64_t>(state_slots)};
+    return {0, 0, static_cast<std::uint64_t>(owned_) * state_bytes_each() * static_cast<std::uint64_t>(state_slots)};
   }
   // The host window (not model state: it holds three chunks in passing).
   std::uint64_t window_bytes() const { return window_.bytes(); }
@@ -246,14 +246,16 @@ class DiskStateStore {
     io_->wait();  // rethrows an I/O error
   }
 
-  std::size_t master_element_bytes() const { return remainder_ ? sizeof(std::uint16_t) : sizeof(float); }
-  std::size_t state_element_bytes() const { return states16_ ? sizeof(bf16) : sizeof(float); }
+  bool remainder() const { return master_format_ == MasterWeights::remainder; }
+  bool bf16_states() const { return state_format_ != StateFormat::fp32; }
+  std::size_t master_bytes_each() const { return master_element_bytes(master_format_); }
+  std::size_t state_bytes_each() const { return state_element_bytes(state_format_); }
   std::size_t record_bytes() const { return record_floats_ * sizeof(float); }
   // Array a of window slot `slot`: 0 the master, 1 + k state slot k (a
   // chunk is a multiple of 2048 elements where an array is 2-byte: whole floats).
   float* array(int slot, int a) {
-    const std::size_t master_floats = chunk_ * master_element_bytes() / sizeof(float);
-    const std::size_t state_floats = chunk_ * state_element_bytes() / sizeof(float);
+    const std::size_t master_floats = chunk_ * master_bytes_each() / sizeof(float);
+    const std::size_t state_floats = chunk_ * state_bytes_each() / sizeof(float);
     return window_.data() + static_cast<std::size_t>(slot) * record_floats_ +
            (a == 0 ? 0 : master_floats + static_cast<std::size_t>(a - 1) * state_floats);
   }
@@ -319,7 +321,7 @@ class DiskStateStore {
     for (std::size_t c = offset / chunk_; n != 0 && c * chunk_ < offset + n; ++c) {
       const int s = resident(c);
       const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(offset + n, (c + 1) * chunk_);
-      const std::size_t bytes = a == 0 ? master_element_bytes() : state_element_bytes();
+      const std::size_t bytes = a == 0 ? master_bytes_each() : state_bytes_each();
       void* stored = reinterpret_cast<char*>(array(s, a)) + (lo - c * chunk_) * bytes;
       if (visit(stored, lo - offset, hi - lo)) {
         write_back(s);
@@ -331,8 +333,8 @@ class DiskStateStore {
   NvmeOptions options_{};
   int rank_ = 0;
   std::size_t owned_ = 0, chunk_ = 0, chunks_ = 0, record_floats_ = 0;
-  bool remainder_ = false;  // MasterWeights::remainder: array 0 holds 16-bit remainders
-  bool states16_ = false;   // StateFormat::bf16*: arrays 1.. hold bf16
+  MasterWeights master_format_ = MasterWeights::fp32;  // remainder: array 0 holds 16-bit remainders
+  StateFormat state_format_ = StateFormat::fp32;        // bf16*: arrays 1.. hold bf16
   std::unique_ptr<DiskSwap> swap_;
   AlignedBuffer<float> window_;
   std::array<Slot, window_slots> slots_{};

@@ -28,7 +28,9 @@
 #include "zero/config.hpp"
 
 #include <cstdint>
+#include <type_traits>
 
+#include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero {
@@ -66,6 +68,16 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE bf16 bf16_ties_away(float f) {
   std::uint32_t copy;
   detail::bits_to_bf16_ties_away_generic(copy, __builtin_bit_cast(std::uint32_t, f));
   return bf16{static_cast<std::uint16_t>(copy)};
+}
+
+// A 16-bit (or fp32) copy of f rounded to nearest: ties to even, or (bf16,
+// `ties_away`: a remainder master's rounding) away from zero. The one rule
+// the fused step and the engine's host-side writes of copies share.
+template <class T>
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE T nearest_copy(float f, bool ties_away) {
+  if constexpr (std::is_same_v<T, bf16>)
+    if (ties_away) return bf16_ties_away(f);
+  return from_float<T>(f);
 }
 
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE void split_master(float master, bf16& copy, std::uint16_t& remainder) {
