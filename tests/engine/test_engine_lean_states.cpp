@@ -487,3 +487,182 @@ TEST_CASE("bf16 states resume bit for bit; fp32 states load into them rounded", 
   CHECK(first_difference(from_fp32.masters[0], fp32_straight.masters[3]) == -1);
   CHECK(first_difference(from_fp32.masters[3], fp32_straight.masters[6]) != -1);
 }
+
+// 8-bit block-wise states (Options::states = blockwise8). One rank is held to
+// a plain loop of the paper's rule written here: per parameter, blocks from
+// its first element; dequantize, update (zero::optim's golden-tested rule),
+// quantize each block with its new absmax (quant:: functions, held bit for
+// bit to the Python reference in tests/quant); small parameters in fp32.
+// The engine's path is another: the runs of engine/state_blocks.hpp, the
+// host SIMD step and its bucket lookup instead of the search. More ranks:
+// stages 1-3 (the same shards, so the same blocks) and offload cpu agree bit
+// for bit; a checkpoint resumes bit for bit.
+namespace {
+
+template <class O>
+Trace plain_blockwise8_states(int steps, std::size_t block, std::size_t fp32_below) {
+  using namespace zero;
+  struct Param {
+    std::vector<float> w;
+    std::vector<float> fp32[O::state_slots > 0 ? O::state_slots : 1];
+    std::vector<std::uint8_t> codes[O::state_slots > 0 ? O::state_slots : 1];
+    std::vector<float> absmax[O::state_slots > 0 ? O::state_slots : 1];
+  };
+  std::vector<Param> params;
+  const float* code[O::state_slots > 0 ? O::state_slots : 1] = {};
+  for (int k = 0; k < O::state_slots; ++k)
+    code[k] = quant::code_for(optim::state_values<O>(k) == optim::StateValues::non_negative);
+  for (const auto& [unit, sizes] : model())
+    for (const std::size_t n : sizes) {
+      Param p;
+      for (std::size_t i = 0; i < n; ++i) p.w.push_back(init_value(params.size(), i));
+      for (int k = 0; k < O::state_slots; ++k) {
+        if (n < fp32_below) {
+          p.fp32[k].assign(n, 0.0f);
+        } else {
+          p.codes[k].assign(n, quant::quantize(0.0f, code[k]));
+          p.absmax[k].assign(quant::block_count(n, block), 0.0f);
+        }
+      }
+      params.push_back(std::move(p));
+    }
+  const auto hyper = zero::test::test_hyper<O>();
+  Trace t;
+  auto record = [&] {
+    t.masters.emplace_back();
+    t.copies.emplace_back();
+    for (const Param& p : params)
+      for (const float x : p.w) {
+        t.masters.back().push_back(std::bit_cast<std::uint32_t>(x));
+        t.copies.back().push_back(zero::from_float<bf16>(x).bits);
+      }
+  };
+  record();
+  for (int step = 1; step <= steps; ++step) {
+    const auto scalars = O::prepare(hyper, step);
+    for (std::size_t pi = 0; pi < params.size(); ++pi) {
+      Param& p = params[pi];
+      const std::size_t n = p.w.size();
+      const bool quantized = n >= fp32_below;
+      std::vector<float> updated[O::state_slots > 0 ? O::state_slots : 1];
+      for (int k = 0; k < O::state_slots; ++k) updated[k].resize(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float g = zero::to_float(gradient(zero::from_float<bf16>(p.w[i]), pi, i, 0, step));
+        float st[O::state_slots > 0 ? O::state_slots : 1];
+        for (int k = 0; k < O::state_slots; ++k)
+          st[k] = quantized ? quant::dequantize(p.codes[k][i], code[k], p.absmax[k][i / block]) : p.fp32[k][i];
+        O::update(scalars, p.w[i], g, st);
+        for (int k = 0; k < O::state_slots; ++k) updated[k][i] = st[k];
+      }
+      for (int k = 0; k < O::state_slots; ++k) {
+        if (quantized)
+          quant::quantize_blockwise(updated[k].data(), n, block, code[k], p.codes[k].data(), p.absmax[k].data());
+        else
+          p.fp32[k] = updated[k];
+      }
+    }
+    record();
+  }
+  return t;
+}
+
+template <class O>
+void check_blockwise8_states() {
+  using namespace zero;
+  using P = precision::Mixed<bf16>;
+  constexpr int steps = 4;
+  Options options;
+  options.states = StateFormat::blockwise8;
+  options.state_block = 64;        // parameters of 1021 and 4099 elements: many blocks, short last ones
+  options.state_fp32_below = 100;  // the parameters of 1, 3 and 6 elements stay fp32
+  options.bucket_bytes = 1;
+  {
+    INFO(O::name << ": one rank against the plain loop");
+    const Trace plain = plain_blockwise8_states<O>(steps, options.state_block, options.state_fp32_below);
+    const Trace one = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, options, steps);
+    for (int s = 0; s <= steps; ++s) {
+      INFO("after step " << s);
+      CHECK(first_difference(one.masters[s], plain.masters[s]) == -1);
+      CHECK(first_difference(one.copies[s], plain.copies[s]) == -1);
+    }
+    // The fp32 state's run is another one (the quantization matters).
+    Options fp32 = options;
+    fp32.states = StateFormat::fp32;
+    const Trace full = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, fp32, steps);
+    CHECK(first_difference(full.masters[steps], plain.masters[steps]) != -1);
+  }
+  for (const auto master : {MasterWeights::fp32, MasterWeights::remainder})
+    for (const int ranks : {2, 4}) {
+      INFO(name(master) << " master, " << ranks << " ranks");
+      Options o = options;
+      o.master = master;
+      const Trace stage1 = run<ZeroOptimizer<P, O, stage<1>, offload::None, backend::Host>>(ranks, o, steps);
+      auto same = [&]<class Opt>(std::type_identity<Opt>) {
+        INFO("stage " << Opt::stage << ", offload " << Opt::offload_policy::name);
+        const Trace t = run<Opt>(ranks, o, steps);
+        for (int s = 0; s <= steps; ++s) {
+          INFO("after step " << s);
+          CHECK(first_difference(t.masters[s], stage1.masters[s]) == -1);
+          CHECK(first_difference(t.copies[s], stage1.copies[s]) == -1);
+        }
+      };
+      same(std::type_identity<ZeroOptimizer<P, O, stage<2>, offload::None, backend::Host>>{});
+      same(std::type_identity<ZeroOptimizer<P, O, stage<3>, offload::None, backend::Host>>{});
+      same(std::type_identity<ZeroOptimizer<P, O, stage<1>, offload::Cpu, backend::LateCopies>>{});
+      same(std::type_identity<ZeroOptimizer<P, O, stage<3>, offload::Cpu, backend::LateCopies>>{});
+    }
+}
+
+}  // namespace
+
+TEST_CASE("8-bit states: the paper's rule on one rank, stages 1-3 and offload alike on more", "[engine][states]") {
+  check_blockwise8_states<zero::optim::AdamW>();
+  check_blockwise8_states<zero::optim::Adam>();
+  check_blockwise8_states<zero::optim::Sgd>();
+}
+
+TEST_CASE("8-bit states with a remainder master: the bytes the planner and the formula say", "[engine][states]") {
+  using namespace zero;
+  using Opt = ZeroOptimizer<precision::Mixed<bf16>, optim::AdamW, stage<3>, offload::None, backend::Host>;
+  Options options;
+  options.master = MasterWeights::remainder;
+  options.states = StateFormat::blockwise8;
+  options.state_block = 256;
+  plan::Model m;
+  for (const auto& [unit, sizes] : model()) m.units.push_back({unit, sizes});
+  for (const int ranks : {1, 2}) {
+    INFO(ranks << " rank(s)");
+    const Trace t = run<Opt>(ranks, options, 1);
+    const plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, ranks, options, false));
+    CHECK(planned.placed.optimizer_states == t.memory.placed.optimizer_states);
+    CHECK(planned.model_states() == t.memory.model_states());
+    CHECK(planned.paper_k == 2 + 2);  // remainder 2, m and v 1 + 1
+  }
+  // One rank, by hand: the 4099-element parameter is 4099 codes and 17
+  // blocks per slot; everything else (1 + 6 + 1021 + 3 elements, the gaps
+  // and the padding) is fp32.
+  const Trace one = run<Opt>(1, options, 1);
+  plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, 1, options, false));
+  const std::uint64_t padded = planned.padded_elements;
+  CHECK(one.memory.placed.optimizer_states.total() == 2 * (4099 + 4 * 17 + 4 * (padded - 4099)));
+}
+
+TEST_CASE("8-bit states resume bit for bit", "[engine][states][checkpoint]") {
+  using namespace zero;
+  using Opt = ZeroOptimizer<precision::Mixed<bf16>, optim::AdamW, stage<3>, offload::None, backend::Host>;
+  Options options;
+  options.states = StateFormat::blockwise8;
+  options.state_block = 64;
+  options.state_fp32_below = 100;
+  const Trace straight = run<Opt>(2, options, 6);
+  TempDir dir;
+  const std::string at3 = (dir.path / "step3").string();
+  run<Opt>(2, options, 3, "", at3, 3);
+  const Trace resumed = run<Opt>(2, options, 6, at3);
+  REQUIRE(resumed.masters.size() == 4);
+  for (int s = 0; s <= 3; ++s) {
+    INFO("resumed step " << 3 + s);
+    CHECK(first_difference(resumed.masters[s], straight.masters[3 + s]) == -1);
+    CHECK(first_difference(resumed.copies[s], straight.copies[3 + s]) == -1);
+  }
+}

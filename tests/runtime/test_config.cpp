@@ -36,7 +36,8 @@ namespace {
 [[maybe_unused]] void members_have_keys(Config& c) {
   [[maybe_unused]] auto& [precision, optimizer, hyper, stage, offload, options] = c;
   [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, release_memory_pages, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
-                          loss_scale, reduce_dtype, seed, stochastic_rounding, master, round_ties_away, states, offload_threads,
+                          loss_scale, reduce_dtype, seed, stochastic_rounding, master, round_ties_away, states, state_block,
+                          state_fp32_below, offload_threads,
                           require_pinned_memory, pinned_piece_bytes, delayed_update, delayed_update_warmup, nvme] = c.options;
   [[maybe_unused]] auto& [initial_scale, growth_interval, growth_factor, backoff_factor, hysteresis, min_scale] =
       c.options.loss_scale;
@@ -67,6 +68,8 @@ Config every_setting_changed() {
   o.master = zero::MasterWeights::remainder;  // (with fp16 and stochastic rounding invalid: only read and written here)
   o.round_ties_away = true;
   o.states = zero::StateFormat::bf16_stochastic;
+  o.state_block = 256;
+  o.state_fp32_below = 100;
   o.offload_threads = 6;
   o.require_pinned_memory = true;
   o.pinned_piece_bytes = 1 << 20;

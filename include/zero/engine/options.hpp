@@ -62,20 +62,32 @@ constexpr const char* name(MasterWeights m) {
 // read as fp32 by the step and written back rounded to nearest even;
 // bf16_stochastic: rounded stochastically (zero in expectation, from
 // (Options::seed, step, element, slot) as the copies' stochastic rounding).
-enum class StateFormat { fp32, bf16, bf16_stochastic };
+// blockwise8: 1 byte, block-wise 8-bit (Dettmers et al. 2022): each block of
+// Options::state_block elements of a parameter is a code per element into a
+// 256-value dynamic table (signed, or unsigned for a slot the optimizer
+// declares non-negative: optim::StateValues) times the block's largest
+// magnitude, kept in fp32; parameters under Options::state_fp32_below
+// elements keep fp32 states.
+enum class StateFormat { fp32, bf16, bf16_stochastic, blockwise8 };
 
 constexpr const char* name(StateFormat f) {
   switch (f) {
     case StateFormat::fp32: return "fp32";
     case StateFormat::bf16: return "bf16";
     case StateFormat::bf16_stochastic: return "bf16_stochastic";
+    case StateFormat::blockwise8: return "blockwise8";
   }
   return "?";
 }
 // Bytes of one stored master element (the remainder's; its other half is
 // the parameter) and of one stored state element.
 constexpr std::size_t master_element_bytes(MasterWeights m) { return m == MasterWeights::remainder ? 2 : 4; }
-constexpr std::size_t state_element_bytes(StateFormat f) { return f == StateFormat::fp32 ? 4 : 2; }
+// (blockwise8: the code; each block adds its fp32 absmax, and parameters
+// under Options::state_fp32_below stay fp32: engine/state_blocks.hpp counts
+// them exactly.)
+constexpr std::size_t state_element_bytes(StateFormat f) {
+  return f == StateFormat::fp32 ? 4 : f == StateFormat::blockwise8 ? 1 : 2;
+}
 
 struct LossScaleOptions {
   double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
@@ -163,6 +175,12 @@ struct Options {
   bool round_ties_away = false;
   // The optimizer state's storage (StateFormat): bf16 halves it.
   StateFormat states = StateFormat::fp32;
+  // StateFormat::blockwise8: elements per block (one fp32 absmax each; the
+  // paper's 2048), counted from each parameter's first element, and the
+  // size below which a parameter keeps fp32 states (bitsandbytes' 4096:
+  // biases and norms are few elements and sensitive).
+  std::size_t state_block = 2048;
+  std::size_t state_fp32_below = 4096;
   // Offload (offload::Cpu): CPU threads of the host update (0: OpenMP's
   // default, OMP_NUM_THREADS), and whether host buffers that could not be
   // page-locked are an error (true) or a warning and pageable memory (false).
@@ -195,6 +213,9 @@ struct Options {
                   "stochastic rounding needs an fp32 master: set one of them off"
                 : "Options::round_ties_away and Options::stochastic_rounding are both on: the bf16 copies are "
                   "rounded one way; set one of them off");
+    require(state_block >= 64 && state_block <= 4096 && state_block % 64 == 0, "Options::state_block is ",
+            state_block, "; it must be a multiple of 64 in [64, 4096] (elements per 8-bit state block: 2048 is "
+            "the paper's, 256 bitsandbytes' today)");
     require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
             "; it must be in [0, 16]");
     require(live_buckets >= 1 && live_buckets <= 64, "Options::live_buckets is ", live_buckets,

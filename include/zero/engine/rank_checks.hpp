@@ -86,6 +86,8 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::round_ties_away", options.round_ties_away ? 1u : 0u, flag},
       {"Options::states", static_cast<std::uint64_t>(options.states),
        [](std::uint64_t v) -> std::string { return name(static_cast<StateFormat>(v)); }},
+      {"Options::state_block", static_cast<std::uint64_t>(options.state_block), number},
+      {"Options::state_fp32_below", static_cast<std::uint64_t>(options.state_fp32_below), number},
       {"Options::seed", options.seed, number},
       {"Options::delayed_update", options.delayed_update ? 1u : 0u, flag},
       {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options.delayed_update_warmup), number},

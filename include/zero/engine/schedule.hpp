@@ -23,8 +23,10 @@
 #include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/ownership.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/stage_plan.hpp"
+#include "zero/engine/state_blocks.hpp"
 #include "zero/error.hpp"
 #include "zero/policies.hpp"
 
@@ -155,6 +157,9 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
           "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, "; the window holds three chunks of "
           "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot): it "
           "must be at least ", least_window, " bytes");
+  require(spec.offload != OffloadTier::nvme || spec.states != StateFormat::blockwise8,
+          "schedule: Options::states is blockwise8, which offload nvme does not stream yet; use bf16 states with "
+          "nvme, or blockwise8 with offload none or cpu");
   require(spec.master == MasterWeights::fp32 || spec.element_bytes == 2,
           "schedule: Options::master is remainder, but the parameters are fp32: the remainder master is bf16 "
           "parameters plus 16 bits");
@@ -199,9 +204,24 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   add("gradients", "grads", ReportedAs::grads, backend, z.grads, eb);
   add(master_bytes == 2 ? "fp32 master remainders" : "fp32 master weights", "master", ReportedAs::master, store,
       z.master, master_bytes);
-  for (int k = 0; k < spec.state_slots; ++k)
-    add(state_bytes == 2 ? "optimizer state (bf16)" : "optimizer state", "optimizer_states",
-        ReportedAs::optimizer_states, store, z.state_per_slot, state_bytes);
+  if (spec.states == StateFormat::blockwise8 && spec.state_slots > 0) {
+    // Rank 0's runs (engine/state_blocks.hpp): another rank's differ by the
+    // blocks its shard boundaries cut and the small parameters it owns.
+    const StateBlocks blocks = StateBlocks::build(Ownership{stage, 0, &layout}, options.state_block,
+                                                  options.state_fp32_below);
+    for (int k = 0; k < spec.state_slots; ++k) {
+      add("optimizer state (8-bit codes)", "optimizer_states", ReportedAs::optimizer_states, store,
+          blocks.coded_elements(), 1);
+      add("optimizer state (block absmax)", "optimizer_states", ReportedAs::optimizer_states, store, blocks.blocks(),
+          4);
+      add("optimizer state (fp32, small parameters)", "optimizer_states", ReportedAs::optimizer_states, store,
+          blocks.fp32_elements(), 4);
+    }
+  } else {
+    for (int k = 0; k < spec.state_slots; ++k)
+      add(state_bytes == 2 ? "optimizer state (bf16)" : "optimizer state", "optimizer_states",
+          ReportedAs::optimizer_states, store, z.state_per_slot, state_bytes);
+  }
   add(z.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
                             : "host copy of the owned gradient",
       "grads", ReportedAs::grads, Place::host, z.host_grads, eb);

@@ -16,6 +16,7 @@
 
 #include "zero/config.hpp"
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -28,11 +29,13 @@
 #include "zero/backend/host.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
+#include "zero/engine/state_blocks.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/policies.hpp"
 #include "zero/precision/remainder.hpp"
+#include "zero/quant/dynamic_code.hpp"
 
 namespace zero {
 
@@ -66,14 +69,38 @@ class ArrayStateStore {
 
   // `separate_master` false: fp32 training without offload, where the
   // parameters are their own master and update() receives them as such.
+  // `blocks`: StateFormat::blockwise8's runs of this rank's owned elements
+  // (engine/state_blocks.hpp); ignored otherwise.
   template <class Allocate>
   void allocate(std::size_t owned, bool separate_master, MasterWeights format, StateFormat states,
-                Allocate&& allocate) {
+                const StateBlocks& blocks, Allocate&& allocate) {
     owned_ = owned;
     if (separate_master && format == MasterWeights::remainder)
       remainders_ = allocate(std::type_identity<Buf<std::uint16_t>>{}, owned, "fp32 master remainders");
     else if (separate_master)
       master_ = allocate(std::type_identity<Buf<float>>{}, owned, "fp32 master weights");
+    if (states == StateFormat::blockwise8 && state_slots > 0) {
+      blocks_ = blocks;
+      require(blocks_.runs().empty() || blocks_.runs().back().end() == owned,
+              "model-state store: the 8-bit state's runs cover ", blocks_.runs().back().end(), " of ", owned,
+              " owned elements");
+      for (int k = 0; k < state_slots; ++k) {
+        codes_[k] = allocate(std::type_identity<Buf<std::uint8_t>>{}, blocks_.coded_elements(),
+                             "optimizer state (8-bit codes)");
+        absmax_[k] = allocate(std::type_identity<Buf<float>>{}, blocks_.blocks(), "optimizer state (block absmax)");
+        states_[k] = allocate(std::type_identity<Buf<float>>{}, blocks_.fp32_elements(),
+                              "optimizer state (fp32, small parameters)");
+        host_code_[k] = quant::code_for(optim::state_values<Optimizer>(k) == optim::StateValues::non_negative);
+        // Zero states: every code the table's 0.0 (absmax 0).
+        const std::vector<std::uint8_t> zeros(blocks_.coded_elements(), quant::quantize(0.0f, host_code_[k]));
+        Ops::upload(codes_[k].data(), zeros.data(), zeros.size());
+        if constexpr (OnDevice) {
+          code_tables_[k] = allocate(std::type_identity<Buf<float>>{}, quant::code_size, "8-bit code table");
+          Ops::upload(code_tables_[k].data(), host_code_[k], quant::code_size);
+        }
+      }
+      return;
+    }
     for (int k = 0; k < state_slots; ++k) {
       if (states == StateFormat::fp32)
         states_[k] = allocate(std::type_identity<Buf<float>>{}, owned, "optimizer state");
@@ -98,6 +125,10 @@ class ArrayStateStore {
       }
       return;
     }
+    if (!slot.is_master() && blockwise_states()) {
+      blockwise_values(slot, offset, host, nullptr, n);
+      return;
+    }
     if (!slot.is_master() && bf16_states()) {
       std::vector<bf16> low(n);  // rounded to nearest even: a bf16 state's own value comes back unchanged
       for (std::size_t i = 0; i < n; ++i) low[i] = from_float<bf16>(host[i]);
@@ -117,6 +148,10 @@ class ArrayStateStore {
         Ops::download(copies.data(), copy, n);
         for (std::size_t i = 0; i < n; ++i) host[i] = join_master(copies[i], rest[i]);
       }
+      return;
+    }
+    if (!slot.is_master() && blockwise_states()) {
+      blockwise_values(slot, offset, nullptr, host, n);
       return;
     }
     if (!slot.is_master() && bf16_states()) {
@@ -145,6 +180,10 @@ class ArrayStateStore {
       }
     }
     if (master_.size() != 0) args.master = master_.data() + offset;
+    if (blockwise_states()) {
+      update_runs(offset, args);
+      return;
+    }
     for (int k = 0; k < state_slots; ++k) {
       if (bf16_states())
         args.state16[k] = states16_[k].data() + offset;
@@ -157,11 +196,100 @@ class ArrayStateStore {
   PlacedBytes master_bytes() const { return place(master_.bytes() + remainders_.bytes()); }
   PlacedBytes state_bytes() const {
     std::uint64_t b = 0;
-    for (int k = 0; k < state_slots; ++k) b += states_[k].bytes() + states16_[k].bytes();
+    for (int k = 0; k < state_slots; ++k)
+      b += states_[k].bytes() + states16_[k].bytes() + codes_[k].bytes() + absmax_[k].bytes();
     return place(b);
   }
 
  private:
+  bool blockwise_states() const { return !blocks_.runs().empty(); }
+
+  // The 8-bit step: one fused step per run of owned elements [offset,
+  // offset + args.n), each pointed at its part of every array.
+  template <class Grad, class Param>
+  void update_runs(std::size_t offset, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
+    blocks_.each_run(offset, args.n, [&](const StateRun& run) {
+      require(run.begin >= offset && run.end() <= offset + args.n, "model-state store: an update of owned elements [",
+              offset, ", ", offset + args.n, ") cuts the 8-bit state's run [", run.begin, ", ", run.end(),
+              "); updates are whole units");
+      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args;
+      const std::size_t d = run.begin - offset;
+      part.n = run.length;
+      part.grad = args.grad + d;
+      part.global_offset = args.global_offset + d;
+      if (args.master != nullptr) part.master = args.master + d;
+      if (args.param != nullptr) part.param = args.param + d;
+      if constexpr (kernels::FusedStepArgs<Optimizer, Grad, Param>::can_split_master)
+        if (args.remainder != nullptr) part.remainder = args.remainder + d;
+      for (int k = 0; k < state_slots; ++k) {
+        if (run.blockwise) {
+          part.state8[k] = codes_[k].data() + run.at;
+          part.absmax[k] = absmax_[k].data() + run.first_block;
+          part.code[k] = OnDevice ? code_tables_[k].data() : host_code_[k];
+        } else {
+          part.state[k] = states_[k].data() + run.at;
+        }
+      }
+      part.block = static_cast<std::uint32_t>(blocks_.block());
+      part.block_phase = run.phase;
+      Ops::fused_step(part);
+    });
+  }
+
+  // 8-bit state slot values of owned elements [offset, offset + n) from
+  // `in` (an import) or to `out`. An import requantizes each block it
+  // touches whole (the block's other values as they were), so any range may
+  // be imported; values read back from such a block (a checkpoint) give it
+  // back bit for bit (quant::requantize_block).
+  void blockwise_values(StateSlot slot, std::size_t offset, const float* in, float* out, std::size_t n) {
+    const bool import = in != nullptr;
+    check(offset, n);
+    require(slot.index >= 0 && slot.index < state_slots, "model-state store: the optimizer has ", state_slots,
+            " state slot(s), not slot ", slot.index);
+    const int k = slot.index;
+    const std::size_t block = blocks_.block();
+    blocks_.each_run(offset, n, [&](const StateRun& run) {
+      const std::size_t lo = std::max(run.begin, offset), hi = std::min(run.end(), offset + n);
+      if (!run.blockwise) {
+        float* packed = states_[k].data() + run.at + (lo - run.begin);
+        if (import)
+          Ops::upload(packed, in + (lo - offset), hi - lo);
+        else
+          Ops::download(out + (lo - offset), packed, hi - lo);
+        return;
+      }
+      // The run's blocks that [lo, hi) touches, whole.
+      const std::size_t first = (run.phase + (lo - run.begin)) / block, last = (run.phase + (hi - run.begin) - 1) / block;
+      const std::size_t from = first == 0 ? 0 : first * block - run.phase;
+      const std::size_t to = std::min(run.length, (last + 1) * block - run.phase);
+      std::vector<std::uint8_t> codes(to - from);
+      std::vector<float> scale(last - first + 1), whole(to - from);
+      Ops::download(codes.data(), codes_[k].data() + run.at + from, codes.size());
+      Ops::download(scale.data(), absmax_[k].data() + run.first_block + first, scale.size());
+      auto block_range = [&](std::size_t b) {  // [begin, end) of run block b, relative to `from`
+        const std::size_t begin = b == 0 ? 0 : b * block - run.phase;
+        return std::pair<std::size_t, std::size_t>(begin - from, std::min(run.length, (b + 1) * block - run.phase) - from);
+      };
+      for (std::size_t b = first; b <= last; ++b) {
+        const auto [begin, end] = block_range(b);
+        quant::dequantize_block(codes.data() + begin, end - begin, host_code_[k], scale[b - first], whole.data() + begin);
+      }
+      const std::size_t at = (lo - run.begin) - from;
+      if (!import) {
+        std::copy(whole.begin() + at, whole.begin() + at + (hi - lo), out + (lo - offset));
+        return;
+      }
+      std::copy(in + (lo - offset), in + (hi - offset), whole.begin() + at);
+      for (std::size_t b = first; b <= last; ++b) {
+        const auto [begin, end] = block_range(b);
+        scale[b - first] =
+            quant::requantize_block(whole.data() + begin, end - begin, host_code_[k], codes.data() + begin);
+      }
+      Ops::upload(codes_[k].data() + run.at + from, codes.data(), codes.size());
+      Ops::upload(absmax_[k].data() + run.first_block + first, scale.data(), scale.size());
+    });
+  }
+
   static PlacedBytes place(std::uint64_t bytes) {
     PlacedBytes p;
     (OnDevice ? p.device : p.host) = bytes;
@@ -194,6 +322,14 @@ class ArrayStateStore {
   Buf<std::uint16_t> remainders_;  // MasterWeights::remainder: the master's lower halves
   Buf<float> states_[state_slots > 0 ? state_slots : 1];
   Buf<bf16> states16_[state_slots > 0 ? state_slots : 1];  // StateFormat::bf16*: instead of states_
+  // StateFormat::blockwise8: the runs, each slot's codes and block absmax
+  // (states_ then holds the fp32 runs' values only), the code tables (on
+  // the host: the built-in constants; on a device: copies there).
+  StateBlocks blocks_;
+  Buf<std::uint8_t> codes_[state_slots > 0 ? state_slots : 1];
+  Buf<float> absmax_[state_slots > 0 ? state_slots : 1];
+  Buf<float> code_tables_[state_slots > 0 ? state_slots : 1];
+  const float* host_code_[state_slots > 0 ? state_slots : 1] = {};
 };
 
 // What every tier's store does (ArrayStateStore here, offload::DiskStateStore

@@ -96,9 +96,12 @@ class UpdatePipeline {
     params_ = params;
     grads_ = grads;
     const std::size_t owned = own.owned_total();
+    const StateBlocks blocks = options.states == StateFormat::blockwise8
+                                   ? StateBlocks::build(own, options.state_block, options.state_fp32_below)
+                                   : StateBlocks{};
     auto array_store = [&]<class S>(std::type_identity<S>) {
       auto model = std::make_unique<StoreModel<S, Optimizer, grad_type, param_type>>();
-      model->store.allocate(owned, separate_master_, master_format_, options.states, allocate);
+      model->store.allocate(owned, separate_master_, master_format_, options.states, blocks, allocate);
       store_ = std::move(model);
     };
     switch (tier_) {

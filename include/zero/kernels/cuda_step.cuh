@@ -150,6 +150,51 @@ __global__ void fused_step_kernel(const FusedStepArgs<Opt, Grad, Param> a, std::
   for (std::size_t s = first; s < singles; s += stride) fused_step_element(a, s < head ? s : tail + (s - head));
 }
 
+// The 8-bit state step (FusedStepArgs::state8): one thread block per state
+// block at a time (grid-stride over them). Its threads update the block's
+// elements into shared memory (blockwise_update_element, the host's body),
+// reduce each slot's new absmax, and quantize with quant::quantize(), as
+// quant::quantize_block does on the host, so codes and absmax match it bit
+// for bit.
+template <int Threads, class Opt, class Grad, class Param>
+__global__ void __launch_bounds__(Threads) fused_block_step_kernel(const FusedStepArgs<Opt, Grad, Param> a) {
+  cuda::require_exact_float_flags();
+  constexpr int S = Opt::state_slots;
+  extern __shared__ float scratch[];  // S x a.block
+  using Reduce = cub::BlockReduce<float, Threads>;
+  __shared__ typename Reduce::TempStorage temp;
+  __shared__ float shared_absmax;
+  const std::size_t blocks = a.block_count();
+  for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::size_t begin = a.block_begin(b), n = a.block_end(b) - begin;
+    for (std::size_t i = begin + threadIdx.x; i < begin + n; i += Threads) blockwise_update_element(a, b, i, scratch);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < S; ++k) {
+      const float* x = scratch + static_cast<std::size_t>(k) * a.block;
+      float most = 0.0f;
+      bool bad = false;
+      for (std::size_t j = threadIdx.x; j < n; j += Threads) {
+        const float v = zero::math::abs(x[j]);
+        bad = bad || !(v <= 3.40282347e+38f);
+        most = v > most ? v : most;
+      }
+      const float reduced = Reduce(temp).Reduce(most, [](float l, float r) { return l > r ? l : r; });
+      const int any_bad = __syncthreads_or(bad ? 1 : 0);
+      if (threadIdx.x == 0) shared_absmax = any_bad ? __uint_as_float(0x7fc00000u) : reduced;
+      __syncthreads();
+      const float absmax = shared_absmax;
+      const bool zeros = any_bad || absmax == 0.0f;  // every code the table's 0.0 (quant::quantize_block)
+      const std::uint8_t zero_code = quant::quantize(0.0f, a.code[k]);
+      std::uint8_t* q = a.state8[k] + begin;
+      for (std::size_t j = threadIdx.x; j < n; j += Threads)
+        q[j] = zeros ? zero_code : quant::quantize(zero::math::div(x[j], absmax), a.code[k]);
+      if (threadIdx.x == 0) a.absmax[k][b] = absmax;
+      __syncthreads();  // temp and shared_absmax are reused by the next slot
+    }
+  }
+}
+
 struct VectorPlan {
   std::size_t head = 0;     // elements before the first aligned vector
   std::size_t vectors = 0;  // whole vectors of V elements after them
@@ -182,9 +227,16 @@ void require_step_pointers(const FusedStepArgs<Opt, Grad, Param>& a) {
           "apply (turn one off)");
   require(a.grad != nullptr, "cuda_fused_step: FusedStepArgs::grad is null; pass the gradient shard");
   for (int k = 0; k < Opt::state_slots; ++k)
-    require(a.state[k] != nullptr || a.state16[k] != nullptr, "cuda_fused_step: FusedStepArgs::state[", k,
-            "] is null; ", Opt::name, " keeps ",
-            Opt::state_slots, " fp32 state array(s) of n elements");
+    require(a.state[k] != nullptr || a.state16[k] != nullptr || a.state8[k] != nullptr,
+            "cuda_fused_step: FusedStepArgs::state[", k, "] is null; ", Opt::name, " keeps ", Opt::state_slots,
+            " fp32 state array(s) of n elements");
+  if (a.states_blockwise()) {
+    require(a.block >= 1 && a.block <= 4096 && a.block_phase < a.block, "cuda_fused_step: 8-bit states in blocks of ",
+            a.block, " elements with phase ", a.block_phase, "; blocks are 1 to 4096 elements, the phase below that");
+    for (int k = 0; k < Opt::state_slots; ++k)
+      require(a.state8[k] != nullptr && a.absmax[k] != nullptr && a.code[k] != nullptr,
+              "cuda_fused_step: 8-bit state slot ", k, " needs its codes, absmax and code table (all slots or none)");
+  }
   if constexpr (!std::is_same_v<Param, float>)
     require(a.param != nullptr, "cuda_fused_step: FusedStepArgs::param is null; a ", dtype_traits<Param>::name,
             " step writes the low-precision copy there");
@@ -199,6 +251,20 @@ void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t s
   static_assert(StorageType<Grad> && StorageType<Param>, "cuda_fused_step: Grad and Param are float, bf16 or fp16");
   if (args.n == 0) return;
   detail::require_step_pointers(args);
+  if (args.states_blockwise()) {
+    constexpr int threads = 256;
+    const auto kernel = detail::fused_block_step_kernel<threads, Opt, Grad, Param>;
+    const std::size_t shared = static_cast<std::size_t>(Opt::state_slots > 0 ? Opt::state_slots : 1) * args.block *
+                               sizeof(float);
+    if (shared > (std::size_t{48} << 10))
+      ZERO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    const std::size_t count = args.block_count();
+    const unsigned grid = static_cast<unsigned>(count < (std::size_t{1} << 20) ? count : (std::size_t{1} << 20));
+    kernel<<<grid, threads, shared, stream>>>(args);
+    cuda::check_launch("zero::kernels::cuda_fused_step<", Opt::name, ", ", dtype_traits<Grad>::name, ", ",
+                       dtype_traits<Param>::name, "> (8-bit states: ", count, " blocks of ", args.block, ")");
+    return;
+  }
   constexpr int V = detail::cuda_vector_width<Grad, Param>();
   const auto kernel = detail::fused_step_kernel<V, Opt, Grad, Param>;
   const detail::VectorPlan plan = detail::plan_vectors<V>(args);

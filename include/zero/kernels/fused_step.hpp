@@ -19,6 +19,7 @@
 #include "zero/precision/remainder.hpp"
 #include "zero/precision/stochastic.hpp"
 #include "zero/precision/types.hpp"
+#include "zero/quant/dynamic_code.hpp"
 
 namespace zero::kernels {
 
@@ -55,8 +56,28 @@ struct FusedStepArgs {
   // stochastically; `state` is then unused. All slots or none.
   bf16* state16[slots > 0 ? slots : 1] = {};
   StochasticRounding state_rounding{};
+  // The state in 8 bits, block-wise (Options::states = blockwise8;
+  // zero/quant/dynamic_code.hpp): slot k's value of element i is
+  // code[k][state8[k][i]] times absmax[k][b], b the block of i. Block b
+  // covers elements [b * block - block_phase, (b + 1) * block - block_phase)
+  // cut to [0, n): a range that starts inside a parameter's block (where a
+  // shard begins) has a short first block. The step updates a block, then
+  // quantizes it again with its new absmax. All slots or none; `state` and
+  // `state16` are then unused.
+  std::uint8_t* state8[slots > 0 ? slots : 1] = {};
+  float* absmax[slots > 0 ? slots : 1] = {};
+  const float* code[slots > 0 ? slots : 1] = {};
+  std::uint32_t block = 0;
+  std::uint32_t block_phase = 0;
 
   ZERO_HOST_DEVICE bool states_in_bf16() const { return slots > 0 && state16[0] != nullptr; }
+  ZERO_HOST_DEVICE bool states_blockwise() const { return slots > 0 && state8[0] != nullptr; }
+  ZERO_HOST_DEVICE std::size_t block_count() const { return n == 0 ? 0 : (n + block_phase + block - 1) / block; }
+  ZERO_HOST_DEVICE std::size_t block_begin(std::size_t b) const { return b == 0 ? 0 : b * block - block_phase; }
+  ZERO_HOST_DEVICE std::size_t block_end(std::size_t b) const {
+    const std::size_t end = (b + 1) * block - block_phase;
+    return end < n ? end : n;
+  }
 };
 
 // A bf16 state value. Stochastic rounding draws for (element id, slot):
@@ -76,26 +97,19 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE Param rounded_copy(const FusedStepArgs<Opt, G
   return nearest_copy<Param>(w, a.ties_away);
 }
 
-// One element. Shared by the host scalar loop and the CUDA kernel.
+// Element i's update with its state given as fp32 values `st` (read and
+// written back by the caller in its storage format): the master read and
+// written as the arguments keep it, the copy written.
 template <optim::Policy Opt, class Grad, class Param>
-ZERO_HOST_DEVICE ZERO_FORCE_INLINE void fused_step_element(const FusedStepArgs<Opt, Grad, Param>& a, std::size_t i) {
-  constexpr int slots = Opt::state_slots;
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void fused_update_element(const FusedStepArgs<Opt, Grad, Param>& a, std::size_t i,
+                                                             float* st) {
   float w;
   if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master)
     w = a.remainder != nullptr ? join_master(a.param[i], a.remainder[i]) : a.master[i];
   else
     w = a.master[i];
   const float g = zero::math::mul(to_float(a.grad[i]), a.grad_scale);
-  float st[slots > 0 ? slots : 1];
-  const bool s16 = a.states_in_bf16();
-  for (int k = 0; k < slots; ++k) st[k] = s16 ? to_float(a.state16[k][i]) : a.state[k][i];
   Opt::update(a.scalars, w, g, st);
-  for (int k = 0; k < slots; ++k) {
-    if (s16)
-      a.state16[k][i] = rounded_state(a.state_rounding, st[k], a.global_offset + i, k);
-    else
-      a.state[k][i] = st[k];
-  }
   if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master) {
     if (a.remainder != nullptr) {
       split_master(w, a.param[i], a.remainder[i]);
@@ -104,6 +118,52 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE void fused_step_element(const FusedStepArgs<O
   }
   a.master[i] = w;
   if constexpr (!std::is_same_v<Param, float>) a.param[i] = rounded_copy(a, w, i);
+}
+
+// One element, its state in fp32 or bf16. Shared by the host scalar loop and
+// the CUDA kernel.
+template <optim::Policy Opt, class Grad, class Param>
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void fused_step_element(const FusedStepArgs<Opt, Grad, Param>& a, std::size_t i) {
+  constexpr int slots = Opt::state_slots;
+  float st[slots > 0 ? slots : 1];
+  const bool s16 = a.states_in_bf16();
+  for (int k = 0; k < slots; ++k) st[k] = s16 ? to_float(a.state16[k][i]) : a.state[k][i];
+  fused_update_element(a, i, st);
+  for (int k = 0; k < slots; ++k) {
+    if (s16)
+      a.state16[k][i] = rounded_state(a.state_rounding, st[k], a.global_offset + i, k);
+    else
+      a.state[k][i] = st[k];
+  }
+}
+
+// Element i of block b of an 8-bit state step: its state dequantized, the
+// update, and the new fp32 values into scratch[k * a.block + (i - begin)]
+// (quantized once the block's new absmax is known: fused_step_block's
+// second pass). Shared by the host scalar loop and the CUDA kernel.
+template <optim::Policy Opt, class Grad, class Param>
+ZERO_HOST_DEVICE ZERO_FORCE_INLINE void blockwise_update_element(const FusedStepArgs<Opt, Grad, Param>& a,
+                                                                 std::size_t b, std::size_t i, float* scratch) {
+  constexpr int slots = Opt::state_slots;
+  float st[slots > 0 ? slots : 1];
+  for (int k = 0; k < slots; ++k) st[k] = quant::dequantize(a.state8[k][i], a.code[k], a.absmax[k][b]);
+  fused_update_element(a, i, st);
+  const std::size_t at = i - a.block_begin(b);
+  for (int k = 0; k < slots; ++k) scratch[static_cast<std::size_t>(k) * a.block + at] = st[k];
+}
+
+// Block b of an 8-bit state step, serially: every element's update, then
+// each slot quantized with its block's new absmax (quant::quantize_block:
+// a block with a non-finite value reads back as NaN). `scratch` holds
+// slots x block floats. The host's scalar path and the tests' reference.
+template <optim::Policy Opt, class Grad, class Param>
+ZERO_HOST_DEVICE inline void fused_step_block(const FusedStepArgs<Opt, Grad, Param>& a, std::size_t b,
+                                              float* scratch) {
+  const std::size_t begin = a.block_begin(b), end = a.block_end(b);
+  for (std::size_t i = begin; i < end; ++i) blockwise_update_element(a, b, i, scratch);
+  for (int k = 0; k < Opt::state_slots; ++k)
+    a.absmax[k][b] = quant::quantize_block(scratch + static_cast<std::size_t>(k) * a.block, end - begin, a.code[k],
+                                           a.state8[k] + begin);
 }
 
 // Squared L2 norm and non-finite detection of a gradient shard (raw values,

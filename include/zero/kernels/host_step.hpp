@@ -7,11 +7,13 @@
 
 #include "zero/config.hpp"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <array>
+#include <vector>
 
 #include "zero/kernels/fused_step.hpp"
+#include "zero/quant/dynamic_code.hpp"
 #include "zero/simd/dispatch.hpp"
 #include "zero/simd/pack.hpp"
 
@@ -153,6 +155,146 @@ struct HostStepBody {
   }
 };
 
+// The 8-bit state step (FusedStepArgs::state8), a thread's blocks at a time:
+// each block's update into a scratch of fp32 states, then each slot
+// quantized with the block's new absmax. With SIMD the codes are read
+// through gathers from the code tables and written through the tables'
+// bucket lookup (quant::NearestCode: two gathers per value instead of an
+// eight-step search); `nearest` holds it per slot (null: a table that is not
+// built in, quantized by quant::quantize()).
+template <optim::Policy Opt, class Grad, class Param>
+struct HostBlockStepBody {
+  using Args = FusedStepArgs<Opt, Grad, Param>;
+  static constexpr int S = Opt::state_slots;
+
+  template <class Isa>
+  static void run(const Args& a, const quant::NearestCode* const* nearest, int /*thread*/, std::size_t first,
+                  std::size_t last) {
+    // Room for one block's updated states (slots x block fp32, 32 KiB for
+    // Adam at the paper's 2048): kept per thread across steps.
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<std::size_t>(S) * a.block) scratch.resize(static_cast<std::size_t>(S) * a.block);
+    bool lookups = true;
+    for (int k = 0; k < S; ++k) lookups = lookups && nearest[k] != nullptr;
+    for (std::size_t b = first; b < last; ++b) {
+#if ZERO_HOST_SIMD_X86
+      if constexpr (Isa::width > 1) {
+        if (lookups) {
+          block<Isa>(a, nearest, b, scratch.data());
+          continue;
+        }
+      }
+#endif
+      fused_step_block(a, b, scratch.data());
+    }
+  }
+
+#if ZERO_HOST_SIMD_X86
+  template <class Isa>
+  static void block(const Args& a, const quant::NearestCode* const* nearest, std::size_t b, float* scratch) {
+    using P = simd::Pack<Isa>;
+    using U = typename Isa::U;
+    using F = typename Isa::F;
+    constexpr int W = Isa::width;
+    const std::size_t begin = a.block_begin(b), end = a.block_end(b);
+    std::size_t i = begin;
+    float scale[S > 0 ? S : 1];
+    for (int k = 0; k < S; ++k) scale[k] = a.absmax[k][b];
+    // Pass 1: dequantize, update, keep the new states.
+    for (; i + W <= end; i += W) {
+      P w;
+      if constexpr (Args::can_split_master) {
+        if (a.remainder != nullptr)
+          w = simd::load_joined<Isa>(a.param + i, a.remainder + i);
+        else
+          w = simd::load<Isa>(a.master + i);
+      } else {
+        w = simd::load<Isa>(a.master + i);
+      }
+      P st[S > 0 ? S : 1];
+      for (int k = 0; k < S; ++k) {
+        U q;
+        simd::load_u8_widened<Isa>(q, a.state8[k] + i);
+        P c;
+        Isa::gather(c.v, a.code[k], q);
+        st[k] = c * scale[k];
+      }
+      Opt::update(a.scalars, w, simd::load<Isa>(a.grad + i) * a.grad_scale, st);
+      for (int k = 0; k < S; ++k) simd::store(scratch + static_cast<std::size_t>(k) * a.block + (i - begin), st[k]);
+      if constexpr (Args::can_split_master) {
+        if (a.remainder != nullptr) {
+          simd::store_split(a.param + i, a.remainder + i, w);
+          continue;
+        }
+      }
+      simd::store(a.master + i, w);
+      if constexpr (!std::is_same_v<Param, float>) {
+        if (a.rounding.enabled) {
+          for (int l = 0; l < W; ++l)
+            a.param[i + l] = stochastic_round<Param>(w.v[l], a.rounding, a.global_offset + i + l);
+        } else if constexpr (Args::can_split_master) {
+          if (a.ties_away)
+            simd::store_ties_away(a.param + i, w);
+          else
+            simd::store(a.param + i, w);
+        } else {
+          simd::store(a.param + i, w);
+        }
+      }
+    }
+    for (; i < end; ++i) blockwise_update_element(a, b, i, scratch);
+    // Pass 2: each slot's absmax, then its codes.
+    const std::size_t n = end - begin;
+    for (int k = 0; k < S; ++k) {
+      const float* x = scratch + static_cast<std::size_t>(k) * a.block;
+      std::uint8_t* q = a.state8[k] + begin;
+      P most{};
+      U exponent_all_ones{};
+      std::size_t j = 0;
+      for (; j + W <= n; j += W) {
+        const P v = simd::abs(simd::load<Isa>(x + j));
+        most = simd::max(most, v);
+        exponent_all_ones |= (U)(((U)v.v & 0x7f800000u) == 0x7f800000u);
+      }
+      float absmax = 0.0f;
+      bool finite = true;
+      for (int l = 0; l < W; ++l) {
+        absmax = most.v[l] > absmax ? most.v[l] : absmax;
+        finite = finite && exponent_all_ones[l] == 0;
+      }
+      for (std::size_t t = j; t < n; ++t) {
+        const float v = zero::math::abs(x[t]);
+        finite = finite && v <= 3.40282347e+38f;
+        absmax = v > absmax ? v : absmax;
+      }
+      if (!finite || absmax == 0.0f) {  // rare: the serial quantizer's rule (NaN absmax, or zeros)
+        a.absmax[k][b] = quant::quantize_block(x, n, a.code[k], q);
+        continue;
+      }
+      a.absmax[k][b] = absmax;
+      const quant::NearestCode& table = *nearest[k];
+      const F divisor = F{} + absmax;
+      for (j = 0; j + W <= n; j += W) {
+        const P v = simd::load<Isa>(x + j);
+        const F y = v.v / divisor;  // correctly rounded, as quant::quantize_block
+        const U bits = (U)y;
+        const U key = (bits & 0x7fffffffu) >> (23 - quant::NearestCode::mantissa_bits);
+        U t = key > quant::NearestCode::bucket_base ? key - quant::NearestCode::bucket_base : U{};
+        t = t < quant::NearestCode::per_sign ? t : U{} + (quant::NearestCode::per_sign - 1);
+        t += (bits >> 31) * quant::NearestCode::per_sign;
+        U c;
+        Isa::gather_bytes(c, table.counts(), t);
+        F m;
+        Isa::gather(m, table.midpoints(), c);
+        const U up = (U)(y > m) | ((U)(y == m) & (U)((c & 1u) != 0));
+        simd::store_u8_narrowed<Isa>(q + j, c + (up & 1u));
+      }
+      for (; j < n; ++j) q[j] = table(zero::math::div(x[j], absmax));
+    }
+  }
+#endif
+};
+
 template <class Grad>
 struct HostGradStatsBody {
   template <class Isa>
@@ -197,6 +339,14 @@ struct HostGradStatsBody {
 // One fused optimizer step over a host shard (see FusedStepArgs).
 template <optim::Policy Opt, StorageType Grad, StorageType Param>
 void host_fused_step(const FusedStepArgs<Opt, Grad, Param>& args) {
+  if (args.states_blockwise()) {
+    const quant::NearestCode* nearest[Opt::state_slots > 0 ? Opt::state_slots : 1] = {};
+    for (int k = 0; k < Opt::state_slots; ++k) nearest[k] = quant::nearest_code_for(args.code[k]);
+    const quant::NearestCode* const* lookups = nearest;
+    simd::parallel_dispatch_grains<detail::HostBlockStepBody<Opt, Grad, Param>>(args.block_count(), 1, args.n, args,
+                                                                               lookups);
+    return;
+  }
   simd::parallel_dispatch<detail::HostStepBody<Opt, Grad, Param>>(args.n, args);
 }
 

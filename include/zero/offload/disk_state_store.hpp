@@ -58,6 +58,9 @@ class DiskStateStore {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
             "files of the master weights and optimizer state");
+    require(states != StateFormat::blockwise8,
+            "offload::Nvme: Options::states is blockwise8, which the disk tier does not stream yet; use bf16 states "
+            "(half the bytes) with offload nvme, or blockwise8 with offload none or cpu");
     // Three chunks of at least one 4 KiB block per array; a smaller window
     // would be silently exceeded.
     master_format_ = format;

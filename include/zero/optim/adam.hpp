@@ -113,6 +113,7 @@ struct Adam {
   static constexpr const char* name = "adam";
   static constexpr int state_slots = 2;
   static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};  // torch.optim.Adam's
+  static constexpr StateValues state_values[] = {StateValues::any_sign, StateValues::non_negative};
   using Hyper = AdamHyper;
   using Scalars = AdamScalars;
 
@@ -132,6 +133,7 @@ struct AdamW {
   static constexpr const char* name = "adamw";
   static constexpr int state_slots = 2;
   static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};
+  static constexpr StateValues state_values[] = {StateValues::any_sign, StateValues::non_negative};
   using Hyper = BasicAdamHyper<AdamWDefaults>;
   using Scalars = AdamScalars;
 

@@ -40,6 +40,24 @@ concept DescribesHyperFields = requires {
   { std::size(H::fields()) } -> std::convertible_to<std::size_t>;
 };
 
+// What a state slot holds, for the 8-bit state format (Options::states =
+// blockwise8, zero/quant/dynamic_code.hpp): values of any sign (stored with
+// the signed code, as Adam's first moment) or values never negative (the
+// unsigned code, whose sign bit is one more bit of precision, as Adam's
+// second moment). A policy says so per slot with
+// `static constexpr optim::StateValues state_values[]`; without it every slot
+// is `any_sign`, which is right for any values (a non-negative slot then
+// loses one bit).
+enum class StateValues { any_sign, non_negative };
+
+template <class Opt>
+constexpr StateValues state_values(int slot) {
+  if constexpr (requires { Opt::state_values[0]; })
+    return Opt::state_values[slot];
+  else
+    return StateValues::any_sign;
+}
+
 template <class Opt>
 concept Policy = requires(const typename Opt::Hyper& hyper, const typename Opt::Scalars& scalars, float& w,
                           const float& g, float* state, std::int64_t step) {

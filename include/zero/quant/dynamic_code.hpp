@@ -62,6 +62,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "zero/math.hpp"  // mul/div: one rounding each, never contracted into an FMA
 
@@ -164,6 +166,11 @@ inline constexpr CodeTable dynamic_code_signed = make_dynamic_code(true);
 // Second moment v (non-negative).
 inline constexpr CodeTable dynamic_code_unsigned = make_dynamic_code(false);
 
+// The table for a state slot: unsigned for values never negative.
+constexpr const float* code_for(bool non_negative) {
+  return non_negative ? dynamic_code_unsigned.data() : dynamic_code_signed.data();
+}
+
 // Index of the code value nearest to `normalized` (x / absmax, in [-1, 1]),
 // for a table of 256 strictly increasing values. A value exactly on the fp32
 // midpoint of two neighbours gets the even index of the two, as bitsandbytes'
@@ -184,6 +191,93 @@ ZERO_HOST_DEVICE ZERO_FORCE_INLINE std::uint8_t quantize(float normalized, const
 
 ZERO_HOST_DEVICE ZERO_FORCE_INLINE float dequantize(std::uint8_t q, const float* code, float absmax) {
   return zero::math::mul(code[q], absmax);
+}
+
+// quantize() without its eight-step search, for the host's SIMD step (two
+// table reads instead of eight dependent ones; gathers in a vector).
+// quantize(x) is the number of fp32 midpoints of neighbouring codes that lie
+// below x, plus one when x equals the next midpoint and that count is odd
+// (a tie goes to the even index). Floats are cut into buckets by sign,
+// exponent and the top 7 mantissa bits (magnitudes under 2^-24 share one
+// bucket); the table holds, for each bucket, the count of midpoints below its
+// smallest value, and no bucket holds more than one midpoint (checked when
+// the table is built: the codes' cells are at least 0.007 wide where the
+// buckets are 0.004 wide), so x's index is that count plus one comparison
+// with the next midpoint. For finite x in [-1, 1] (a normalised value);
+// equal to quantize() there (tests/quant: every midpoint and its
+// neighbours, and random values).
+class NearestCode {
+ public:
+  static constexpr int mantissa_bits = 7;
+  static constexpr std::uint32_t lowest_exponent = 103;  // 2^-24, below half of either table's least code
+  static constexpr std::uint32_t bucket_base = (lowest_exponent << mantissa_bits) - 1;
+  // Buckets per sign: the tiny one, then 24 exponents x 128 up to 1.0's.
+  static constexpr std::uint32_t per_sign = ((127 - lowest_exponent) << mantissa_bits) + 2;
+
+  explicit NearestCode(const float* code) {
+    for (int j = 0; j + 1 < code_size; ++j) midpoint_[j] = (code[j] + code[j + 1]) * 0.5f;
+    midpoint_[code_size - 1] = std::numeric_limits<float>::infinity();
+    for (std::uint32_t sign = 0; sign < 2; ++sign)
+      for (std::uint32_t t = 0; t < per_sign; ++t) {
+        // The bucket's magnitudes [lo, hi] as bits.
+        const std::uint32_t lo = t == 0 ? 0u : (t + bucket_base) << (23 - mantissa_bits);
+        const std::uint32_t hi = t == 0 ? (lowest_exponent << 23) - 1 : lo + ((1u << (23 - mantissa_bits)) - 1);
+        const float smallest = sign ? -__builtin_bit_cast(float, hi) : __builtin_bit_cast(float, lo);
+        const float largest = sign ? -__builtin_bit_cast(float, lo) : __builtin_bit_cast(float, hi);
+        const unsigned below = count_below(smallest);
+        // At most one midpoint in [smallest, largest] (see above).
+        unsigned at_most = 0;
+        while (at_most < code_size - 1 && midpoint_[at_most] <= largest) ++at_most;
+        if (at_most > below + 1) __builtin_trap();  // a code table denser than the dynamic codes
+        count_[sign * per_sign + t] = static_cast<std::uint8_t>(below);
+      }
+  }
+
+  // The bucket of x's bits (magnitude at most 1.0).
+  static constexpr std::uint32_t bucket(std::uint32_t bits) {
+    const std::uint32_t magnitude = bits & 0x7fffffffu;
+    const std::uint32_t key = magnitude >> (23 - mantissa_bits);
+    std::uint32_t t = key > bucket_base ? key - bucket_base : 0u;
+    t = t < per_sign ? t : per_sign - 1;
+    return t + (bits >> 31) * per_sign;
+  }
+
+  std::uint8_t operator()(float x) const {
+    const unsigned c = count_[bucket(__builtin_bit_cast(std::uint32_t, x))];
+    const float m = midpoint_[c];
+    return static_cast<std::uint8_t>(c + ((x > m || (x == m && (c & 1u) != 0)) ? 1u : 0u));
+  }
+
+  // For SIMD gathers: count_ is read 4 bytes at a time (3 bytes of padding).
+  const std::uint8_t* counts() const { return count_; }
+  const float* midpoints() const { return midpoint_; }
+
+ private:
+  unsigned count_below(float v) const {
+    unsigned c = 0;
+    while (c < code_size - 1 && midpoint_[c] < v) ++c;
+    return c;
+  }
+
+  alignas(64) float midpoint_[code_size];  // [j]: (code[j] + code[j + 1]) * 0.5f; [255]: +inf
+  std::uint8_t count_[2 * per_sign + 3] = {};
+};
+
+// The two built-in tables' lookups, built once on first use.
+inline const NearestCode& nearest_code_signed() {
+  static const NearestCode table(dynamic_code_signed.data());
+  return table;
+}
+inline const NearestCode& nearest_code_unsigned() {
+  static const NearestCode table(dynamic_code_unsigned.data());
+  return table;
+}
+// The lookup of a table given as a pointer: a built-in's, or null (callers
+// then use quantize()).
+inline const NearestCode* nearest_code_for(const float* code) {
+  if (code == dynamic_code_signed.data()) return &nearest_code_signed();
+  if (code == dynamic_code_unsigned.data()) return &nearest_code_unsigned();
+  return nullptr;
 }
 
 // Number of absmax values (blocks) for n elements; the last block may be short.
@@ -211,6 +305,45 @@ ZERO_HOST_DEVICE inline float quantize_block(const float* x, std::size_t n, cons
     return finite ? 0.0f : __builtin_bit_cast(float, 0x7fc00000u);
   }
   for (std::size_t i = 0; i < n; ++i) q[i] = quantize(zero::math::div(x[i], absmax), code);
+  return absmax;
+}
+
+// quantize_block for values that were read back from a quantized block
+// (a checkpoint's fp32 state): it returns a scale that gives every value
+// back exactly when one exists, so a reload is bit for bit. quantize_block
+// alone finds the original absmax only when the largest magnitude read back
+// is the code 1.0; the signed table's most negative code is -0.99296875, so
+// a block led by a negative value reads back with a smaller maximum. Then
+// the scales around max |x| / |end| for either end of the table are tried
+// (a few ulps each way). Values that no scale reproduces (not a read-back)
+// are quantized as quantize_block does.
+inline float requantize_block(const float* x, std::size_t n, const float* code, std::uint8_t* q) {
+  const float absmax = quantize_block(x, n, code, q);
+  auto reproduces = [&](float scale) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (zero::math::mul(code[q[i]], scale) != x[i]) return false;
+    return true;
+  };
+  if (!(absmax > 0.0f) || absmax > 3.40282347e+38f || reproduces(absmax)) return absmax;
+  // The original absmax made its largest value an end of the table (+1, or
+  // the signed table's -0.99296875): the read-back maximum is that code's
+  // magnitude times it.
+  std::vector<std::uint8_t> trial(n);
+  for (const float end : {zero::math::abs(code[0]), zero::math::abs(code[code_size - 1])}) {
+    if (!(end > 0.0f)) continue;
+    const float guess = static_cast<float>(static_cast<double>(absmax) / static_cast<double>(end));
+    const std::uint32_t bits = __builtin_bit_cast(std::uint32_t, guess);
+    for (int d = -4; d <= 4; ++d) {
+      const float scale = __builtin_bit_cast(float, bits + static_cast<std::uint32_t>(d));
+      for (std::size_t i = 0; i < n; ++i) trial[i] = quantize(zero::math::div(x[i], scale), code);
+      bool same = true;
+      for (std::size_t i = 0; i < n && same; ++i) same = zero::math::mul(code[trial[i]], scale) == x[i];
+      if (same) {
+        for (std::size_t i = 0; i < n; ++i) q[i] = trial[i];
+        return scale;
+      }
+    }
+  }
   return absmax;
 }
 

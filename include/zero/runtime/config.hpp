@@ -30,7 +30,8 @@ inline constexpr OffloadTier all_offload_tiers[] = {OffloadTier::none, OffloadTi
 inline constexpr ReduceDType all_reduce_dtypes[] = {ReduceDType::same_as_grad, ReduceDType::fp32};
 inline constexpr GradWrites all_grad_writes[] = {GradWrites::overwrite, GradWrites::accumulate};
 inline constexpr MasterWeights all_master_weights[] = {MasterWeights::fp32, MasterWeights::remainder};
-inline constexpr StateFormat all_state_formats[] = {StateFormat::fp32, StateFormat::bf16, StateFormat::bf16_stochastic};
+inline constexpr StateFormat all_state_formats[] = {StateFormat::fp32, StateFormat::bf16, StateFormat::bf16_stochastic,
+                                                   StateFormat::blockwise8};
 
 namespace detail {
 // The value whose name() is `text`, if any: names are defined once, by name().

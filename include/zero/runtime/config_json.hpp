@@ -81,6 +81,8 @@ void config_keys(C& c, Visit& v) {
   v.field("master", o.master);
   v.field("round_ties_away", o.round_ties_away);
   v.field("states", o.states);
+  v.field("state_block", o.state_block);
+  v.field("state_fp32_below", o.state_fp32_below);
   v.field("offload_threads", o.offload_threads);
   v.field("require_pinned_memory", o.require_pinned_memory);
   v.field("pinned_piece_bytes", o.pinned_piece_bytes);

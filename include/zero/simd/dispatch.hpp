@@ -168,16 +168,16 @@ class ScopedHostThreads {
   int before_ = 0;
 };
 
-// Splits [0, n) into one contiguous range per thread (boundaries on multiples
-// of 64 elements, so packs and cache lines stay aligned) and runs
-// Body::run<Isa>(args..., thread, begin, end) on each. Thread t < host_threads(),
-// so bodies can keep per-thread partial results in an array of that size.
+// Splits n items into one contiguous range per thread, cut between grains of
+// `grain` items, and runs Body::run<Isa>(args..., thread, begin, end) on
+// each; threaded when the items cover `elements` >= 2^15 elements. Thread
+// t < host_threads(), so bodies can keep per-thread partial results in an
+// array of that size.
 template <class Body, class... Args>
-void parallel_dispatch(std::size_t n, const Args&... args) {
-  constexpr std::size_t grain = 64;
+void parallel_dispatch_grains(std::size_t n, std::size_t grain, std::size_t elements, const Args&... args) {
   const std::size_t blocks = (n + grain - 1) / grain;
   // Small arrays are not worth waking threads for.
-  const int threads = n < (std::size_t{1} << 15) ? 1 : host_threads();
+  const int threads = elements < (std::size_t{1} << 15) ? 1 : host_threads();
   const IsaLevel level = active_isa();  // outside the parallel region: it may throw
   auto run_part = [&](int t, int nt) {
     std::size_t begin = blocks * static_cast<std::size_t>(t) / static_cast<std::size_t>(nt) * grain;
@@ -196,6 +196,13 @@ void parallel_dispatch(std::size_t n, const Args&... args) {
   (void)threads;
 #endif
   run_part(0, 1);
+}
+
+// [0, n) of elements, cut on multiples of 64 (packs and cache lines stay
+// aligned).
+template <class Body, class... Args>
+void parallel_dispatch(std::size_t n, const Args&... args) {
+  parallel_dispatch_grains<Body>(n, 64, n, args...);
 }
 
 }  // namespace zero::simd

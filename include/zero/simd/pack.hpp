@@ -34,6 +34,7 @@ struct Avx512 {
   using F = float __attribute__((vector_size(64)));
   using U = std::uint32_t __attribute__((vector_size(64)));
   using H = std::uint16_t __attribute__((vector_size(32)));
+  using Q = std::uint8_t __attribute__((vector_size(16)));  // 8-bit codes
   __attribute__((target("avx512f"))) static inline void sqrt(F& x) {
 #if defined(__clang__)
     x = (F)_mm512_sqrt_ps((__m512)x);
@@ -61,6 +62,16 @@ struct Avx512 {
     _mm256_stream_si256(static_cast<__m256i*>(p), (__m256i)h);
   }
   static inline void stream_fence() { _mm_sfence(); }
+  // r[l] = base[idx[l]] (the 8-bit state's code tables), and the byte at
+  // base + idx[l] (4 bytes are read: base needs 3 bytes of padding).
+  __attribute__((target("avx512f"))) static inline void gather(F& r, const float* base, const U& idx) {
+    // (the masked form with a zero source: the plain one's undefined source
+    // trips g++'s -Wmaybe-uninitialized)
+    r = (F)_mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)-1, (__m512i)idx, base, 4);
+  }
+  __attribute__((target("avx512f"))) static inline void gather_bytes(U& r, const std::uint8_t* base, const U& idx) {
+    r = (U)_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)-1, (__m512i)idx, base, 1) & 0xffu;
+  }
   __attribute__((target("avx512f"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
   }
@@ -72,6 +83,7 @@ struct Avx2 {
   using F = float __attribute__((vector_size(32)));
   using U = std::uint32_t __attribute__((vector_size(32)));
   using H = std::uint16_t __attribute__((vector_size(16)));
+  using Q = std::uint8_t __attribute__((vector_size(8)));  // 8-bit codes
   __attribute__((target("avx"))) static inline void sqrt(F& x) { x = (F)_mm256_sqrt_ps((__m256)x); }
   static inline void mul(F& r, const F& a, const F& b) {
 #if defined(__has_builtin) && __has_builtin(__builtin_assoc_barrier)
@@ -82,6 +94,12 @@ struct Avx2 {
   }
   static inline void stream(void* p, const H& h) { _mm_stream_si128(static_cast<__m128i*>(p), (__m128i)h); }
   static inline void stream_fence() { _mm_sfence(); }
+  __attribute__((target("avx2"))) static inline void gather(F& r, const float* base, const U& idx) {
+    r = (F)_mm256_i32gather_ps(base, (__m256i)idx, 4);
+  }
+  __attribute__((target("avx2"))) static inline void gather_bytes(U& r, const std::uint8_t* base, const U& idx) {
+    r = (U)_mm256_i32gather_epi32(reinterpret_cast<const int*>(base), (__m256i)idx, 1) & 0xffu;
+  }
   __attribute__((target("avx2,fma"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
   }
@@ -268,6 +286,19 @@ ZERO_FORCE_INLINE void store(fp16* p, const Pack<Isa>& x) {
   typename Isa::U u;
   zero::detail::float_to_half_bits_generic(u, x.v);
   store_u16_narrowed<Isa>(p, u);
+}
+
+// W 8-bit codes, widened to 32-bit lanes, and back.
+template <class Isa>
+ZERO_FORCE_INLINE void load_u8_widened(typename Isa::U& out, const std::uint8_t* p) {
+  typename Isa::Q b;
+  std::memcpy(&b, p, sizeof b);
+  out = __builtin_convertvector(b, typename Isa::U);
+}
+template <class Isa>
+ZERO_FORCE_INLINE void store_u8_narrowed(std::uint8_t* p, const typename Isa::U& u) {
+  const typename Isa::Q b = __builtin_convertvector(u, typename Isa::Q);
+  std::memcpy(p, &b, sizeof b);
 }
 
 // A remainder master (zero/precision/remainder.hpp): the fp32 values from
