@@ -4,6 +4,11 @@
 // bf16_remainder_adamw keeps the master as the bf16 copy plus a remainder
 // (Options::master = remainder), bf16_remainder_bf16states_adamw also the
 // state in bf16 (Options::states = bf16): their probes run the same paths.
+// bf16_remainder_8bit_adamw keeps the state in 8-bit blocks of 2048
+// (Options::states = blockwise8): its probe is a loop over the same arrays
+// and bytes (one byte per state value read and written, the remainder and
+// copy, the gradient) that adds 1 to each, since the probe policy through
+// the block step would still quantize.
 //
 //   bench_step_host [--n N (K/M/G suffixes)] [--reps R] [--json] [--isa portable|avx2|avx512]
 #include <algorithm>
@@ -19,6 +24,7 @@
 #include "zero/kernels/host_step.hpp"
 #include "zero/optim/adam.hpp"
 #include "zero/optim/sgd.hpp"
+#include "zero/quant/dynamic_code.hpp"
 
 namespace {
 
@@ -27,6 +33,9 @@ struct Options {
   int reps = 9;
   bool json = false;
 };
+
+enum class States { fp32, bf16, blockwise8 };
+constexpr std::size_t kBlock = zero::quant::default_block;
 
 // Owns the arrays of one configuration, first-touched by the threads that
 // will use them (so pages land where the kernel runs).
@@ -38,11 +47,16 @@ struct Buffers {
   std::vector<Grad> grad;
   std::vector<std::vector<float>> state;
   std::vector<std::vector<zero::bf16>> state16;  // instead of `state`, when given
+  std::vector<std::vector<std::uint8_t>> codes;  // 8-bit states instead of `state`, when given
+  std::vector<std::vector<float>> absmax;
   std::vector<Param> param;
-  Buffers(std::size_t elements, bool remainders, bool bf16_states)
+  Buffers(std::size_t elements, bool remainders, States states)
       : n(elements), master(remainders ? 0 : n, 0.5f), remainder(remainders ? n : 0, 0),
-        grad(n, zero::from_float<Grad>(0.01f)), state(bf16_states ? 0 : Slots, std::vector<float>(n, 0.0f)),
-        state16(bf16_states ? Slots : 0, std::vector<zero::bf16>(n, zero::bf16{0})),
+        grad(n, zero::from_float<Grad>(0.01f)),
+        state(states == States::fp32 ? Slots : 0, std::vector<float>(n, 0.0f)),
+        state16(states == States::bf16 ? Slots : 0, std::vector<zero::bf16>(n, zero::bf16{0})),
+        codes(states == States::blockwise8 ? Slots : 0, std::vector<std::uint8_t>(n, 0)),
+        absmax(states == States::blockwise8 ? Slots : 0, std::vector<float>(zero::quant::block_count(n, kBlock), 0.0f)),
         param(std::is_same_v<Param, float> ? 0 : n, zero::from_float<Param>(0.5f)) {}
 };
 
@@ -54,10 +68,16 @@ double time_step(Buffers<Grad, Param, Slots>& b, const typename Opt::Hyper& hype
     args.remainder = b.remainder.empty() ? nullptr : b.remainder.data();
   args.grad = b.grad.data();
   for (int k = 0; k < Slots; ++k) {
-    if (b.state16.empty())
+    if (!b.codes.empty()) {
+      args.state8[k] = b.codes[k].data();
+      args.absmax[k] = b.absmax[k].data();
+      args.code[k] = zero::quant::code_for(zero::optim::state_values<Opt>(k) == zero::optim::StateValues::non_negative);
+      args.block = kBlock;
+    } else if (b.state16.empty()) {
       args.state[k] = b.state[k].data();
-    else
+    } else {
       args.state16[k] = b.state16[k].data();
+    }
   }
   args.param = b.param.empty() ? nullptr : b.param.data();
   args.n = b.n;
@@ -67,29 +87,55 @@ double time_step(Buffers<Grad, Param, Slots>& b, const typename Opt::Hyper& hype
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The 8-bit step's probe: its arrays and bytes, one add each (threads as
+// the kernel's).
+template <class Grad, class Param, int Slots>
+double time_byte_probe(Buffers<Grad, Param, Slots>& b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto n = static_cast<std::int64_t>(b.n);
+  auto* rest = b.remainder.data();
+  auto* copy = reinterpret_cast<std::uint16_t*>(b.param.data());
+  const auto* grad = reinterpret_cast<const std::uint16_t*>(b.grad.data());
+  std::uint8_t* codes[Slots > 0 ? Slots : 1] = {};
+  for (int k = 0; k < Slots; ++k) codes[k] = b.codes[k].data();
+#pragma omp parallel for simd num_threads(zero::simd::host_threads())
+  for (std::int64_t i = 0; i < n; ++i) {
+    rest[i] = static_cast<std::uint16_t>(rest[i] + grad[i]);
+    copy[i] = static_cast<std::uint16_t>(copy[i] + 1);
+    for (int k = 0; k < Slots; ++k) codes[k][i] = static_cast<std::uint8_t>(codes[k][i] + 1);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Noise on a shared machine only ever adds time, so the fastest of the
 // interleaved repetitions is the best estimate of each kernel's speed.
 double fastest(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 template <class Opt, class Grad, class Param>
 void run(const char* label, const typename Opt::Hyper& hyper, const Options& o, bool remainder = false,
-         bool bf16_states = false) {
+         States states = States::fp32) {
   constexpr int slots = Opt::state_slots;
   using Probe = zero::bench::ProbePolicy<slots>;
-  Buffers<Grad, Param, slots> b(o.n, remainder, bf16_states);
+  Buffers<Grad, Param, slots> b(o.n, remainder, states);
+  auto time_probe = [&](int step) {
+    if constexpr (std::is_same_v<Param, zero::bf16> && sizeof(Grad) == 2)
+      if (states == States::blockwise8) return time_byte_probe(b);
+    return time_step<Probe>(b, typename Probe::Hyper{}, step);
+  };
   // Warm up both (page faults, frequency), then alternate so drift hits both.
   time_step<Opt>(b, hyper, 1);
-  time_step<Probe>(b, typename Probe::Hyper{}, 1);
+  time_probe(1);
   std::vector<double> real, probe;
   for (int r = 0; r < o.reps; ++r) {
     real.push_back(time_step<Opt>(b, hyper, r + 2));
-    probe.push_back(time_step<Probe>(b, typename Probe::Hyper{}, r + 2));
+    probe.push_back(time_probe(r + 2));
   }
   const double t = fastest(real), tp = fastest(probe);
   // Read and written: the master (4, or a 2-byte remainder and the copy's
   // 2 read back) and the states; read: the gradient; written: the copy.
+  // (8-bit states: the absmax, 4 bytes per 2048 values, is left out.)
   const double master_bytes = remainder ? 2.0 * 2 + sizeof(Param) : 4.0 * 2;
-  const double state_bytes = bf16_states ? 2.0 : 4.0;
+  const double state_bytes = states == States::blockwise8 ? 1.0 : states == States::bf16 ? 2.0 : 4.0;
   const double bytes_per_param =
       master_bytes + state_bytes * slots * 2 + sizeof(Grad) + (std::is_same_v<Param, float> ? 0 : sizeof(Param));
   const double params_per_s = static_cast<double>(o.n) / t;
@@ -133,7 +179,8 @@ int main(int argc, char** argv) {
   run<zero::optim::AdamW, float, float>("fp32_adamw", adamw, o);
   run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_mixed_adamw", adamw, o);
   run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_remainder_adamw", adamw, o, true);
-  run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_remainder_bf16states_adamw", adamw, o, true, true);
+  run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_remainder_bf16states_adamw", adamw, o, true, States::bf16);
+  run<zero::optim::AdamW, zero::bf16, zero::bf16>("bf16_remainder_8bit_adamw", adamw, o, true, States::blockwise8);
   run<zero::optim::Sgd, float, float>("fp32_sgd_momentum", sgd, o);
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <exception>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 namespace zero::test {
 
@@ -37,7 +38,9 @@ inline bool check_impl(bool ok, const char* expr, const char* file, int line, co
 // and messages.
 template <class T>
 std::uint64_t bits_of(T x) {
-  if constexpr (sizeof(T) == 8) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<std::uint64_t>(x);
+  } else if constexpr (sizeof(T) == 8) {
     std::uint64_t u;
     std::memcpy(&u, &x, 8);
     return u;

@@ -285,6 +285,160 @@ void step_tests(const Options& o, cudaStream_t stream) {
   step_suite_all_types<Sgd>("sgd(nesterov)", nesterov, o, stream);
 }
 
+// ---- lean formats: device == host, bit for bit ----------------------------
+// bf16 mixed precision with a remainder master, bf16 states (nearest or
+// stochastic) or 8-bit block-wise states (blocks cut by a phase, a short
+// last block), alone and together: three steps on each side, then every
+// array compared whole.
+enum class Lean { remainder, bf16_states, bf16_stochastic_states, blockwise8, blockwise8_remainder };
+
+template <class Opt>
+void lean_case(const typename Opt::Hyper& hyper, std::size_t n, Lean mode, cudaStream_t stream) {
+  using zero::bf16;
+  constexpr int S = Opt::state_slots;
+  const bool split = mode == Lean::remainder || mode == Lean::blockwise8_remainder;
+  const bool s16 = mode == Lean::bf16_states || mode == Lean::bf16_stochastic_states;
+  const bool q8 = mode == Lean::blockwise8 || mode == Lean::blockwise8_remainder;
+  const std::uint32_t block = 256, phase = 37;
+  const std::string what = fmt("lean %s n=%zu mode=%d", Opt::name, n, static_cast<int>(mode));
+  try {
+    FusedStepArgs<Opt, bf16, bf16> probe;
+    probe.n = n;
+    probe.block = block;
+    probe.block_phase = phase;
+    const std::size_t blocks = probe.block_count();
+    std::vector<float> master(n), state[S > 0 ? S : 1], absmax[S > 0 ? S : 1];
+    std::vector<bf16> param(n), state16[S > 0 ? S : 1];
+    std::vector<std::uint16_t> rest(n, 0);
+    std::vector<std::uint8_t> codes[S > 0 ? S : 1];
+    const float* tables[S > 0 ? S : 1] = {};
+    for (std::size_t i = 0; i < n; ++i) {
+      master[i] = uniform(11, i);
+      param[i] = zero::from_float<bf16>(master[i]);
+      if (split) zero::split_master(master[i], param[i], rest[i]);
+    }
+    for (int k = 0; k < S; ++k) {
+      const bool non_negative = zero::optim::state_values<Opt>(k) == zero::optim::StateValues::non_negative;
+      std::vector<float> init(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float u = uniform(21 + static_cast<std::uint64_t>(k), i);
+        init[i] = non_negative ? 0.01f * std::fabs(u) : 0.1f * u;
+      }
+      state[k] = init;
+      state16[k].resize(n);
+      for (std::size_t i = 0; i < n; ++i) state16[k][i] = zero::from_float<bf16>(init[i]);
+      tables[k] = zero::quant::code_for(non_negative);
+      codes[k].resize(n);
+      absmax[k].resize(blocks);
+      for (std::size_t b = 0; b < blocks; ++b) {
+        const std::size_t lo = probe.block_begin(b), hi = probe.block_end(b);
+        absmax[k][b] = zero::quant::quantize_block(init.data() + lo, hi - lo, tables[k], codes[k].data() + lo);
+      }
+    }
+    DeviceArray<float> d_master(n);
+    DeviceArray<bf16> d_param(n), d_grad(n);
+    DeviceArray<std::uint16_t> d_rest(n);
+    std::vector<std::unique_ptr<DeviceArray<float>>> d_state, d_absmax, d_table;
+    std::vector<std::unique_ptr<DeviceArray<bf16>>> d_state16;
+    std::vector<std::unique_ptr<DeviceArray<std::uint8_t>>> d_codes;
+    d_master.upload(master, stream);
+    d_param.upload(param, stream);
+    d_rest.upload(rest, stream);
+    for (int k = 0; k < S; ++k) {
+      d_state.push_back(std::make_unique<DeviceArray<float>>(n));
+      d_state.back()->upload(state[k], stream);
+      d_state16.push_back(std::make_unique<DeviceArray<bf16>>(n));
+      d_state16.back()->upload(state16[k], stream);
+      d_codes.push_back(std::make_unique<DeviceArray<std::uint8_t>>(n));
+      d_codes.back()->upload(codes[k], stream);
+      d_absmax.push_back(std::make_unique<DeviceArray<float>>(blocks));
+      d_absmax.back()->upload(absmax[k], stream);
+      d_table.push_back(std::make_unique<DeviceArray<float>>(zero::quant::code_size));
+      d_table.back()->upload(std::vector<float>(tables[k], tables[k] + zero::quant::code_size), stream);
+    }
+    std::vector<bf16> grad(n);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      for (std::size_t i = 0; i < n; ++i) grad[i] = zero::from_float<bf16>(grad_value(100 + static_cast<std::uint64_t>(step), i));
+      d_grad.upload(grad, stream);
+      FusedStepArgs<Opt, bf16, bf16> h = probe;
+      h.grad_scale = 0.37f;
+      h.scalars = Opt::prepare(hyper, step);
+      h.global_offset = kGlobalOffset;
+      h.ties_away = split;
+      h.state_rounding = zero::StochasticRounding{mode == Lean::bf16_stochastic_states, 0x5eedull,
+                                                  static_cast<std::uint64_t>(step)};
+      FusedStepArgs<Opt, bf16, bf16> d = h;
+      h.grad = grad.data();
+      d.grad = d_grad.get();
+      h.param = param.data();
+      d.param = d_param.get();
+      if (split) {
+        h.remainder = rest.data();
+        d.remainder = d_rest.get();
+      } else {
+        h.master = master.data();
+        d.master = d_master.get();
+      }
+      for (int k = 0; k < S; ++k) {
+        if (q8) {
+          h.state8[k] = codes[k].data();
+          d.state8[k] = d_codes[k]->get();
+          h.absmax[k] = absmax[k].data();
+          d.absmax[k] = d_absmax[k]->get();
+          h.code[k] = tables[k];
+          d.code[k] = d_table[k]->get();
+        } else if (s16) {
+          h.state16[k] = state16[k].data();
+          d.state16[k] = d_state16[k]->get();
+        } else {
+          h.state[k] = state[k].data();
+          d.state[k] = d_state[k]->get();
+        }
+      }
+      zero::kernels::host_fused_step(h);
+      zero::kernels::cuda_fused_step(d, stream);
+    }
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::string why;
+    bool ok = same_bits(param, d_param.download(stream), 0, "param", why);
+    ok = (split ? same_bits(rest, d_rest.download(stream), 0, "remainder", why)
+                : same_bits(master, d_master.download(stream), 0, "master", why)) && ok;
+    for (int k = 0; k < S; ++k) {
+      if (q8) {
+        ok = same_bits(codes[k], d_codes[k]->download(stream), 0, "codes", why) && ok;
+        ok = same_bits(absmax[k], d_absmax[k]->download(stream), 0, "absmax", why) && ok;
+      } else if (s16) {
+        ok = same_bits(state16[k], d_state16[k]->download(stream), 0, "bf16 state", why) && ok;
+      } else {
+        ok = same_bits(state[k], d_state[k]->download(stream), 0, "state", why) && ok;
+      }
+    }
+    CHECK(ok, what + ": " + why);
+  } catch (const std::exception& e) {
+    CHECK(false, what + ": exception: " + e.what());
+  }
+}
+
+void lean_tests(const Options& o, cudaStream_t stream) {
+  using namespace zero::optim;
+  const int failed_before = g_failed, passed_before = g_passed;
+  AdamW::Hyper adamw;
+  adamw.lr = 1e-2;
+  adamw.weight_decay = 0.1;
+  Sgd::Hyper sgd;
+  sgd.lr = 0.05;
+  sgd.momentum = 0.9;
+  const std::size_t big = o.quick ? 70001 : (std::size_t{1} << 20) + 5;
+  for (const Lean mode : {Lean::remainder, Lean::bf16_states, Lean::bf16_stochastic_states, Lean::blockwise8,
+                          Lean::blockwise8_remainder})
+    for (const std::size_t n : {std::size_t{1}, std::size_t{255}, std::size_t{4096 + 3}, big}) {
+      lean_case<AdamW>(adamw, n, mode, stream);
+      lean_case<Sgd>(sgd, n, mode, stream);
+    }
+  std::printf("lean formats %d passed, %d failed\n", g_passed - passed_before, g_failed - failed_before);
+  std::fflush(stdout);
+}
+
 // ---- a shard beyond 2^31 elements -----------------------------------------
 // Element i as the host computes it: grad_value(seed, i), or
 // scale x uniform(seed, i).
@@ -565,7 +719,7 @@ void error_tests(cudaStream_t stream) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (!zero::test::parse_test_args(argc, argv, {"errors", "stats", "step", "large"}, true, o)) return 2;
+  if (!zero::test::parse_test_args(argc, argv, {"errors", "stats", "step", "lean", "large"}, true, o)) return 2;
   if (zero::test::no_cuda_device()) return 77;
   try {
     cudaDeviceProp prop{};
@@ -580,6 +734,7 @@ int main(int argc, char** argv) {
       grad_stats_suite<fp16>(o, stream);
     }
     if (o.runs("step")) step_tests(o, stream);
+    if (o.runs("lean")) lean_tests(o, stream);
     if (o.runs("large") && !o.quick) large_shard_test(stream);
   } catch (const std::exception& e) {
     CHECK(false, std::string("uncaught exception: ") + e.what());

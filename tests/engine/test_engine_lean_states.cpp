@@ -666,3 +666,30 @@ TEST_CASE("8-bit states resume bit for bit", "[engine][states][checkpoint]") {
     CHECK(first_difference(resumed.copies[s], straight.copies[3 + s]) == -1);
   }
 }
+
+TEST_CASE("A load that changes the state's format says so; one that keeps it says nothing", "[engine][states][checkpoint]") {
+  using namespace zero;
+  checkpoint::RunState saved;
+  saved.world_size = 2;
+  saved.stage = 3;
+  saved.state_format = "blockwise8";
+  saved.state_block = 2048;
+  saved.state_fp32_below = 4096;
+  Options run;
+  run.states = StateFormat::blockwise8;
+  CHECK(checkpoint::state_conversion_line(saved, run, 2, 3).empty());
+  CHECK(checkpoint::state_conversion_line(saved, run, 2, 1).empty());  // stages 1-3 cut the same blocks
+  const std::string other_ranks = checkpoint::state_conversion_line(saved, run, 4, 3);
+  CHECK(other_ranks.find("converted on load (each block quantized afresh)") != std::string::npos);
+  CHECK(other_ranks.find("2 rank(s)") != std::string::npos);
+  run.state_block = 256;
+  CHECK(checkpoint::state_conversion_line(saved, run, 2, 3).find("blocks of 256") != std::string::npos);
+  run.states = StateFormat::fp32;  // fp32 holds the saved values exactly
+  CHECK(checkpoint::state_conversion_line(saved, run, 4, 0).empty());
+  run.states = StateFormat::bf16;
+  CHECK(checkpoint::state_conversion_line(saved, run, 2, 3).find("each value rounded to bf16") != std::string::npos);
+  saved.state_format = "";  // a manifest from before the format was recorded: fp32
+  CHECK(checkpoint::state_conversion_line(saved, run, 2, 3).find("saved as fp32") != std::string::npos);
+  saved.state_format = "bf16_stochastic";
+  CHECK(checkpoint::state_conversion_line(saved, run, 2, 3).empty());
+}

@@ -141,7 +141,7 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
                                      "live_buckets", "release_memory_pages", "prefetch_units",
                                      "grad_accumulation_steps", "clip_norm", "gradient_divisor", "loss_scale",
                                      "reduce_dtype", "seed", "stochastic_rounding", "master", "round_ties_away",
-                                     "states", "offload_threads",
+                                     "states", "state_block", "state_fp32_below", "offload_threads",
                                      "require_pinned_memory", "pinned_piece_bytes", "delayed_update",
                                      "delayed_update_warmup"});
 }

@@ -92,6 +92,12 @@ struct RunState {
   std::uint64_t step = 0;
   LossScalerState loss_scaler;
   std::optional<std::uint64_t> rounding_seed;  // stochastic rounding's seed, when it is on
+  // How the saving run stored its optimizer state (Options::states, and for
+  // blockwise8 its block and small-parameter size). The files hold fp32
+  // values either way; a load into another format converts (and says so).
+  // Empty in a manifest from before it was recorded.
+  std::string state_format;
+  std::uint64_t state_block = 0, state_fp32_below = 0;
   nlohmann::json extra = nlohmann::json::object();  // the caller's own (epoch, data order, ...)
 };
 
@@ -339,6 +345,10 @@ inline nlohmann::json manifest_to_json(const Manifest& m) {
                       {"growth_counter", m.run.loss_scaler.growth_counter},
                       {"hysteresis_left", m.run.loss_scaler.hysteresis_left}};
   j["rounding_seed"] = m.run.rounding_seed ? json(*m.run.rounding_seed) : json(nullptr);
+  if (!m.run.state_format.empty())
+    j["state_format"] = {{"name", m.run.state_format},
+                         {"block", m.run.state_block},
+                         {"fp32_below", m.run.state_fp32_below}};
   j["extra"] = m.run.extra;
   j["checksum"] = {{"algorithm", checksum_algorithm}, {"chunk_bytes", m.checksum_chunk_bytes}};
   json slots = json::array();
@@ -387,6 +397,12 @@ inline Manifest parse_manifest(std::string_view text, const std::filesystem::pat
   m.run.loss_scaler.growth_counter = f.u64(ls, "loss_scaler", "growth_counter");
   m.run.loss_scaler.hysteresis_left = f.u64(ls, "loss_scaler", "hysteresis_left");
   if (!f.field(j, "", "rounding_seed").is_null()) m.run.rounding_seed = f.u64(j, "", "rounding_seed");
+  if (j.contains("state_format")) {
+    const auto& sf = f.object(j, "", "state_format");
+    m.run.state_format = f.str(sf, "state_format", "name");
+    m.run.state_block = f.u64(sf, "state_format", "block");
+    m.run.state_fp32_below = f.u64(sf, "state_format", "fp32_below");
+  }
   m.run.extra = f.object(j, "", "extra");
   const auto& cs = f.object(j, "", "checksum");
   if (f.str(cs, "checksum", "algorithm") != checksum_algorithm)

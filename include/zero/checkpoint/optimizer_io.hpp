@@ -28,6 +28,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <iterator>
 #include <memory>
@@ -99,6 +100,34 @@ inline std::vector<OwnedRange> owned_ranges(const Layout& layout, std::size_t ra
   return out;
 }
 }  // namespace detail
+
+// The line a load prints when the optimizer state changes format on the
+// way in (empty when it does not): the files hold the saved state's exact
+// values in fp32, which a bf16 or 8-bit run rounds or quantizes; 8-bit
+// states also requantize where another rank count or stage cuts their
+// blocks elsewhere (engine/state_blocks.hpp).
+inline std::string state_conversion_line(const RunState& run, const Options& o, int ranks, int stage) {
+  auto describe = [](const std::string& format, std::uint64_t block, std::uint64_t below) {
+    return format == name(StateFormat::blockwise8)
+               ? zero::detail::concat(format, " (blocks of ", block, ", fp32 below ", below, " elements)")
+               : format;
+  };
+  const std::string saved = describe(run.state_format.empty() ? "fp32" : run.state_format, run.state_block,
+                                     run.state_fp32_below);
+  const std::string here = describe(name(o.states), o.state_block, o.state_fp32_below);
+  const bool blocks_moved = o.states == StateFormat::blockwise8 && saved == here &&
+                            (run.world_size != static_cast<std::uint64_t>(ranks) || (run.stage == 0) != (stage == 0));
+  if (saved == here && !blocks_moved) return {};
+  if (o.states == StateFormat::fp32) return {};  // fp32 holds any saved state's values exactly
+  auto is_bf16 = [](const std::string& f) { return f.rfind("bf16", 0) == 0; };
+  if (is_bf16(saved) && is_bf16(here)) return {};  // bf16 values either way (the rounding is the only difference)
+  return zero::detail::concat("zero: load: the optimizer state was saved as ", saved, " by ", run.world_size,
+                        " rank(s) at stage ", run.stage, "; this run keeps it as ", here, " on ", ranks,
+                        " rank(s) at stage ", stage, ": converted on load (",
+                        o.states == StateFormat::blockwise8 ? "each block quantized afresh"
+                                                            : "each value rounded to bf16",
+                        ")");
+}
 
 // How ZeroOptimizer::save writes: opt.save(dir, {.async = true}).
 struct OptimizerSaveOptions {
@@ -175,6 +204,12 @@ struct EngineIo {
       s.loss_scaler = {scaler.scale, static_cast<std::uint64_t>(scaler.clean_steps),
                        static_cast<std::uint64_t>(scaler.hysteresis_left)};
       if (opt_.options().stochastic_rounding) s.rounding_seed = opt_.options().seed;
+      const Options& o = opt_.options();
+      s.state_format = name(o.states);
+      if (o.states == StateFormat::blockwise8) {
+        s.state_block = o.state_block;
+        s.state_fp32_below = o.state_fp32_below;
+      }
       s.extra = extra_;
       return s;
     }
@@ -250,6 +285,9 @@ struct EngineIo {
         mixed ? !result.slots_not_loaded.empty() && !opt.remainder_master() : opt.separate_master();
     if (derive) params_from_master(opt, source);
     const RunState& run = result.manifest.run;
+    if (opt.rank() == 0)
+      if (const std::string line = state_conversion_line(run, opt.options(), opt.ranks(), opt.stage()); !line.empty())
+        std::fprintf(stderr, "%s\n", line.c_str());
     opt.restore_progress(static_cast<std::int64_t>(run.step),
                          {run.loss_scaler.scale, static_cast<int>(run.loss_scaler.growth_counter),
                           static_cast<int>(run.loss_scaler.hysteresis_left)});
