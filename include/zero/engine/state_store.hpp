@@ -81,8 +81,8 @@ class ArrayStateStore {
       master_ = allocate(std::type_identity<Buf<float>>{}, owned, "fp32 master weights");
     if (states == StateFormat::blockwise8 && state_slots > 0) {
       blocks_ = blocks;
-      require(blocks_.runs().empty() || blocks_.runs().back().end() == owned,
-              "model-state store: the 8-bit state's runs cover ", blocks_.runs().back().end(), " of ", owned,
+      const std::size_t covered = blocks_.runs().empty() ? 0 : blocks_.runs().back().end();
+      require(covered == owned, "model-state store: the 8-bit state's runs cover ", covered, " of ", owned,
               " owned elements");
       for (int k = 0; k < state_slots; ++k) {
         codes_[k] = allocate(std::type_identity<Buf<std::uint8_t>>{}, blocks_.coded_elements(),
