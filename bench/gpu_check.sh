@@ -224,6 +224,11 @@ if [ -x "$GPT_BIN" ] && [ -f "$CARRY/devil.dict.dz" -o -f /usr/share/dictd/devil
   done
   run_step gpt_stage3_bf16 40 "$BENCHLOG" "${gpt[@]}" --comm local --ranks 4 --stage 3 --precision bf16
   GPT_RUNS+=(gpt_stage3_bf16)
+  # Lean states on the GPU: the remainder master and 8-bit block-wise states
+  # (docs/lean-states.md), val_loss beside gpt_stage3_bf16's.
+  run_step gpt_stage3_bf16_lean 40 "$BENCHLOG" "${gpt[@]}" --comm local --ranks 4 --stage 3 --precision bf16 \
+    --master remainder --states blockwise8
+  GPT_RUNS+=(gpt_stage3_bf16_lean)
   if grep -q "NCCL in" "$BUILD/meson-logs/meson-log.txt" 2>/dev/null; then
     run_step gpt_nccl_1rank 40 "$BENCHLOG" "${gpt[@]}" --comm nccl --stage 1
     GPT_RUNS+=(gpt_nccl_1rank)
