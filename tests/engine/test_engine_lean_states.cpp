@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine_harness.hpp"
@@ -155,6 +156,18 @@ long first_difference(const std::vector<T>& a, const std::vector<T>& b) {
   return -1;
 }
 
+// Steps 0..steps of `t` have the masters and copies of `reference`'s steps
+// from..from + steps, bit for bit.
+void check_same_steps(const Trace& t, const Trace& reference, std::size_t steps, std::size_t from = 0) {
+  REQUIRE(t.masters.size() > steps);
+  REQUIRE(reference.masters.size() > from + steps);
+  for (std::size_t s = 0; s <= steps; ++s) {
+    INFO("step " << s << " (the reference's " << from + s << ")");
+    CHECK(first_difference(t.masters[s], reference.masters[from + s]) == -1);
+    CHECK(first_difference(t.copies[s], reference.copies[from + s]) == -1);
+  }
+}
+
 template <class Opt>
 Trace run(int ranks, const zero::Options& options, int steps, const std::string& resume = "",
           const std::string& save = "", int save_at = 0) {
@@ -192,11 +205,7 @@ void check_bitwise(int ranks, zero::Options options) {
   const Trace fp32 = run<Opt>(ranks, with_master(options, MasterWeights::fp32), steps);
   const Trace rem = run<Opt>(ranks, with_master(options, MasterWeights::remainder), steps);
   REQUIRE(rem.masters.size() == steps + 1);
-  for (int s = 0; s <= steps; ++s) {
-    INFO("after step " << s);
-    CHECK(first_difference(rem.masters[s], fp32.masters[s]) == -1);
-    CHECK(first_difference(rem.copies[s], fp32.copies[s]) == -1);
-  }
+  check_same_steps(rem, fp32, steps);
   // set_param kept every value exactly, ties included.
   std::vector<std::uint32_t> initial;
   std::size_t p = 0;
@@ -376,6 +385,22 @@ Trace plain_bf16_states(int steps) {
   return t;
 }
 
+// One rank at stage 0 with `options` against `plain` after every step, bit
+// for bit; and the same run with fp32 states is another one at the end (the
+// format matters). Returns both runs.
+template <class O>
+std::pair<Trace, Trace> check_one_rank_against_plain(const zero::Options& options, const Trace& plain, int steps) {
+  using namespace zero;
+  using Opt = ZeroOptimizer<precision::Mixed<bf16>, O, stage<0>, offload::None, backend::Host>;
+  Trace one = run<Opt>(1, options, steps);
+  check_same_steps(one, plain, static_cast<std::size_t>(steps));
+  Options fp32 = options;
+  fp32.states = StateFormat::fp32;
+  Trace full = run<Opt>(1, fp32, steps);
+  CHECK(first_difference(full.masters[steps], plain.masters[steps]) != -1);
+  return {std::move(one), std::move(full)};
+}
+
 template <class O, int S>
 void check_bf16_states_every_tier(const Trace& stage0, int ranks, zero::Options options) {
   using namespace zero;
@@ -389,11 +414,7 @@ void check_bf16_states_every_tier(const Trace& stage0, int ranks, zero::Options 
       options.nvme.window_bytes = 3 * offload::disk_least_window_bytes(Opt::state_slots, 4, 2);
     }
     const Trace t = run<Opt>(ranks, options, static_cast<int>(stage0.masters.size()) - 1);
-    for (std::size_t s = 0; s < t.masters.size(); ++s) {
-      INFO("after step " << s);
-      CHECK(first_difference(t.masters[s], stage0.masters[s]) == -1);
-      CHECK(first_difference(t.copies[s], stage0.copies[s]) == -1);
-    }
+    check_same_steps(t, stage0, stage0.masters.size() - 1);
   };
   same(std::type_identity<ZeroOptimizer<P, O, stage<S>, offload::None, backend::Host>>{});
   if constexpr (S >= 1) {
@@ -412,18 +433,7 @@ void check_bf16_states() {
   options.bucket_bytes = 1;
   {
     INFO(O::name << ": one rank against the plain loop");
-    const Trace plain = plain_bf16_states<O>(steps);
-    const Trace one = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, options, steps);
-    for (int s = 0; s <= steps; ++s) {
-      INFO("after step " << s);
-      CHECK(first_difference(one.masters[s], plain.masters[s]) == -1);
-      CHECK(first_difference(one.copies[s], plain.copies[s]) == -1);
-    }
-    // The fp32 state's run is another one (the rounding matters).
-    Options fp32 = options;
-    fp32.states = StateFormat::fp32;
-    const Trace full = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, fp32, steps);
-    CHECK(first_difference(full.masters[steps], plain.masters[steps]) != -1);
+    const auto [one, full] = check_one_rank_against_plain<O>(options, plain_bf16_states<O>(steps), steps);
     CHECK(one.memory.placed.optimizer_states.total() * 2 == full.memory.placed.optimizer_states.total());
   }
   for (const auto format : {StateFormat::bf16, StateFormat::bf16_stochastic})
@@ -578,18 +588,8 @@ void check_blockwise8_states() {
   options.bucket_bytes = 1;
   {
     INFO(O::name << ": one rank against the plain loop");
-    const Trace plain = plain_blockwise8_states<O>(steps, options.state_block, options.state_fp32_below);
-    const Trace one = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, options, steps);
-    for (int s = 0; s <= steps; ++s) {
-      INFO("after step " << s);
-      CHECK(first_difference(one.masters[s], plain.masters[s]) == -1);
-      CHECK(first_difference(one.copies[s], plain.copies[s]) == -1);
-    }
-    // The fp32 state's run is another one (the quantization matters).
-    Options fp32 = options;
-    fp32.states = StateFormat::fp32;
-    const Trace full = run<ZeroOptimizer<P, O, stage<0>, offload::None, backend::Host>>(1, fp32, steps);
-    CHECK(first_difference(full.masters[steps], plain.masters[steps]) != -1);
+    check_one_rank_against_plain<O>(
+        options, plain_blockwise8_states<O>(steps, options.state_block, options.state_fp32_below), steps);
   }
   for (const auto master : {MasterWeights::fp32, MasterWeights::remainder})
     for (const int ranks : {2, 4}) {
@@ -599,12 +599,7 @@ void check_blockwise8_states() {
       const Trace stage1 = run<ZeroOptimizer<P, O, stage<1>, offload::None, backend::Host>>(ranks, o, steps);
       auto same = [&]<class Opt>(std::type_identity<Opt>) {
         INFO("stage " << Opt::stage << ", offload " << Opt::offload_policy::name);
-        const Trace t = run<Opt>(ranks, o, steps);
-        for (int s = 0; s <= steps; ++s) {
-          INFO("after step " << s);
-          CHECK(first_difference(t.masters[s], stage1.masters[s]) == -1);
-          CHECK(first_difference(t.copies[s], stage1.copies[s]) == -1);
-        }
+        check_same_steps(run<Opt>(ranks, o, steps), stage1, steps);
       };
       same(std::type_identity<ZeroOptimizer<P, O, stage<2>, offload::None, backend::Host>>{});
       same(std::type_identity<ZeroOptimizer<P, O, stage<3>, offload::None, backend::Host>>{});
@@ -660,11 +655,7 @@ TEST_CASE("8-bit states resume bit for bit", "[engine][states][checkpoint]") {
   run<Opt>(2, options, 3, "", at3, 3);
   const Trace resumed = run<Opt>(2, options, 6, at3);
   REQUIRE(resumed.masters.size() == 4);
-  for (int s = 0; s <= 3; ++s) {
-    INFO("resumed step " << 3 + s);
-    CHECK(first_difference(resumed.masters[s], straight.masters[3 + s]) == -1);
-    CHECK(first_difference(resumed.copies[s], straight.copies[3 + s]) == -1);
-  }
+  check_same_steps(resumed, straight, 3, 3);
 }
 
 TEST_CASE("A load that changes the state's format says so; one that keeps it says nothing", "[engine][states][checkpoint]") {

@@ -29,6 +29,7 @@
 #include "zero/engine/layout.hpp"
 #include "zero/engine/ownership.hpp"
 #include "zero/error.hpp"
+#include "zero/quant/dynamic_code.hpp"
 
 namespace zero {
 
@@ -101,7 +102,7 @@ class StateBlocks {
     fp32_ += length;
   }
   void add_blockwise(std::size_t begin, std::size_t length, std::uint32_t phase) {
-    const std::size_t blocks = (phase + length + block_ - 1) / block_;
+    const std::size_t blocks = quant::PhasedBlocks{length, block_, phase}.count();
     runs_.push_back(StateRun{begin, length, true, coded_, blocks_, phase, blocks});
     coded_ += length;
     blocks_ += blocks;

@@ -212,15 +212,7 @@ class ArrayStateStore {
       require(run.begin >= offset && run.end() <= offset + args.n, "model-state store: an update of owned elements [",
               offset, ", ", offset + args.n, ") cuts the 8-bit state's run [", run.begin, ", ", run.end(),
               "); updates are whole units");
-      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args;
-      const std::size_t d = run.begin - offset;
-      part.n = run.length;
-      part.grad = args.grad + d;
-      part.global_offset = args.global_offset + d;
-      if (args.master != nullptr) part.master = args.master + d;
-      if (args.param != nullptr) part.param = args.param + d;
-      if constexpr (kernels::FusedStepArgs<Optimizer, Grad, Param>::can_split_master)
-        if (args.remainder != nullptr) part.remainder = args.remainder + d;
+      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args.part(run.begin - offset, run.length);
       for (int k = 0; k < state_slots; ++k) {
         if (run.blockwise) {
           part.state8[k] = codes_[k].data() + run.at;
@@ -247,7 +239,6 @@ class ArrayStateStore {
     require(slot.index >= 0 && slot.index < state_slots, "model-state store: the optimizer has ", state_slots,
             " state slot(s), not slot ", slot.index);
     const int k = slot.index;
-    const std::size_t block = blocks_.block();
     blocks_.each_run(offset, n, [&](const StateRun& run) {
       const std::size_t lo = std::max(run.begin, offset), hi = std::min(run.end(), offset + n);
       if (!run.blockwise) {
@@ -259,16 +250,15 @@ class ArrayStateStore {
         return;
       }
       // The run's blocks that [lo, hi) touches, whole.
-      const std::size_t first = (run.phase + (lo - run.begin)) / block, last = (run.phase + (hi - run.begin) - 1) / block;
-      const std::size_t from = first == 0 ? 0 : first * block - run.phase;
-      const std::size_t to = std::min(run.length, (last + 1) * block - run.phase);
+      const quant::PhasedBlocks geometry{run.length, blocks_.block(), run.phase};
+      const std::size_t first = geometry.of(lo - run.begin), last = geometry.of(hi - run.begin - 1);
+      const std::size_t from = geometry.begin(first), to = geometry.end(last);
       std::vector<std::uint8_t> codes(to - from);
       std::vector<float> scale(last - first + 1), whole(to - from);
       Ops::download(codes.data(), codes_[k].data() + run.at + from, codes.size());
       Ops::download(scale.data(), absmax_[k].data() + run.first_block + first, scale.size());
       auto block_range = [&](std::size_t b) {  // [begin, end) of run block b, relative to `from`
-        const std::size_t begin = b == 0 ? 0 : b * block - run.phase;
-        return std::pair<std::size_t, std::size_t>(begin - from, std::min(run.length, (b + 1) * block - run.phase) - from);
+        return std::pair<std::size_t, std::size_t>(geometry.begin(b) - from, geometry.end(b) - from);
       };
       for (std::size_t b = first; b <= last; ++b) {
         const auto [begin, end] = block_range(b);

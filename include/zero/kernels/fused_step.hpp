@@ -70,14 +70,27 @@ struct FusedStepArgs {
   std::uint32_t block = 0;
   std::uint32_t block_phase = 0;
 
+  // The same step over elements [d, d + count) of these: the arrays the
+  // caller fills (gradient, copy, master or remainder where given) advanced
+  // by d, and the stochastic-rounding ids with them. A store then points the
+  // state, and a master it keeps itself, at its own part.
+  ZERO_HOST_DEVICE FusedStepArgs part(std::size_t d, std::size_t count) const {
+    FusedStepArgs p = *this;
+    p.n = count;
+    p.grad = grad + d;
+    p.global_offset = global_offset + d;
+    if (master != nullptr) p.master = master + d;
+    if (remainder != nullptr) p.remainder = remainder + d;
+    if (param != nullptr) p.param = param + d;
+    return p;
+  }
+
   ZERO_HOST_DEVICE bool states_in_bf16() const { return slots > 0 && state16[0] != nullptr; }
   ZERO_HOST_DEVICE bool states_blockwise() const { return slots > 0 && state8[0] != nullptr; }
-  ZERO_HOST_DEVICE std::size_t block_count() const { return n == 0 ? 0 : (n + block_phase + block - 1) / block; }
-  ZERO_HOST_DEVICE std::size_t block_begin(std::size_t b) const { return b == 0 ? 0 : b * block - block_phase; }
-  ZERO_HOST_DEVICE std::size_t block_end(std::size_t b) const {
-    const std::size_t end = (b + 1) * block - block_phase;
-    return end < n ? end : n;
-  }
+  ZERO_HOST_DEVICE quant::PhasedBlocks blocks() const { return {n, block, block_phase}; }
+  ZERO_HOST_DEVICE std::size_t block_count() const { return blocks().count(); }
+  ZERO_HOST_DEVICE std::size_t block_begin(std::size_t b) const { return blocks().begin(b); }
+  ZERO_HOST_DEVICE std::size_t block_end(std::size_t b) const { return blocks().end(b); }
 };
 
 // A bf16 state value. Stochastic rounding draws for (element id, slot):

@@ -20,6 +20,27 @@
 namespace zero::kernels {
 namespace detail {
 
+#if ZERO_HOST_SIMD_X86
+// The low-precision copy of W updated master values, at param + j:
+// stochastically rounded, rounded half away from zero (bf16 with
+// ties_away), or to nearest even. Both host step loops write it so.
+template <class Isa, class Param>
+ZERO_FORCE_INLINE void store_copy(Param* param, std::size_t j, const simd::Pack<Isa>& w,
+                                  const StochasticRounding& rounding, bool ties_away, std::uint64_t global_offset) {
+  if (rounding.enabled) {
+    for (int l = 0; l < Isa::width; ++l)
+      param[j + l] = stochastic_round<Param>(w.v[l], rounding, global_offset + j + l);
+  } else if constexpr (std::is_same_v<Param, bf16>) {
+    if (ties_away)
+      simd::store_ties_away(param + j, w);
+    else
+      simd::store(param + j, w);
+  } else {
+    simd::store(param + j, w);
+  }
+}
+#endif
+
 template <optim::Policy Opt, class Grad, class Param>
 struct HostStepBody {
   using Args = FusedStepArgs<Opt, Grad, Param>;
@@ -113,19 +134,10 @@ struct HostStepBody {
           }
           simd::store(a.master + j, w[u]);
           if constexpr (!std::is_same_v<Param, float>) {
-            if (stream_copy) {
+            if (stream_copy)
               simd::stream_store(a.param + j, w[u]);
-            } else if (rounding.enabled) {
-              for (int l = 0; l < W; ++l)
-                a.param[j + l] = stochastic_round<Param>(w[u].v[l], rounding, a.global_offset + j + l);
-            } else if constexpr (Args::can_split_master) {
-              if (a.ties_away)
-                simd::store_ties_away(a.param + j, w[u]);
-              else
-                simd::store(a.param + j, w[u]);
-            } else {
-              simd::store(a.param + j, w[u]);
-            }
+            else
+              store_copy<Isa>(a.param, j, w[u], rounding, a.ties_away, a.global_offset);
           }
         }
       };
@@ -255,18 +267,8 @@ struct HostBlockStepBody {
         continue;
       }
       simd::store(master + i, w);
-      if constexpr (!std::is_same_v<Param, float>) {
-        if (a.rounding.enabled) {
-          for (int l = 0; l < W; ++l) param[i + l] = stochastic_round<Param>(w.v[l], a.rounding, a.global_offset + i + l);
-        } else if constexpr (Args::can_split_master) {
-          if (a.ties_away)
-            simd::store_ties_away(param + i, w);
-          else
-            simd::store(param + i, w);
-        } else {
-          simd::store(param + i, w);
-        }
-      }
+      if constexpr (!std::is_same_v<Param, float>)
+        store_copy<Isa>(param, i, w, a.rounding, a.ties_away, a.global_offset);
     }
     for (; i < end; ++i) blockwise_update_element(a, b, i, scratch);
     // Pass 2: each slot's absmax, then its codes.

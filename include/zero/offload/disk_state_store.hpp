@@ -162,7 +162,7 @@ class DiskStateStore {
       prefetch(c + 1);
       const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(end, (c + 1) * chunk_);
       const std::size_t at = lo - c * chunk_, skip = lo - offset;
-      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args;
+      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args.part(skip, hi - lo);
       if constexpr (kernels::FusedStepArgs<Optimizer, Grad, Param>::can_split_master) {
         if (remainder()) {
           part.master = nullptr;
@@ -179,10 +179,6 @@ class DiskStateStore {
         else
           part.state[k] = array(s, 1 + k) + at;
       }
-      part.grad = args.grad + skip;
-      if (args.param != nullptr) part.param = args.param + skip;
-      part.n = hi - lo;
-      part.global_offset = args.global_offset + skip;
       compute_while_io([&] { backend::Ops<backend::Host>::fused_step(part); });
       if constexpr (std::is_same_v<Param, float>)
         if (args.param != nullptr) std::memcpy(part.param, part.master, part.n * sizeof(float));

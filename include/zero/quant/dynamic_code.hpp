@@ -285,6 +285,23 @@ ZERO_HOST_DEVICE constexpr std::size_t block_count(std::size_t n, std::size_t bl
   return block == 0 ? 0 : (n + block - 1) / block;
 }
 
+// Blocks of `block` elements over elements [0, n) of a range that starts
+// `phase` elements into its first block (a shard that begins inside a
+// parameter's block): block b covers [b * block - phase, (b + 1) * block -
+// phase) cut to [0, n). The one statement of that geometry, for the fused
+// step, the engine's runs and the stores.
+struct PhasedBlocks {
+  std::size_t n = 0, block = 1, phase = 0;
+
+  ZERO_HOST_DEVICE constexpr std::size_t count() const { return n == 0 ? 0 : (n + phase + block - 1) / block; }
+  ZERO_HOST_DEVICE constexpr std::size_t of(std::size_t i) const { return (phase + i) / block; }  // block of element i
+  ZERO_HOST_DEVICE constexpr std::size_t begin(std::size_t b) const { return b == 0 ? 0 : b * block - phase; }
+  ZERO_HOST_DEVICE constexpr std::size_t end(std::size_t b) const {
+    const std::size_t e = (b + 1) * block - phase;
+    return e < n ? e : n;
+  }
+};
+
 // Quantizes one block in place of q[0..n) and returns its absmax = max |x|.
 // An all-zero block (or n == 0) returns 0 with every code the table's 0.0,
 // so it reads back as zeros. A block holding a NaN or an infinity returns
