@@ -16,6 +16,9 @@ inline std::size_t nvme_window_bytes(double mib) { return static_cast<std::size_
 struct LaunchChoices {
   int ranks = 4;
   std::string comm = "local";
+  // Ranks per node (comm::Topology): simulated nodes of the local ranks; for
+  // mpi, 0 takes Open MPI's own count.
+  int ranks_per_node = 0;
 };
 
 // Checkpoints (zero/checkpoint/optimizer_io.hpp; common/checkpoints.hpp saves them).

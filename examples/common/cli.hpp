@@ -130,9 +130,14 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
   app.add_option_function<std::string>(
          "--states", [&config](const std::string& text) { config.options.states = *zero::parse_state_format(text); },
          "how the optimizer state (Adam's m and v) is stored: fp32 (4 bytes per value), bf16 (2: rounded to "
-         "nearest), bf16_stochastic (2: rounded stochastically)")
+         "nearest), bf16_stochastic (2: rounded stochastically), blockwise8 (1: 8-bit codes with an fp32 absmax per "
+         "block; docs/lean-states.md)")
       ->check(CLI::IsMember(names_of(zero::all_state_formats)))
       ->default_str(zero::name(config.options.states));
+  app.add_flag_function(
+      "--hpz", [&config](std::int64_t) { config.options.hpz = true; },
+      "stage 3: keep a secondary copy of each gathered unit sharded inside the node, so backward's gathers never "
+      "leave it (ZeRO++ hpZ; the same values bit for bit, 1/ranks-per-node of the parameters more memory)");
   app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
   app.add_option_function<double>(
          "--nvme-window-mib",
@@ -174,6 +179,12 @@ inline void add_launch_options(CLI::App& app, LaunchChoices& choices, std::vecto
       ->capture_default_str();
   app.add_option("--comm", choices.comm, "communicator: local = ranks as threads, mpi = the processes of mpirun")
       ->check(CLI::IsMember(std::move(comms)))
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", choices.ranks_per_node,
+                 "ranks per node, ranks filling nodes in order (a divisor of the rank count): what comm_report counts "
+                 "as crossing nodes, and the node --hpz gathers inside; --comm local simulates the nodes; 0: one node "
+                 "(local), Open MPI's own count (mpi)")
+      ->check(CLI::Range(0, max_ranks))
       ->capture_default_str();
 }
 

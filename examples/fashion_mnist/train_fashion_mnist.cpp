@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
     fashion_mnist::use_single_threaded_blas();
     double accuracy = 0;
     if (args.launch.comm == "local") {
-      zero::comm::LocalGroup group(args.launch.ranks);
+      zero::comm::LocalGroup group(args.launch.ranks, {.ranks_per_node = args.launch.ranks_per_node});
       zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
         const double acc = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, data);
         if (comm.rank() == 0) accuracy = acc;
@@ -351,7 +351,7 @@ int main(int argc, char** argv) {
     } else {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
       mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
-      zero::comm::Mpi comm;
+      zero::comm::Mpi comm(MPI_COMM_WORLD, {.ranks_per_node = args.launch.ranks_per_node});
       args.launch.ranks = comm.size();
 #if ZERO_HAS_OPENMP
       // Processes on one machine share its cores: split them, as LocalGroup does for threads.

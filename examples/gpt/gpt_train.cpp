@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
       throw zero::InvalidArgument("--backend cuda: not built (check_backend_choices refuses it first)");
 #endif
     } else if (args.launch.comm == "local") {
-      zero::comm::LocalGroup group(args.launch.ranks);
+      zero::comm::LocalGroup group(args.launch.ranks, {.ranks_per_node = args.launch.ranks_per_node});
       zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
         const double v = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
         if (comm.rank() == 0) val = v;
@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
     } else {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
       mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
-      zero::comm::Mpi comm;
+      zero::comm::Mpi comm(MPI_COMM_WORLD, {.ranks_per_node = args.launch.ranks_per_node});
       args.launch.ranks = comm.size();
 #if ZERO_HAS_OPENMP
       omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));

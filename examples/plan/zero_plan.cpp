@@ -140,10 +140,12 @@ void print_table(const plan::Plan& p) {
   }
   std::printf("%-28s %14s %14s %14s\n\n", "total", bytes_text(p.total.device).c_str(), bytes_text(p.total.host).c_str(),
               bytes_text(p.total.disk).c_str());
-  std::printf("model states: %s per rank; ZeRO paper %s = %s (Φ = %s, K = %llu, N = %d; the difference is padding)\n",
+  const std::string hpz_copy =
+      c.options.hpz ? " and the hpZ copy of " + bytes_text(p.sizes.hpz_secondary * pb) + " (--hpz)" : "";
+  std::printf("model states: %s per rank; ZeRO paper %s = %s (Φ = %s, K = %llu, N = %d; the difference is padding%s)\n",
               bytes_text(p.model_states()).c_str(), plan::paper_formula(c.stage, pb, pb, k).c_str(),
               bytes_text(p.paper_model_state_bytes).c_str(), count_text(p.param_elements).c_str(),
-              static_cast<unsigned long long>(k), c.ranks());
+              static_cast<unsigned long long>(k), c.ranks(), hpz_copy.c_str());
   std::printf("communication per step and rank: %s elements, %s sent, %s received (all-reduce %s, reduce-scatter %s, "
               "all-gather %s; control %llu B)\n",
               count_text(p.comm.elements).c_str(), bytes_text(p.comm.bytes_sent).c_str(),
@@ -155,6 +157,12 @@ void print_table(const plan::Plan& p) {
               c.options.grad_accumulation_steps > 1 && c.stage >= 2
                   ? " (for one micro-batch; reduce-scatters here run every micro-batch)"
                   : "");
+  if (c.nodes > 1)
+    std::printf("  across nodes per step: %s sent by each node's last rank (its ring link leaves the node; the "
+                "node's other ranks send inside it), %s by all %d ranks together (what the links between nodes "
+                "carry), %s per rank on average\n",
+                bytes_text(p.comm.across_busiest_rank).c_str(), bytes_text(p.comm.across_all_ranks).c_str(), c.ranks(),
+                bytes_text(p.comm.across_all_ranks / static_cast<std::uint64_t>(c.ranks())).c_str());
   if (c.offload == plan::Offload::cpu)
     std::printf("offload cpu: fp32 master and states in page-locked host memory, updated by the CPU; the owned "
                 "gradient's host copy%s\n",
@@ -342,6 +350,9 @@ int main(int argc, char** argv) {
   app.add_option("--states", states, "Options::states: the optimizer state's storage: fp32 (4 bytes per value) or "
                                      "bf16 / bf16_stochastic (2)")
       ->check(CLI::IsMember(zero::examples::names_of(zero::all_state_formats)));
+  app.add_flag("--hpz", config.options.hpz,
+               "Options::hpz (stage 3): backward's gathers inside the node from a secondary copy of 1/ranks-per-node "
+               "of the parameters (ZeRO++ hpZ)");
   bool json = false;
   app.add_flag("--json", json, "Machine-readable output (schema in docs)");
 
@@ -390,6 +401,10 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--master remainder", "keeps the fp32 master as the bf16 parameters plus 16 bits: "
                                                        "use --precision bf16, or --master fp32");
     config.options.states = *zero::parse_state_format(states);
+    if (config.options.hpz && config.stage != 3)
+      throw CLI::ValidationError("--hpz", "keeps a secondary copy of stage 3's gathered parameters inside each node; "
+                                          "the parameters are whole at stage " + std::to_string(config.stage) +
+                                          ": use --stage 3");
     const std::size_t least_window = zero::offload::disk_least_window_bytes(
         config.state_slots, zero::master_element_bytes(config.options.master),
         zero::state_element_bytes(config.options.states));

@@ -398,3 +398,104 @@ TEST_CASE("comm::Local fails the collectives that wait for a rank that returned 
   }
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(30));
 }
+
+TEST_CASE("comm::Local on simulated nodes: bytes across nodes, and the node and across communicators", "[comm][local][topology]") {
+  // The counting rule (comm/topology.hpp): in a ring in rank order, rank r's
+  // sends cross nodes exactly when r is the last rank of its node. The split
+  // communicators hold the right ranks: a sum over node() is the node's
+  // ranks' sum, over across() that of the ranks at the same place on every node.
+  for (const auto& [ranks, per_node] : {std::pair{2, 1}, {4, 2}, {8, 2}, {8, 4}, {4, 4}}) {
+    CAPTURE(ranks, per_node);
+    zero::comm::LocalGroup::Options o;
+    o.ranks_per_node = per_node;
+    zero::comm::LocalGroup group(ranks, o);
+    const int nodes = ranks / per_node;
+    std::vector<zero::comm::ByteCounters> flat(static_cast<std::size_t>(ranks)), node(flat), across(flat);
+    std::vector<double> node_sums(flat.size()), across_sums(flat.size());
+    group.run([&](zero::comm::Local& c) {
+      const auto r = static_cast<std::size_t>(c.rank());
+      std::vector<float> send(1000 * static_cast<std::size_t>(ranks), 1.0f), recv(1000);
+      c.reduce_scatter(send.data(), recv.data(), 1000, DType::f32);
+      c.all_gather(recv.data(), send.data(), 1000, DType::f32);
+      flat[r] = c.counters();
+      double x = c.rank() + 1;
+      c.node().all_reduce(&x, 1, DType::f64);
+      node_sums[r] = x;
+      x = c.rank() + 1;
+      c.across().all_reduce(&x, 1, DType::f64);
+      across_sums[r] = x;
+      std::vector<float> part(64 * static_cast<std::size_t>(c.node().size()));
+      c.node().all_gather(part.data() + 64 * static_cast<std::size_t>(c.node().rank()), part.data(), 64, DType::f32);
+      node[r] = c.node().counters();
+      across[r] = c.across().counters();
+    });
+    std::uint64_t across_total = 0;
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      const auto i = static_cast<std::size_t>(r);
+      const bool last_of_node = r % per_node == per_node - 1;
+      const std::uint64_t ring = 2 * zero::comm::ByteCounters::ring_share(1000 * 4 * static_cast<std::uint64_t>(ranks), ranks);
+      CHECK(flat[i].total_sent() == ring);
+      CHECK(flat[i].total_across() == (nodes > 1 && last_of_node ? ring : 0));
+      across_total += flat[i].total_across();
+      // node(): ranks [node * per_node, node * per_node + per_node) summed
+      const int first = r / per_node * per_node;
+      CHECK(node_sums[i] == per_node * (first + 1) + per_node * (per_node - 1) / 2.0);
+      // across(): ranks r % per_node + k * per_node summed
+      double want = 0;
+      for (int k = 0; k < nodes; ++k) want += r % per_node + k * per_node + 1;
+      CHECK(across_sums[i] == want);
+      CHECK(node[i].total_across() == 0);  // inside a node nothing crosses
+      CHECK(node[i].calls[static_cast<std::size_t>(zero::comm::Collective::all_gather)] == 1);
+      CHECK(across[i].total_across() == across[i].total_sent());  // across nodes everything does
+      CHECK((nodes == 1 ? across[i].total_sent() == 0 : across[i].total_sent() > 0));
+    }
+    // Summed over ranks: one crossing link per node.
+    CHECK(across_total == (nodes > 1 ? static_cast<std::uint64_t>(nodes) * 2 *
+                                           zero::comm::ByteCounters::ring_share(1000 * 4 * static_cast<std::uint64_t>(ranks), ranks)
+                                     : 0));
+  }
+}
+
+TEST_CASE("comm::Local's node communicator fails at once when a rank of its node throws", "[comm][local][topology][errors]") {
+  zero::comm::LocalGroup::Options o;
+  o.timeout = std::chrono::minutes(2);
+  o.ranks_per_node = 2;
+  zero::comm::LocalGroup group(4, o);
+  std::vector<std::string> messages(4);
+  const auto started = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(group.run([&](zero::comm::Local& c) {
+    auto& node = c.node();
+    if (c.rank() == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 2 waits already
+      throw std::runtime_error("bad batch on rank 3");
+    }
+    try {
+      node.barrier();
+    } catch (const zero::CommError& e) {
+      messages[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  }), "bad batch on rank 3");
+  CHECK(messages[0].empty());  // node 0 is whole
+  CHECK_THAT(messages[2], Catch::Contains("comm::Local (node communicator): rank 3 left (threw: bad batch on rank 3) "
+                                          "while rank 2 waits in barrier"));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(30));
+  // A setting that does not divide the ranks into nodes names itself.
+  zero::comm::LocalGroup::Options bad;
+  bad.ranks_per_node = 3;
+  CHECK_THROWS_WITH(zero::comm::LocalGroup(4, bad),
+                    Catch::Contains("comm::LocalGroup::Options::ranks_per_node is 3, which does not divide 4 ranks"));
+  // Erased, a communicator keeps its topology and splits; one without
+  // node() and across() is one node and says it cannot split.
+  group.run([](zero::comm::Local& c) {
+    const auto erased = zero::comm::AnyCommunicator::wrap(c);
+    CHECK(erased->topology() == c.topology());
+    CHECK(erased->node().size() == 2);
+    CHECK(erased->across().rank() == c.rank() / 2);
+  });
+  int marker = 0;
+  StreamedRank streamed(&marker);
+  const auto erased = zero::comm::AnyCommunicator::wrap(streamed);
+  CHECK(erased->topology().nodes() == 1);
+  CHECK_THROWS_WITH(erased->node(), Catch::Contains("this communicator has no node() and across()"));
+}

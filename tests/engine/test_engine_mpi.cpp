@@ -114,6 +114,35 @@ TEST_CASE("comm::Mpi takes its timeout from Options and refuses one that is not 
                     Catch::Contains("comm::Mpi::Options::timeout is 0 ms; it must be positive"));
 }
 
+TEST_CASE("comm::Mpi on nodes: the launcher's count, Options::ranks_per_node, node() and across()", "[mpi][comm][topology]") {
+  // mpirun on one machine: Open MPI's environment says one node of every rank.
+  CHECK(world().topology() == zero::comm::Topology::one_node(world().size()));
+  REQUIRE(world().size() % 2 == 0);
+  zero::comm::Mpi two(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(60), .ranks_per_node = 2});
+  const int r = two.rank(), n = two.size();
+  CHECK(two.topology().nodes() == n / 2);
+  // node(): this rank and its neighbour; across(): the ranks of the same parity.
+  double x = r + 1;
+  two.node().all_reduce(&x, 1, zero::DType::f64, zero::comm::ReduceOp::sum, false);
+  CHECK(x == (r / 2 * 2 + 1) + (r / 2 * 2 + 2));
+  x = r + 1;
+  two.across().all_reduce(&x, 1, zero::DType::f64, zero::comm::ReduceOp::sum, false);
+  double want = 0;
+  for (int s = r % 2; s < n; s += 2) want += s + 1;
+  CHECK(x == want);
+  CHECK(two.node().rank() == r % 2);
+  CHECK(two.across().rank() == r / 2);
+  CHECK(two.node().counters().total_across() == 0);
+  CHECK(two.across().counters().total_across() == two.across().counters().total_sent());
+  // A flat collective: the last rank of each node sends across.
+  std::vector<float> buf(256, 1.0f);
+  two.all_reduce(buf.data(), buf.size(), zero::DType::f32, zero::comm::ReduceOp::sum, false);
+  CHECK(two.counters().total_across() == (r % 2 == 1 ? two.counters().total_sent() : 0));
+  CHECK(two.counters().total_sent() > 0);
+  CHECK_THROWS_WITH(zero::comm::Mpi(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(60), .ranks_per_node = 3}),
+                    Catch::Contains("comm::Mpi::Options::ranks_per_node is 3, which does not divide"));
+}
+
 TEST_CASE("The engine over MPI matches the single-process reference", "[mpi][engine][equivalence]") {
   check_equivalence<0, zero::precision::Mixed<zero::bf16>, zero::optim::AdamW>(1, 0.0);
   check_equivalence<1, zero::precision::Full<float>, zero::optim::Sgd>(2, 0.05);

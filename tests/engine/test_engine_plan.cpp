@@ -102,11 +102,15 @@ struct Measured {
 // ranks with the documented loop (forward: acquire/release every unit;
 // backward in reverse: acquire, write the gradient, grad_ready, release),
 // then lands a delayed update, so every step's traffic is counted.
+// `ranks_per_node`: the ranks' simulated nodes (0: one node).
 template <class O>
-std::vector<Measured> measure(const plan::Model& model, int ranks, const zero::Options& options, int steps) {
+std::vector<Measured> measure(const plan::Model& model, int ranks, const zero::Options& options, int steps,
+                              int ranks_per_node = 0) {
   using Ops = zero::backend::Ops<typename O::backend_policy>;
   std::vector<Measured> out(static_cast<std::size_t>(ranks));
-  zero::comm::LocalGroup group(ranks);
+  zero::comm::LocalGroup::Options group_options;
+  group_options.ranks_per_node = ranks_per_node;
+  zero::comm::LocalGroup group(ranks, group_options);
   group.run([&](zero::comm::Local& comm) {  // (no Catch2 assertions on these threads)
     zero::test::late_copies() = {};
     O opt(comm, typename O::Hyper{}, options);
@@ -148,6 +152,31 @@ std::vector<Measured> measure(const plan::Model& model, int ranks, const zero::O
   return out;
 }
 
+// What each rank sent to another node, by kind of collective, and what all
+// ranks did together, against the plan (comm/topology.hpp's counting rule).
+void check_across_nodes(const plan::Plan& p, const std::vector<Measured>& measured, int steps) {
+  using zero::comm::Collective;
+  const zero::comm::Topology topology = p.config.topology();
+  std::uint64_t all_ranks = 0, busiest = 0;
+  for (const auto& [m, c, swap_file] : measured) {
+    INFO("rank " << c.rank << " of " << topology.ranks << ", " << topology.ranks_per_node << " per node");
+    CHECK(c.ranks_per_node == topology.ranks_per_node);
+    for (const Collective kind : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
+                                  Collective::control}) {
+      INFO(zero::comm::collective_name(kind));
+      CHECK(c.counters.across[static_cast<std::size_t>(kind)] ==
+            static_cast<std::uint64_t>(steps) * p.schedule.across(kind, topology, c.rank));
+    }
+    const auto across = static_cast<std::uint64_t>(c.across_per_step());
+    CHECK(c.across_per_step() == static_cast<double>(across));
+    all_ranks += across;
+    busiest = std::max(busiest, across);
+  }
+  CHECK(all_ranks == p.comm.across_all_ranks);
+  CHECK(busiest == p.comm.across_busiest_rank);
+  CHECK((topology.nodes() > 1 && p.comm.bytes_sent > 0) == (all_ranks > 0));
+}
+
 struct Variant {
   const char* name;
   int accumulation;
@@ -161,6 +190,7 @@ struct Variant {
   // bf16 parameters: the master as the parameters plus a remainder
   // (MasterWeights::remainder; the other precisions keep an fp32 master).
   bool remainder = false;
+  bool hpz = false;  // stage 3 only (Options::hpz): the secondary copy and the gathers inside the node
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -191,12 +221,19 @@ void check_plan_against_optimizers() {
        ReduceDType::fp32, false, 0, zero::GradWrites::accumulate, 3},
       {"gradients added: whole-model bucket, accumulate 3", 3, std::size_t{32} << 20, 1, ReduceDType::same_as_grad,
        true, 0, zero::GradWrites::accumulate},
+      // (Not with the delayed update: the step after the first keeps the
+      // parameters the first step's micro-batches gathered, so its gathers
+      // all stay inside the node, and two steps average below the plan's
+      // steady state of one gather over every rank per unit and step.)
+      {"hpZ: one unit per bucket, accumulate 2, prefetch 2", 2, 1, 2, ReduceDType::same_as_grad, false, 0,
+       zero::GradWrites::overwrite, 2, false, true},
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
   for (const auto& model : models)
     for (const int ranks : {1, 2, 3, 4, 7})
       for (const auto& v : variants) {
+        if (v.hpz && O::stage != 3) continue;
         INFO("stage " << O::stage << ", " << plan::name(plan::precision_of<typename O::precision_policy>()) << ", "
                       << O::optimizer_policy::name << ", offload " << O::offload_policy::name << ", backend "
                       << O::backend_policy::name << ", " << ranks << " rank(s), " << v.name << ", model "
@@ -212,6 +249,7 @@ void check_plan_against_optimizers() {
         options.delayed_update_warmup = 0;
         constexpr bool bf16_params = std::is_same_v<typename O::param_type, zero::bf16>;
         if (bf16_params && v.remainder) options.master = zero::MasterWeights::remainder;
+        options.hpz = v.hpz;
         std::optional<TempDir> dir;
         if constexpr (nvme) {
           dir.emplace();
@@ -221,10 +259,14 @@ void check_plan_against_optimizers() {
                 v.windows * zero::offload::disk_least_window_bytes(
                                 O::state_slots, zero::master_element_bytes(options.master));
         }
-        // Host communicators do not overlap: one staging set.
-        const plan::Config config = plan::config_for<O>(model, ranks, options, false);
+        // Host communicators do not overlap: one staging set. Two and four
+        // ranks as two nodes.
+        plan::Config config = plan::config_for<O>(model, ranks, options, false);
+        config.ranks_per_node = ranks == 2 ? 1 : ranks == 4 ? 2 : ranks;
+        config.nodes = ranks / config.ranks_per_node;
         const plan::Plan p = plan::make_plan(config);
-        const auto measured = measure<O>(model, ranks, config.options, steps);
+        const auto measured = measure<O>(model, ranks, config.options, steps, config.ranks_per_node);
+        check_across_nodes(p, measured, steps);
         const std::uint64_t control_bytes = (1 + static_cast<std::uint64_t>(ranks)) * sizeof(double);
         for (const auto& [m, c, swap_file] : measured) {
           INFO("rank " << m.rank);
@@ -300,6 +342,36 @@ TEMPLATE_LIST_TEST_CASE("offload::Nvme: the planner's bytes by place, swap files
   check_plan_against_optimizers<TestType>();
 }
 #endif
+
+using StageTypes = std::tuple<Opt<0, Mixed<bf16>, AdamW>, Opt<1, Mixed<bf16>, AdamW>, Opt<2, Mixed<fp16>, AdamW>,
+                              Opt<3, Mixed<bf16>, AdamW>>;
+
+TEMPLATE_LIST_TEST_CASE("bytes across nodes: the planner's equal each rank's comm_report() for 2, 4 and 8 ranks on "
+                        "nodes of 1, 2 and 4", "[engine][plan][topology]", StageTypes) {
+  using O = TestType;
+  for (const int ranks : {2, 4, 8})
+    for (const int per_node : {1, 2, 4}) {
+      if (per_node >= ranks) continue;
+      INFO("stage " << O::stage << ", " << ranks << " ranks, " << per_node << " per node");
+      plan::Config config = plan::config_for<O>(odd_model(), ranks, zero::Options{}, false);
+      config.ranks_per_node = per_node;
+      config.nodes = ranks / per_node;
+      const plan::Plan p = plan::make_plan(config);
+      check_across_nodes(p, measure<O>(config.model, ranks, config.options, 2, per_node), 2);
+      // A ring over every rank crosses once per node: each node's last rank
+      // sends all it sends across.
+      CHECK(p.comm.across_busiest_rank == p.comm.bytes_sent);
+      CHECK(p.comm.across_all_ranks == static_cast<std::uint64_t>(config.nodes) * p.comm.bytes_sent);
+      if constexpr (O::stage == 3) {
+        // hpZ: backward's gathers stay in the node; each rank sends as much.
+        config.options.hpz = true;
+        const plan::Plan h = plan::make_plan(config);
+        check_across_nodes(h, measure<O>(config.model, ranks, config.options, 2, per_node), 2);
+        CHECK(h.comm.bytes_sent < p.comm.bytes_sent);
+        CHECK(h.comm.across_all_ranks * 3 == p.comm.across_all_ranks * 2);  // 3 ring passes of which 1 stays inside
+      }
+    }
+}
 
 TEST_CASE("the planner follows the ZeRO paper's formulas where the paper is exact", "[engine][plan]") {
   // GPT-2 small (124M): its published parameter count.

@@ -42,8 +42,19 @@ def check_schema(doc, what):
               f"{what}: line {line['name']} has a non-integer or negative byte count")
     check(set(doc["total"]) == {"device", "host", "disk"}, f"{what}: total keys")
     check(set(doc["paper"]) == {"model_state_bytes"}, f"{what}: paper keys")
-    check(set(doc["comm"]) == {"elements_per_step", "bytes_sent_per_step", "bytes_received_per_step"},
+    check(set(doc["comm"]) == {"elements_per_step", "bytes_sent_per_step", "bytes_received_per_step",
+                               "across_nodes_bytes_per_step_all_ranks", "across_nodes_bytes_per_step_busiest_rank"},
           f"{what}: comm keys")
+    # Across nodes (comm/topology.hpp): a ring over every rank crosses at each
+    # node's last rank, which sends all it sends; nothing on one node.
+    check(isinstance(doc["config"]["hpz"], bool), f"{what}: config hpz")
+    nodes = doc["config"]["nodes"]
+    comm = doc["comm"]
+    if not doc["config"]["hpz"]:  # (hpZ's gathers inside the node cross nothing)
+        check(comm["across_nodes_bytes_per_step_busiest_rank"] == (comm["bytes_sent_per_step"] if nodes > 1 else 0),
+              f"{what}: the busiest rank's bytes across nodes")
+    check(comm["across_nodes_bytes_per_step_all_ranks"] == nodes * comm["across_nodes_bytes_per_step_busiest_rank"],
+          f"{what}: all ranks' bytes across nodes")
     # Every line but padding (a share of the model-state lines) adds to the total.
     for tier in ("device", "host", "disk"):
         summed = sum(l[tier] for l in doc["lines"] if l["name"] != "padding")
@@ -77,6 +88,31 @@ for stage in range(4):
             check(doc["comm"]["elements_per_step"] == elements, f"{what}: elements {doc['comm']}")
             check(doc["comm"]["bytes_sent_per_step"] == p * elements, f"{what}: bytes sent {doc['comm']}")
             check(doc["comm"]["bytes_received_per_step"] == p * elements, f"{what}: bytes received")
+
+# Nodes and hpZ (docs/zeropp.md): 2 nodes of 4, stage 3, bf16. Plain: every
+# gather and the reduce-scatter over all 8 ranks; hpZ: the first gather of a
+# step over all ranks, the others over the node's 4, and a secondary copy of
+# Φ/4 parameters. Across nodes each node's last rank sends its ring traffic.
+for micro in (1, 3):
+    base = ("--params", str(phi), "--units", "8", "--stage", "3", "--precision", "bf16", "--ranks-per-node", "4",
+            "--nodes", "2", "--grad-accumulation", str(micro))
+    plain, hpz = plan_json(*base), plan_json(*base, "--hpz")
+    what = f"hpz, accumulation {micro}"
+    check_schema(hpz, what)
+    check(hpz["config"]["hpz"] is True and plain["config"]["hpz"] is False, f"{what}: config hpz")
+    ring8, ring4 = phi * 7 // 8, phi * 3 // 4
+    check(plain["comm"]["elements_per_step"] == 3 * micro * ring8, f"{what}: plain elements {plain['comm']}")
+    check(hpz["comm"]["elements_per_step"] == (1 + micro) * ring8 + (2 * micro - 1) * ring4,
+          f"{what}: hpz elements {hpz['comm']}")
+    check(hpz["comm"]["across_nodes_bytes_per_step_busiest_rank"] == 2 * (1 + micro) * ring8,
+          f"{what}: hpz across {hpz['comm']}")
+    check(plain["comm"]["across_nodes_bytes_per_step_busiest_rank"] == 2 * 3 * micro * ring8,
+          f"{what}: plain across {plain['comm']}")
+    params = {d: sum(l["device"] for l in doc["lines"] if l["name"] == "params") for d, doc in (("plain", plain),
+                                                                                            ("hpz", hpz))}
+    check(params["hpz"] - params["plain"] == 2 * phi // 4, f"{what}: the secondary copy {params}")
+r = run("--params", "1M", "--stage", "2", "--hpz")
+check(r.returncode != 0 and "--hpz" in r.stderr and "use --stage 3" in r.stderr, f"--hpz at stage 2: {r.stderr}")
 
 # Parameter counts: suffixes, and GPT-2 small's published 124,439,808.
 check(plan_json("--params", "7B", "--units", "32")["config"]["params"] == 7_000_000_000, "--params 7B")

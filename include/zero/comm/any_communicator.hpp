@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "zero/comm/communicator.hpp"
+#include "zero/error.hpp"
 
 namespace zero::comm {
 
@@ -31,6 +32,18 @@ class AnyCommunicator {
   // nullptr for host communicators. A stream other than the backend's lets
   // the engine overlap communication with compute (Ops<Cuda>::Overlap).
   virtual void* stream_handle() const { return nullptr; }
+  // How the ranks sit on nodes (comm/topology.hpp); one node unless the
+  // communicator says otherwise.
+  virtual Topology topology() const { return Topology::one_node(size()); }
+  // The communicators of this rank's node and of the ranks at its place on
+  // every node (collective on the first call), for hierarchical collectives.
+  // A communicator that cannot split says so.
+  virtual AnyCommunicator& node() = 0;
+  virtual AnyCommunicator& across() = 0;
+  // counters() with those of node() and across() added, where made (no
+  // collective: what the optimizer reports), and their reset.
+  virtual ByteCounters counters_with_splits() const = 0;
+  virtual void reset_counters_with_splits() = 0;
 
   // Wraps a communicator the caller keeps alive for the optimizer's lifetime.
   template <Communicator C>
@@ -72,9 +85,50 @@ class CommunicatorRef final : public AnyCommunicator {
     else
       return nullptr;
   }
+  Topology topology() const override {
+    if constexpr (requires { c_.topology(); })
+      return c_.topology();
+    else
+      return Topology::one_node(c_.size());
+  }
+  AnyCommunicator& node() override { return split<true>(node_); }
+  AnyCommunicator& across() override { return split<false>(across_); }
+  ByteCounters counters_with_splits() const override {
+    ByteCounters all = c_.counters();
+    for (const auto* part : {&node_, &across_})
+      if (*part) all += (*part)->counters_with_splits();
+    return all;
+  }
+  void reset_counters_with_splits() override {
+    c_.reset_counters();
+    for (auto* part : {&node_, &across_})
+      if (*part) (*part)->reset_counters_with_splits();
+  }
 
  private:
+  template <bool Node>
+  AnyCommunicator& split(std::unique_ptr<AnyCommunicator>& made) {
+    if (!made) {
+      if constexpr (requires { c_.node(); c_.across(); }) {
+        if constexpr (Node)
+          made = wrap_part(c_.node());
+        else
+          made = wrap_part(c_.across());
+      } else {
+        throw Error("this communicator has no node() and across(): it cannot split into nodes for a hierarchical "
+                    "collective; use comm::Local, comm::Mpi or comm::Nccl, or turn the hierarchical option off");
+      }
+    }
+    return *made;
+  }
+  // node() and across() of an AnyCommunicator wrapped again return references to AnyCommunicator.
+  template <class Part>
+  static std::unique_ptr<AnyCommunicator> wrap_part(Part& part) {
+    return std::make_unique<CommunicatorRef<Part>>(part);
+  }
+
   C& c_;
+  std::unique_ptr<AnyCommunicator> node_, across_;
 };
 
 }  // namespace detail

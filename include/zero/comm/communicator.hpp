@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "zero/comm/topology.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 
@@ -85,41 +86,57 @@ struct ByteCounters {
   std::array<std::uint64_t, collective_kinds> sent{};
   std::array<std::uint64_t, collective_kinds> received{};
   std::array<std::uint64_t, collective_kinds> calls{};
+  // Of `sent`, the bytes that went to a rank on another node
+  // (comm/topology.hpp: the counting rule).
+  std::array<std::uint64_t, collective_kinds> across{};
 
-  void add(Collective c, std::uint64_t send, std::uint64_t recv) {
+  // `crosses`: this rank's sends in this collective leave its node.
+  void add(Collective c, std::uint64_t send, std::uint64_t recv, bool crosses = false) {
     sent[static_cast<std::size_t>(c)] += send;
     received[static_cast<std::size_t>(c)] += recv;
     calls[static_cast<std::size_t>(c)] += 1;
+    if (crosses) across[static_cast<std::size_t>(c)] += send;
   }
-  std::uint64_t total_sent() const {
-    std::uint64_t s = 0;
-    for (auto v : sent) s += v;
-    return s;
-  }
-  std::uint64_t total_received() const {
-    std::uint64_t s = 0;
-    for (auto v : received) s += v;
-    return s;
+  std::uint64_t total_sent() const { return sum(sent); }
+  std::uint64_t total_received() const { return sum(received); }
+  std::uint64_t total_across() const { return sum(across); }
+  // Another communicator's counts added to these (a hierarchical
+  // collective's node and across communicators, reported as one).
+  ByteCounters& operator+=(const ByteCounters& o) {
+    for (std::size_t k = 0; k < collective_kinds; ++k) {
+      sent[k] += o.sent[k];
+      received[k] += o.received[k];
+      calls[k] += o.calls[k];
+      across[k] += o.across[k];
+    }
+    return *this;
   }
   // Ring-model volume per rank for a buffer of `bytes` over `ranks` ranks.
   static std::uint64_t ring_share(std::uint64_t bytes, int ranks) {
     return ranks <= 1 ? 0 : bytes * static_cast<std::uint64_t>(ranks - 1) / static_cast<std::uint64_t>(ranks);
   }
-  void count_all_reduce(std::uint64_t bytes, int ranks, bool control = false) {
+  void count_all_reduce(std::uint64_t bytes, int ranks, bool control = false, bool crosses = false) {
     const auto v = 2 * ring_share(bytes, ranks);
-    add(control ? Collective::control : Collective::all_reduce, v, v);
+    add(control ? Collective::control : Collective::all_reduce, v, v, crosses);
   }
-  void count_reduce_scatter(std::uint64_t full_bytes, int ranks) {
+  void count_reduce_scatter(std::uint64_t full_bytes, int ranks, bool crosses = false) {
     const auto v = ring_share(full_bytes, ranks);
-    add(Collective::reduce_scatter, v, v);
+    add(Collective::reduce_scatter, v, v, crosses);
   }
-  void count_all_gather(std::uint64_t full_bytes, int ranks, bool control = false) {
+  void count_all_gather(std::uint64_t full_bytes, int ranks, bool control = false, bool crosses = false) {
     const auto v = ring_share(full_bytes, ranks);
-    add(control ? Collective::control : Collective::all_gather, v, v);
+    add(control ? Collective::control : Collective::all_gather, v, v, crosses);
   }
-  void count_broadcast(std::uint64_t bytes, int ranks) {
+  void count_broadcast(std::uint64_t bytes, int ranks, bool crosses = false) {
     const auto v = ring_share(bytes, ranks);
-    add(Collective::broadcast, v, v);
+    add(Collective::broadcast, v, v, crosses);
+  }
+
+ private:
+  static std::uint64_t sum(const std::array<std::uint64_t, collective_kinds>& a) {
+    std::uint64_t s = 0;
+    for (auto v : a) s += v;
+    return s;
   }
 };
 
@@ -135,6 +152,10 @@ struct ByteCounters {
 //   barrier()
 // Control messages (a few doubles or hashes) go through all_reduce/all_gather
 // with `control = true` so they are counted apart from model traffic.
+// Optional, for hierarchical collectives (comm/topology.hpp): topology(),
+// and node() / across(), the communicators of this rank's node and of the
+// ranks at its place on every node (collective calls: every rank makes them,
+// the first time, in the same order). Without them a communicator is one node.
 template <class C>
 concept Communicator = requires(C& c, const C& cc, void* buf, const void* cbuf, std::size_t n, DType t, int root) {
   { cc.rank() } -> std::convertible_to<int>;

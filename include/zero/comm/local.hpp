@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/reduce.hpp"
+#include "zero/comm/topology.hpp"
 #include "zero/error.hpp"
 
 #if ZERO_HAS_OPENMP
@@ -57,6 +59,10 @@ class LocalGroup {
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     // OpenMP threads each rank's host kernels may use (0: cores / ranks).
     int threads_per_rank = 0;
+    // Ranks per simulated node (comm/topology.hpp; 0: one node of every
+    // rank): what the byte counters count as crossing nodes, and what
+    // Local::node() and Local::across() split the group into.
+    int ranks_per_node = 0;
   };
 
   explicit LocalGroup(int ranks) : LocalGroup(ranks, Options{}) {}
@@ -66,11 +72,13 @@ class LocalGroup {
         send_(static_cast<std::size_t>(ranks)),
         recv_(static_cast<std::size_t>(ranks)),
         calls_(static_cast<std::size_t>(ranks)),
-        api_calls_(static_cast<std::size_t>(ranks)) {
+        api_calls_(static_cast<std::size_t>(ranks)),
+        topology_(Topology::checked(ranks, options.ranks_per_node, "comm::LocalGroup::Options::ranks_per_node")) {
     require(ranks >= 1, "comm::LocalGroup needs at least 1 rank, got ", ranks);
   }
 
   int size() const { return ranks_; }
+  const Topology& topology() const { return topology_; }
 
   // Runs fn(Local&) on `size()` threads, one per rank, and waits for all.
   // A rank whose fn throws or returns leaves the group: the others' pending
@@ -112,8 +120,9 @@ class LocalGroup {
     for (int s = 1; s < ranks_; ++s) {
       const auto i = static_cast<std::size_t>(s);
       if (calls_[i] == calls_[0]) continue;
-      throw CommError(zero::detail::concat("comm::Local: rank ", s, " called ", calls_[i].describe(),
-                                           ApiCall::where(api_calls_[i]), " while rank 0 called ", calls_[0].describe(),
+      throw CommError(zero::detail::concat("comm::Local", label_, ": rank ", global(s), " called ", calls_[i].describe(),
+                                           ApiCall::where(api_calls_[i]), " while rank ", global(0), " called ",
+                                           calls_[0].describe(),
                                            ApiCall::where(api_calls_[0]),
                                            "; every rank must make the same collective calls (kind, element count, "
                                            "type, operation or root) in the same order"));
@@ -141,7 +150,7 @@ class LocalGroup {
     // Everyone arrived (a rank may have left or failed since: the next call reports it).
     if (generation_ != generation) return;
     if (!woken) {
-      abort_locked(zero::detail::concat("comm::Local: rank ", rank, " waited more than ", options_.timeout.count(),
+      abort_locked(zero::detail::concat("comm::Local", label_, ": rank ", global(rank), " waited more than ", options_.timeout.count(),
                                         " ms in ", what, ApiCall::where(ApiCall::current()),
                                         " for the other ranks; every rank must make the same collective calls in the "
                                         "same order"));
@@ -151,19 +160,24 @@ class LocalGroup {
   }
 
   // Rank r's fn returned or threw (`how`: "returned", "left (threw: ...)"):
-  // the collectives that wait for it, now and later, cannot complete.
+  // the collectives that wait for it, now and later, cannot complete; nor
+  // can those of the node and across groups that hold it.
   void leave(int r, std::string how, bool threw = false) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (left_rank_ < 0) {
       left_rank_ = r;
       left_threw_ = threw;
-      left_how_ = std::move(how);
+      left_how_ = how;
     }
     cv_.notify_all();
+    if (!node_groups_.empty() && node_groups_[topology_.node_of(r)])
+      node_groups_[topology_.node_of(r)]->leave(topology_.local_rank(r), how, threw);
+    if (!across_groups_.empty() && across_groups_[topology_.local_rank(r)])
+      across_groups_[topology_.local_rank(r)]->leave(topology_.node_of(r), how, threw);
   }
   std::string left_message(int rank, const char* what) const {
-    return zero::detail::concat("comm::Local: rank ", left_rank_, " ", left_how_, " while rank ", rank, " waits in ",
-                                what, ApiCall::where(ApiCall::current()),
+    return zero::detail::concat("comm::Local", label_, ": rank ", global(left_rank_), " ", left_how_, " while rank ",
+                                global(rank), " waits in ", what, ApiCall::where(ApiCall::current()),
                                 left_threw_ ? "; the group was aborted"
                                             : "; every rank must make the same collective calls in the same order (a "
                                               "rank that skips a micro-batch, step() or save(), or returns early, "
@@ -173,9 +187,16 @@ class LocalGroup {
   void abort_locked(std::string message) {
     if (!aborted_) {
       aborted_ = true;
-      abort_message_ = std::move(message);
+      abort_message_ = message;
     }
     cv_.notify_all();
+    // A timeout aborts the whole group: its node and across groups too.
+    for (auto* children : {&node_groups_, &across_groups_})
+      for (auto& g : *children)
+        if (g) {
+          std::lock_guard<std::mutex> child_lock(g->mutex_);
+          g->abort_locked(message);
+        }
   }
   void reset() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -185,6 +206,40 @@ class LocalGroup {
     left_rank_ = -1;
     left_threw_ = false;
     left_how_.clear();
+    for (auto* children : {&node_groups_, &across_groups_})
+      for (auto& g : *children)
+        if (g) g->reset();
+  }
+
+  // The group of node `node`'s ranks, and the group of the ranks at place
+  // `local` on every node (Local::node(), Local::across()): made by the
+  // first rank that asks, shared by the others.
+  LocalGroup& node_group(int node) {
+    return child(node_groups_, node, topology_.ranks_per_node, " (node communicator)", node * topology_.ranks_per_node,
+                 1);
+  }
+  LocalGroup& across_group(int local) {
+    return child(across_groups_, local, topology_.nodes(), " (across-nodes communicator)", local,
+                 topology_.ranks_per_node);
+  }
+  // Messages name a rank by its number in the whole group.
+  int global(int rank) const { return first_ + rank * stride_; }
+  LocalGroup& child(std::vector<std::unique_ptr<LocalGroup>>& children, int index, int ranks, const char* label,
+                    int first, int stride) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int count = &children == &node_groups_ ? topology_.nodes() : topology_.ranks_per_node;
+    if (children.empty()) children.resize(static_cast<std::size_t>(count));
+    auto& g = children[static_cast<std::size_t>(index)];
+    if (!g) {
+      Options o = options_;
+      // Inside a node every rank is on one node; across nodes, each on its own.
+      o.ranks_per_node = &children == &node_groups_ ? 0 : 1;
+      g = std::make_unique<LocalGroup>(ranks, o);
+      g->label_ = label;
+      g->first_ = global(first);
+      g->stride_ = stride_ * stride;
+    }
+    return *g;
   }
 
   int ranks_;
@@ -203,6 +258,11 @@ class LocalGroup {
   std::vector<void*> recv_;
   std::vector<Call> calls_;
   std::vector<const char*> api_calls_;  // the library call (ApiCall) each rank posted its call from
+  Topology topology_;
+  const char* label_ = "";  // which communicator of a split, in messages
+  int first_ = 0, stride_ = 1;  // a split's rank r is rank first_ + r * stride_ of the whole group
+  // Made on first use (node_group, across_group); indexed by node and by place in a node.
+  std::vector<std::unique_ptr<LocalGroup>> node_groups_, across_groups_;
 };
 
 // One rank's handle. Host memory only; all calls are collective.
@@ -212,8 +272,23 @@ class Local {
 
   int rank() const { return rank_; }
   int size() const { return group_->ranks_; }
+  const Topology& topology() const { return group_->topology_; }
   const ByteCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
+
+  // The ranks of this rank's node (its rank there: topology().local_rank),
+  // and the ranks at its place on every node (its rank there: its node).
+  // Made on the first call, which every rank makes (they are shared).
+  Local& node() {
+    if (!node_)
+      node_ = std::make_unique<Local>(group_->node_group(topology().node_of(rank_)), topology().local_rank(rank_));
+    return *node_;
+  }
+  Local& across() {
+    if (!across_)
+      across_ = std::make_unique<Local>(group_->across_group(topology().local_rank(rank_)), topology().node_of(rank_));
+    return *across_;
+  }
 
   void barrier() {
     publish({Call::Kind::barrier}, nullptr, nullptr, "barrier");
@@ -232,7 +307,7 @@ class Local {
       detail::reduce(t, detail::ReduceArgs{group_->recv_.data(), n, group_->send_.data(), n, begin, end, stream}, op);
     });
     group_->arrive_and_wait(rank_, "all_reduce");
-    counters_.count_all_reduce(count * dtype_bytes(t), n, control);
+    counters_.count_all_reduce(count * dtype_bytes(t), n, control, crosses());
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
@@ -253,7 +328,7 @@ class Local {
                    detail::reduce(t, detail::ReduceArgs{out, 1, inputs.data(), n, begin, end, stream}, ReduceOp::sum);
                  });
     group_->arrive_and_wait(rank_, "reduce_scatter");
-    counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
+    counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n, crosses());
   }
 
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
@@ -278,7 +353,7 @@ class Local {
                    detail::copy(dsts.data(), static_cast<int>(dsts.size()), src + begin, end - begin, stream);
                  });
     group_->arrive_and_wait(rank_, "all_gather");
-    counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
+    counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control, crosses());
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) {
@@ -300,12 +375,14 @@ class Local {
                    end - begin, stream);
     });
     group_->arrive_and_wait(rank_, "broadcast");
-    counters_.count_broadcast(count * bytes, size());
+    counters_.count_broadcast(count * bytes, size(), crosses());
   }
 
  private:
   friend class LocalDevice;  // builds on this rank's group and rank
   using Call = LocalGroup::Call;
+
+  bool crosses() const { return topology().ring_send_crosses(rank_); }
 
   // Bytes of all ranks' buffers of `count` elements: what decides whether
   // the outputs are better streamed past the cache.
@@ -355,6 +432,7 @@ class Local {
   // Reused: collectives allocate nothing after the first call.
   std::vector<const void*> scratch_;
   std::vector<void*> destinations_;
+  std::unique_ptr<Local> node_, across_;  // node(), across()
 };
 
 template <class Fn>

@@ -105,6 +105,7 @@ class LocalDevice {
 
   int rank() const { return rank_; }
   int size() const { return group_->ranks_; }
+  const Topology& topology() const { return group_->topology_; }
   cudaStream_t stream() const { return stream_; }
   const ByteCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
@@ -133,7 +134,7 @@ class LocalDevice {
       copy(static_cast<char*>(buf) + b * bytes, static_cast<const char*>(peer(s).recv) + b * bytes, (e - b) * bytes);
     }
     finish("all_reduce");
-    counters_.count_all_reduce(count * bytes, n, control);
+    counters_.count_all_reduce(count * bytes, n, control, crosses());
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
@@ -146,7 +147,7 @@ class LocalDevice {
     // may be that very block of our own send buffer) is safe.
     detail::cuda_reduce(t, recv, inputs_, n, recv_count, ReduceOp::sum, stream_);
     finish("reduce_scatter");
-    counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n);
+    counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(n) * bytes, n, crosses());
   }
 
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
@@ -157,7 +158,7 @@ class LocalDevice {
       copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes, peer(s).send,
            send_count * bytes);
     finish("all_gather");
-    counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control);
+    counters_.count_all_gather(send_count * static_cast<std::size_t>(n) * bytes, n, control, crosses());
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) {
@@ -166,10 +167,13 @@ class LocalDevice {
     publish(buf, buf, "broadcast");
     if (rank_ != root) copy(buf, peer(root).send, count * bytes);
     finish("broadcast");
-    counters_.count_broadcast(count * bytes, size());
+    counters_.count_broadcast(count * bytes, size(), crosses());
   }
 
  private:
+  // The host group's topology (LocalGroup::Options::ranks_per_node) decides what crosses nodes.
+  bool crosses() const { return group_->topology_.ring_send_crosses(rank_); }
+
   // What a rank shows the others during a collective (published through the
   // group's per-rank pointer table).
   struct Slot {

@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -181,6 +182,12 @@ struct MpiOptions {
   // the job is ended with MPI_Abort after printing which collective on which
   // rank. The default is comm::LocalGroup's.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Ranks per node, ranks filling nodes in order (comm/topology.hpp). 0:
+  // Open MPI's own count (OMPI_COMM_WORLD_LOCAL_SIZE) on a communicator of
+  // every rank placed by slot (mpirun's default), else one node of every
+  // rank. What the byte counters count as crossing nodes, and what node()
+  // and across() split the communicator into.
+  int ranks_per_node = 0;
 };
 
 class Mpi {
@@ -211,6 +218,8 @@ class Mpi {
     check(MPI_Op_create(&sum_bf16, 1, &bf16_sum_), "MPI_Op_create");
     check(MPI_Op_create(&max_fp16, 1, &fp16_max_), "MPI_Op_create");
     check(MPI_Op_create(&max_bf16, 1, &bf16_max_), "MPI_Op_create");
+    const int per_node = options.ranks_per_node != 0 ? options.ranks_per_node : launcher_ranks_per_node();
+    topology_ = Topology::checked(size_, per_node, "comm::Mpi::Options::ranks_per_node");
   }
   Mpi(const Mpi&) = delete;
   Mpi& operator=(const Mpi&) = delete;
@@ -228,10 +237,17 @@ class Mpi {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  const Topology& topology() const { return topology_; }
   MPI_Comm native() const { return comm_; }
   const Options& options() const { return options_; }
   const ByteCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
+
+  // The ranks of this rank's node (its rank there: topology().local_rank),
+  // and the ranks at its place on every node (its rank there: its node):
+  // MPI_Comm_split on the first call, which every rank makes.
+  Mpi& node() { return split(node_, topology_.node_of(rank_), topology_.local_rank(rank_), 0); }
+  Mpi& across() { return split(across_, topology_.local_rank(rank_), topology_.node_of(rank_), 1); }
 
   void barrier() {
     Call call = start("barrier", 0, DType::f32);
@@ -242,7 +258,7 @@ class Mpi {
     Call call = start("all_reduce", count, t);
     complete(call, MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), type(t), mpi_op(t, op), comm_, &call.request),
              "MPI_Iallreduce");
-    counters_.count_all_reduce(count * dtype_bytes(t), size_, control);
+    counters_.count_all_reduce(count * dtype_bytes(t), size_, control, crosses());
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
@@ -257,7 +273,7 @@ class Mpi {
                                        mpi_op(t, ReduceOp::sum), comm_, &call.request),
              "MPI_Ireduce_scatter_block");
     if (in_place && rank_ != 0) std::memmove(recv, result, recv_count * bytes);
-    counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(size_) * bytes, size_);
+    counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(size_) * bytes, size_, crosses());
   }
 
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
@@ -268,17 +284,57 @@ class Mpi {
     complete(call,
              MPI_Iallgather(src, to_int(send_count), type(t), recv, to_int(send_count), type(t), comm_, &call.request),
              "MPI_Iallgather");
-    counters_.count_all_gather(send_count * static_cast<std::size_t>(size_) * bytes, size_, control);
+    counters_.count_all_gather(send_count * static_cast<std::size_t>(size_) * bytes, size_, control, crosses());
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) {
     require(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of this communicator of ", size_);
     Call call = start("broadcast", count, t);
     complete(call, MPI_Ibcast(buf, to_int(count), type(t), root, comm_, &call.request), "MPI_Ibcast");
-    counters_.count_broadcast(count * dtype_bytes(t), size_);
+    counters_.count_broadcast(count * dtype_bytes(t), size_, crosses());
   }
 
  private:
+  bool crosses() const { return topology_.ring_send_crosses(rank_); }
+
+  // Open MPI's ranks per node when this communicator holds every rank and
+  // every rank's node holds ranks_per_node consecutive ranks (mpirun's
+  // placement by slot); 0 (one node) otherwise. Every rank agrees: one
+  // MPI_Allreduce at construction.
+  int launcher_ranks_per_node() const {
+    int same = MPI_UNEQUAL;
+    MPI_Comm_compare(comm_, MPI_COMM_WORLD, &same);
+    const char* size_env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const char* rank_env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    int local_size = 0;
+    if ((same == MPI_IDENT || same == MPI_CONGRUENT) && size_env != nullptr && rank_env != nullptr) {
+      local_size = std::atoi(size_env);
+      const int local_rank = std::atoi(rank_env);
+      if (local_size < 1 || size_ % local_size != 0 || rank_ % local_size != local_rank) local_size = 0;
+    }
+    // Every rank the same count, or none.
+    int range[2] = {local_size, -local_size};
+    check(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+    return range[0] == -range[1] ? local_size : 0;
+  }
+
+  // node() (across = 0) or across() (1): the ranks of one colour, ordered by key.
+  Mpi& split(std::unique_ptr<Mpi>& made, int color, int key, int across) {
+    if (made) return *made;
+    MPI_Comm part = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
+    Options o = options_;
+    o.ranks_per_node = across ? 1 : topology_.ranks_per_node;  // across: each rank on a node of its own
+    try {
+      made = std::make_unique<Mpi>(part, o);
+    } catch (...) {
+      MPI_Comm_free(&part);
+      throw;
+    }
+    MPI_Comm_free(&part);  // the Mpi holds a duplicate
+    return *made;
+  }
+
   static int to_int(std::size_t n) {
     require(n <= static_cast<std::size_t>(INT32_MAX), "comm::Mpi: a collective of ", n,
             " elements exceeds MPI's int count; use smaller units (layers) or Options::bucket_bytes");
@@ -427,7 +483,9 @@ class Mpi {
   clock::time_point left_seen_{};
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
   MPI_Op fp16_sum_ = MPI_OP_NULL, bf16_sum_ = MPI_OP_NULL, fp16_max_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
+  Topology topology_;
   ByteCounters counters_;
+  std::unique_ptr<Mpi> node_, across_;  // node(), across(): communicators of their own (duplicates)
 };
 
 }  // namespace zero::comm

@@ -86,6 +86,9 @@ struct NcclOptions {
   // hung (a peer died or made different calls): the communicator is aborted
   // and CommError thrown. Also bounds from_mpi's ncclCommInitRank.
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  // GPUs per node, ranks filling nodes in order (comm/topology.hpp; 0: one
+  // node of every rank): what the byte counters count as crossing nodes.
+  int ranks_per_node = 0;
 };
 
 class Nccl {
@@ -139,6 +142,7 @@ class Nccl {
 
   int rank() const { return s_->rank; }
   int size() const { return s_->size; }
+  const Topology& topology() const { return s_->topology; }
   int device() const { return s_->device; }
   cudaStream_t stream() const { return s_->stream; }
   ncclComm_t native() const { return s_->comm; }
@@ -150,7 +154,7 @@ class Nccl {
     const State::Call call(*s_, "all_reduce", count, t);
     if (count != 0)
       s_->check(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), s_->comm, s_->stream), "ncclAllReduce");
-    s_->counters.count_all_reduce(count * dtype_bytes(t), s_->size, control);
+    s_->counters.count_all_reduce(count * dtype_bytes(t), s_->size, control, crosses());
     s_->enqueued(control);
   }
 
@@ -160,7 +164,8 @@ class Nccl {
     if (recv_count != 0)
       s_->check(ncclReduceScatter(send, recv, recv_count, nccl_type(t), ncclSum, s_->comm, s_->stream),
                 "ncclReduceScatter");
-    s_->counters.count_reduce_scatter(recv_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size);
+    s_->counters.count_reduce_scatter(recv_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size,
+                                      crosses());
     s_->enqueued(false);
   }
 
@@ -170,7 +175,7 @@ class Nccl {
     if (send_count != 0)
       s_->check(ncclAllGather(send, recv, send_count, nccl_type(t), s_->comm, s_->stream), "ncclAllGather");
     s_->counters.count_all_gather(send_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size,
-                                  control);
+                                  control, crosses());
     s_->enqueued(control);
   }
 
@@ -179,7 +184,7 @@ class Nccl {
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this communicator of ", size());
     if (count != 0)
       s_->check(ncclBroadcast(buf, buf, count, nccl_type(t), root, s_->comm, s_->stream), "ncclBroadcast");
-    s_->counters.count_broadcast(count * dtype_bytes(t), s_->size);
+    s_->counters.count_broadcast(count * dtype_bytes(t), s_->size, crosses());
     s_->enqueued(false);
   }
 
@@ -260,6 +265,8 @@ class Nccl {
       std::this_thread::sleep_for(std::chrono::microseconds(spin < 1024 ? 20 : 200));
   }
 
+  bool crosses() const { return s_->topology.ring_send_crosses(s_->rank); }
+
   static ncclComm_t init_rank(const ncclUniqueId& id, int rank, int nranks, std::chrono::milliseconds timeout,
                               const char* how);
   // Wraps a communicator the bootstrap created (owned), destroying it if that fails.
@@ -292,6 +299,7 @@ class Nccl {
               " ms; it must be positive (10 minutes is the default)");
       check_plain(ncclCommUserRank(c, &rank), "ncclCommUserRank");
       check_plain(ncclCommCount(c, &size), "ncclCommCount");
+      topology = Topology::checked(size, o.ranks_per_node, "comm::Nccl::Options::ranks_per_node");
       check_plain(ncclCommCuDevice(c, &device), "ncclCommCuDevice");
       int current = -1;
       ZERO_CUDA_CHECK(cudaGetDevice(&current));
@@ -491,6 +499,7 @@ class Nccl {
     cudaStream_t stream;
     Options options;
     int rank = 0, size = 1, device = 0;
+    Topology topology;
     ByteCounters counters;
     int group_depth = 0;
     std::thread::id group_owner{};  // the thread whose NCCL group is open (NCCL's group state is per thread)

@@ -41,7 +41,17 @@ struct BufferSpec {
   std::size_t master_bytes = 4;
   // Bytes of one optimizer-state element: 4 (fp32) or 2 (bf16; Options::states).
   std::size_t state_bytes = 4;
+  // Ranks per node (comm::Topology; 0: one node of every rank): Options::hpz
+  // keeps 1/ranks_per_node of every unit.
+  int ranks_per_node = 0;
 };
+
+// Options::hpz's secondary copy of a unit of `padded` elements: the node's
+// ranks_per_node ranks each keep a part of padded / ranks_per_node (whole
+// shards: ranks_per_node divides the rank count, which divides `padded`).
+inline std::size_t hpz_part(std::size_t padded, int ranks_per_node, int ranks) {
+  return padded / static_cast<std::size_t>(ranks_per_node == 0 ? ranks : ranks_per_node);
+}
 
 // Offloaded from a device: the owned gradient is copied to the host for the
 // CPU update and the updated parameters staged back (backend::Host with
@@ -180,6 +190,7 @@ struct BufferSizes {
   std::size_t shard_staging = 0;   // gradient type: a reduce-scatter's result before accumulation
   std::size_t gather_slots = 0;    // stage 3, parameter type: the arena of the (prefetch + 1) largest units
   std::size_t gather_slot_count = 0;  // units the arena holds at once (prefetch + 1)
+  std::size_t hpz_secondary = 0;   // stage 3 with Options::hpz, parameter type: every unit's hpz_part
   std::size_t control = 0;         // doubles: the step's [sum of squares, one report per rank]
   std::size_t max_unit = 0;        // largest padded unit
   std::size_t max_shard = 0;       // largest shard
@@ -231,6 +242,8 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   if (spec.stage.params_sharded) {
     s.gather_slot_count = static_cast<std::size_t>(options.prefetch_units) + 1;
     s.gather_slots = gather_arena_elements(layout, s.gather_slot_count);
+    if (options.hpz)
+      for (const auto& u : layout.units()) s.hpz_secondary += hpz_part(u.padded, spec.ranks_per_node, layout.ranks());
   }
   s.control = 1 + static_cast<std::size_t>(layout.ranks());
   if (offload_host_staging(spec)) {

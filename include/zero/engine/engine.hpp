@@ -332,7 +332,7 @@ class Engine {
   void reset_offload_times() { update_.times() = {}; }
   CommReport comm_report() const;
   void reset_comm_counters() {
-    comm_->reset_counters();
+    comm_->reset_counters_with_splits();
     steps_at_reset_ = steps_;
   }
 

@@ -65,6 +65,11 @@ void Engine<P, O, B>::finalize() {
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
   comm_.open(first_slot_event() + gather_slots);
   check_agreement();
+  require(!options_.hpz || rules.params_sharded,
+          "ZeroOptimizer: Options::hpz keeps a secondary copy of stage 3's gathered parameters inside each node; "
+          "at stage ", stage(), " the parameters are whole on every rank: use stage 3, or turn hpz off");
+  // hpZ gathers inside the node: every rank splits the communicator now (collective).
+  if (options_.hpz) (void)comm_->node();
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
   // fp32 training keeps no master apart from the parameters unless offload
   // moves it to the host (the device then keeps a working copy).
@@ -77,7 +82,8 @@ void Engine<P, O, B>::finalize() {
                         plan_.offload,
                         B::device,
                         master_element_bytes(options_.master),
-                        state_element_bytes(options_.states)};
+                        state_element_bytes(options_.states),
+                        comm_->topology().ranks_per_node};
   const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
   if (const std::string note = gradient_saving_note(sizes, spec, layout_, options_); !note.empty() && rank() == 0)
     std::fprintf(stderr, "%s\n", note.c_str());
@@ -117,6 +123,11 @@ void Engine<P, O, B>::finalize() {
                                         "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
                                         "largest units), or split the largest units"),
                    sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event());
+    if (options_.hpz)
+      gatherer_.bind_hpz(allocate<param_type>(sizes.hpz_secondary, "hpZ secondary copy of the parameters",
+                                              "turn Options::hpz off, or put more ranks on each node (the copy is "
+                                              "1/ranks_per_node of the parameters)"),
+                         comm_->node());
   }
   control_.bind(sizes.control, comm_);
   require(!options_.release_memory_pages || !B::device,
@@ -216,7 +227,7 @@ void Engine<P, O, B>::account_memory() {
     (B::device ? p.device : p.host) = bytes;
     return p;
   };
-  m.placed.params = in_backend(params_.bytes());
+  m.placed.params = in_backend(params_.bytes() + gatherer_.secondary_bytes());
   m.placed.grads = in_backend(reducer_.accumulator_bytes());
   m.placed.grads.host += update_.host_grad_bytes();
   m.placed.master = update_.store().master_bytes();

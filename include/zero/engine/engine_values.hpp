@@ -237,7 +237,8 @@ CommReport Engine<P, O, B>::comm_report() const {
   r.ranks = ranks();
   r.stage = stage();
   r.steps = static_cast<std::uint64_t>(steps_ - steps_at_reset_);
-  r.counters = comm_->counters();
+  r.ranks_per_node = comm_->topology().ranks_per_node;
+  r.counters = comm_->counters_with_splits();
   return r;
 }
 

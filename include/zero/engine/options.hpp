@@ -181,6 +181,14 @@ struct Options {
   // biases and norms are few elements and sensitive).
   std::size_t state_block = 2048;
   std::size_t state_fp32_below = 4096;
+  // Stage 3, ZeRO++'s hpZ: the first gather of a unit after a step (forward)
+  // leaves each rank a secondary copy of a 1/ranks_per_node part of the
+  // unit, so every later gather of it until the next step (backward, and
+  // the further micro-batches) is an all-gather inside the node
+  // (comm::Topology; the communicator must split: node()). The same values
+  // bit for bit; costs the parameters / ranks_per_node more memory. Never
+  // saved: rebuilt after a load.
+  bool hpz = false;
   // Offload (offload::Cpu): CPU threads of the host update (0: OpenMP's
   // default, OMP_NUM_THREADS), and whether host buffers that could not be
   // page-locked are an error (true) or a warning and pageable memory (false).

@@ -9,6 +9,14 @@
 // engine's parameter shards and never writes them; the engine tells it when
 // they changed (drop_all after a step or load, drop after set_param).
 //
+// Options::hpz (ZeRO++'s hierarchical partitioning): the first gather of a
+// unit after its shards changed also leaves this rank a secondary copy of
+// part node_rank of the unit's node_size parts, and every later gather of it
+// (backward, the next micro-batches, hold_whole) is an all_gather of those
+// parts inside the node (the communicator's node()), which nothing crosses.
+// The parts are copies of the same values, so the unit is the same bit for
+// bit; the copies go stale exactly when a gathered copy does (drop_all, drop).
+//
 // Contract: acquire(u) is collective (every rank acquires the same units in
 // the same order); release(u) frees the unit's room at once; a unit acquired
 // and not released keeps its values until released.
@@ -59,6 +67,22 @@ class ParamGatherer {
     first_event_ = first_event;
   }
   std::uint64_t arena_bytes() const { return arena_.bytes(); }
+  // Options::hpz, after bind(): the secondary copy (every unit's part, in
+  // unit order: engine/buffer_sizes.hpp's hpz_part) and the node's ranks.
+  void bind_hpz(Buffer<T> secondary, comm::AnyCommunicator& node) {
+    secondary_ = std::move(secondary);
+    node_ = &node;
+    secondary_offset_.assign(layout_->units().size(), 0);
+    secondary_valid_.assign(layout_->units().size(), false);
+    std::size_t offset = 0;
+    for (std::size_t u = 0; u < secondary_offset_.size(); ++u) {
+      secondary_offset_[u] = offset;
+      offset += hpz_part_of(u);
+    }
+    require(offset == secondary_.size(), "ParamGatherer: the hpZ copy holds ", secondary_.size(), " elements, the "
+            "units' parts ", offset);
+  }
+  std::uint64_t secondary_bytes() const { return secondary_.bytes(); }
 
   // Collective: unit u whole, gathered now unless held already, and the next
   // prefetch_units units in the pass's direction (backward: downwards)
@@ -117,21 +141,37 @@ class ParamGatherer {
   // this rank's shard goes to its position, then the all_gather fills the
   // rest. Enqueued where the caller runs it (a slot's gather runs on the
   // communication lane; so does Engine::hold_whole's).
+  // With hpZ, from the node's secondary parts once it has them.
   void gather_unit(std::size_t unit, T* dst) {
     const UnitInfo& u = layout_->units()[unit];
+    if (node_ != nullptr && secondary_valid_[unit]) {
+      const std::size_t part = hpz_part_of(unit);
+      T* mine = dst + static_cast<std::size_t>(node_->rank()) * part;
+      Ops::copy(mine, secondary_.data() + secondary_offset_[unit], part);
+      node_->all_gather(mine, dst, part, dtype_traits<T>::dtype, false);
+      return;
+    }
     T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
     Ops::copy(mine, shards_ + u.shard_offset, u.shard);
     (*channel_)->all_gather(mine, dst, u.shard, dtype_traits<T>::dtype, false);
+    if (node_ != nullptr) {
+      const std::size_t part = hpz_part_of(unit);
+      Ops::copy(secondary_.data() + secondary_offset_[unit], dst + static_cast<std::size_t>(node_->rank()) * part,
+                part);
+      secondary_valid_[unit] = true;
+    }
   }
   // The micro-batch is over: the next acquire starts a forward pass.
   void end_micro_batch() { last_acquired_ = npos; }
   // The shards changed: every gathered copy is stale (none may be acquired).
   void drop_all() {
     for (std::size_t s = 0; s < slot_unit_.size(); ++s) drop_slot(s);
+    secondary_valid_.assign(secondary_valid_.size(), false);
   }
   // Unit u's shards changed: a prefetched copy of it is dropped (it must not
   // be acquired).
   void drop(std::size_t unit) {
+    if (node_ != nullptr) secondary_valid_[unit] = false;
     const int slot = find_slot(unit);
     if (slot < 0) return;
     slot_unit_[static_cast<std::size_t>(slot)] = npos;
@@ -142,6 +182,10 @@ class ParamGatherer {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   static constexpr int none = -1;  // slot_prefetched_: acquired (or empty) since its gather
+
+  std::size_t hpz_part_of(std::size_t unit) const {
+    return layout_->units()[unit].padded / static_cast<std::size_t>(node_->size());
+  }
 
   // A prefetched unit nobody acquired before it was dropped was gathered in
   // vain: it is not prefetched in that direction again (say, a tied
@@ -244,6 +288,11 @@ class ParamGatherer {
   int prefetch_units_ = 0;
   std::size_t first_event_ = 0;
   std::size_t last_acquired_ = npos;  // in this micro-batch: the pass's direction
+  // Options::hpz (bind_hpz): none without it.
+  Buffer<T> secondary_;
+  comm::AnyCommunicator* node_ = nullptr;
+  std::vector<std::size_t> secondary_offset_;  // per unit: its part in secondary_
+  std::vector<bool> secondary_valid_;          // per unit: the part holds the current values
 };
 
 }  // namespace zero::detail

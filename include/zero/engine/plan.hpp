@@ -122,6 +122,7 @@ struct Config {
   bool overlap = true;
 
   int ranks() const { return ranks_per_node * nodes; }
+  comm::Topology topology() const { return comm::Topology{ranks(), ranks_per_node}; }
 
   // What the schedule needs (engine/schedule.hpp).
   ScheduleSpec schedule_spec() const {
@@ -134,6 +135,7 @@ struct Config {
     s.overlap = overlap;
     s.master = options.master;
     s.states = options.states;
+    s.ranks_per_node = ranks_per_node;
     return s;
   }
 
@@ -185,6 +187,10 @@ struct CommVolume {
   std::uint64_t control_bytes = 0;  // the step control all-reduce: norm and one report per rank
   // Collective calls per step (one per unit each time; comm_report()'s calls).
   std::uint64_t all_reduce_calls = 0, reduce_scatter_calls = 0, all_gather_calls = 0, control_calls = 0;
+  // Of bytes_sent, what leaves the node (comm/topology.hpp's counting rule):
+  // summed over every rank (what the links between nodes carry), and by the
+  // rank that sends the most across (the last rank of a node).
+  std::uint64_t across_all_ranks = 0, across_busiest_rank = 0;
 };
 
 // The planner's lines, in the order it prints them: the model states
@@ -349,6 +355,11 @@ inline Plan make_plan(const Config& config) {
   c.elements = sched.elements(Collective::all_reduce) + sched.elements(Collective::reduce_scatter) +
                sched.elements(Collective::all_gather);
   c.bytes_sent = c.bytes_received = c.all_reduce_bytes + c.reduce_scatter_bytes + c.all_gather_bytes;
+  const comm::Topology topology = config.topology();
+  for (const Collective kind : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+    c.across_all_ranks += sched.across_all_ranks(kind, topology);
+    c.across_busiest_rank += sched.across(kind, topology, topology.ranks_per_node - 1);
+  }
   return plan;
 }
 
@@ -372,7 +383,8 @@ inline std::string to_json(const Plan& p) {
     << (c.overlap ? "true" : "false") << ",\"backend\":\"" << (c.device_backend ? "device" : "host")
     << "\",\"delayed_update\":" << (c.options.delayed_update ? "true" : "false")
     << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << ",\"master\":\"" << name(c.options.master)
-    << "\",\"states\":\"" << name(c.options.states) << "\"},\"lines\":[";
+    << "\",\"states\":\"" << name(c.options.states) << "\",\"hpz\":" << (c.options.hpz ? "true" : "false")
+    << "},\"lines\":[";
   for (std::size_t i = 0; i < p.lines.size(); ++i) {
     o << (i ? "," : "") << "{\"name\":\"" << p.lines[i].name << "\",";
     tiers(p.lines[i]);
@@ -382,7 +394,9 @@ inline std::string to_json(const Plan& p) {
   tiers(p.total);
   o << "},\"paper\":{\"model_state_bytes\":" << p.paper_model_state_bytes << "},\"comm\":{\"elements_per_step\":"
     << p.comm.elements << ",\"bytes_sent_per_step\":" << p.comm.bytes_sent
-    << ",\"bytes_received_per_step\":" << p.comm.bytes_received << "}}";
+    << ",\"bytes_received_per_step\":" << p.comm.bytes_received
+    << ",\"across_nodes_bytes_per_step_all_ranks\":" << p.comm.across_all_ranks
+    << ",\"across_nodes_bytes_per_step_busiest_rank\":" << p.comm.across_busiest_rank << "}}";
   return o.str();
 }
 

@@ -88,6 +88,7 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
        [](std::uint64_t v) -> std::string { return name(static_cast<StateFormat>(v)); }},
       {"Options::state_block", static_cast<std::uint64_t>(options.state_block), number},
       {"Options::state_fp32_below", static_cast<std::uint64_t>(options.state_fp32_below), number},
+      {"Options::hpz", options.hpz ? 1u : 0u, flag},
       {"Options::seed", options.seed, number},
       {"Options::delayed_update", options.delayed_update ? 1u : 0u, flag},
       {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options.delayed_update_warmup), number},

@@ -114,12 +114,16 @@ struct MemoryReport {
 
 struct CommReport {
   int rank = 0, ranks = 1, stage = 0;
+  int ranks_per_node = 1;   // the communicator's topology (comm/topology.hpp)
   std::uint64_t steps = 0;  // optimizer steps the counters cover
   comm::ByteCounters counters{};
 
   // Model traffic (everything but control messages) per step, per direction.
   double sent_per_step() const { return per_step(counters.total_sent() - control_sent()); }
   double received_per_step() const { return per_step(counters.total_received() - control_received()); }
+  // Of sent_per_step(), the bytes this rank sent to another node.
+  double across_per_step() const { return per_step(counters.total_across() - control_across()); }
+  std::uint64_t control_across() const { return counters.across[static_cast<std::size_t>(comm::Collective::control)]; }
   std::uint64_t control_sent() const { return counters.sent[static_cast<std::size_t>(comm::Collective::control)]; }
   std::uint64_t control_received() const {
     return counters.received[static_cast<std::size_t>(comm::Collective::control)];
@@ -129,7 +133,8 @@ struct CommReport {
     std::ostringstream o;
     o << "{\"report\":\"communication\",\"rank\":" << rank << ",\"ranks\":" << ranks << ",\"stage\":" << stage
       << ",\"steps\":" << steps << ",\"sent_bytes_per_step\":" << sent_per_step()
-      << ",\"received_bytes_per_step\":" << received_per_step();
+      << ",\"received_bytes_per_step\":" << received_per_step() << ",\"ranks_per_node\":" << ranks_per_node
+      << ",\"across_nodes_sent_bytes_per_step\":" << across_per_step();
     for (std::size_t k = 0; k < comm::collective_kinds; ++k) {
       const char* name = comm::collective_name(static_cast<comm::Collective>(k));
       o << ",\"" << name << "_sent_bytes\":" << counters.sent[k] << ",\"" << name << "_calls\":" << counters.calls[k];

@@ -48,6 +48,7 @@ struct ScheduleSpec {
   // engine's; the schedule reads it from here).
   MasterWeights master = MasterWeights::fp32;
   StateFormat states = StateFormat::fp32;  // (Options::states)
+  int ranks_per_node = 0;  // comm::Topology (0: one node of every rank): hpZ's copy and node collectives
 
   bool mixed() const { return element_bytes != 4; }  // 16-bit parameters beside an fp32 master
 };
@@ -86,12 +87,41 @@ struct ScheduledBuffer {
 // communicators count it (comm/communicator.hpp: a ring moves B(N-1)/N per
 // reduce-scatter or all-gather of a B-byte buffer, twice that per
 // all-reduce); each unit is a call of its own.
+// Which ranks a collective runs over: every rank, the ranks of this rank's
+// node, or the ranks at its place on every node (comm::Topology; node() and
+// across() of a communicator).
+enum class RankGroup : std::uint8_t { all, node, across };
+
 struct ScheduledCollective {
   const char* name;  // what it moves, and when
   comm::Collective kind;
   std::uint64_t calls = 0;
   std::uint64_t elements = 0;  // sent by this rank (= received)
   std::uint64_t bytes = 0;     // sent by this rank (= received)
+  RankGroup group = RankGroup::all;
+
+  // The bytes of these that rank `rank` sends to another node
+  // (comm/topology.hpp's counting rule: a ring over every rank crosses at
+  // the last rank of each node; nothing sent inside a node crosses,
+  // everything sent across nodes does).
+  std::uint64_t across(const comm::Topology& topology, int rank) const {
+    switch (group) {
+      case RankGroup::all: return topology.ring_send_crosses(rank) ? bytes : 0;
+      case RankGroup::node: return 0;
+      case RankGroup::across: return bytes;
+    }
+    return 0;
+  }
+  // Summed over every rank: what the links between nodes carry.
+  std::uint64_t across_all_ranks(const comm::Topology& topology) const {
+    const auto nodes = static_cast<std::uint64_t>(topology.nodes());
+    switch (group) {
+      case RankGroup::all: return nodes > 1 ? nodes * bytes : 0;
+      case RankGroup::node: return 0;
+      case RankGroup::across: return static_cast<std::uint64_t>(topology.ranks) * bytes;
+    }
+    return 0;
+  }
 };
 
 struct Schedule {
@@ -126,6 +156,20 @@ struct Schedule {
   std::uint64_t calls(comm::Collective kind) const { return sum(kind, &ScheduledCollective::calls); }
   std::uint64_t elements(comm::Collective kind) const { return sum(kind, &ScheduledCollective::elements); }
   std::uint64_t bytes(comm::Collective kind) const { return sum(kind, &ScheduledCollective::bytes); }
+  // Per step: the bytes of one kind that rank `rank` sends to another node,
+  // and that all ranks together do.
+  std::uint64_t across(comm::Collective kind, const comm::Topology& topology, int rank) const {
+    std::uint64_t s = 0;
+    for (const auto& c : collectives)
+      if (c.kind == kind) s += c.across(topology, rank);
+    return s;
+  }
+  std::uint64_t across_all_ranks(comm::Collective kind, const comm::Topology& topology) const {
+    std::uint64_t s = 0;
+    for (const auto& c : collectives)
+      if (c.kind == kind) s += c.across_all_ranks(topology);
+    return s;
+  }
 
  private:
   static void add(PlacedBytes& p, const ScheduledBuffer& b) {
@@ -160,6 +204,9 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
   require(spec.offload != OffloadTier::nvme || spec.states != StateFormat::blockwise8,
           "schedule: Options::states is blockwise8, which offload nvme does not stream yet; use bf16 states with "
           "nvme, or blockwise8 with offload none or cpu");
+  require(!options.hpz || spec.stage.params_sharded,
+          "schedule: Options::hpz keeps a secondary copy of stage 3's gathered parameters inside each node; this "
+          "stage's parameters are whole on every rank: use stage 3, or turn hpz off");
   require(spec.master == MasterWeights::fp32 || spec.element_bytes == 2,
           "schedule: Options::master is remainder, but the parameters are fp32: the remainder master is bf16 "
           "parameters plus 16 bits");
@@ -182,7 +229,7 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   const std::size_t state_bytes = state_element_bytes(spec.states);
   const BufferSpec buffer_spec{stage,        separate_master, spec.element_bytes, spec.state_slots,
                                spec.overlap, spec.offload,    spec.device_backend, master_bytes,
-                               state_bytes};
+                               state_bytes,  spec.ranks_per_node};
   s.sizes = buffer_sizes(layout, buffer_spec, options);
   const BufferSizes& z = s.sizes;
   const std::uint64_t eb = spec.element_bytes;
@@ -233,6 +280,8 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
       z.reduce_staging_fp32, 4);
   add("reduce-scatter staging", "shard_staging", ReportedAs::communication_buffers, backend, z.shard_staging, eb);
   add("stage-3 gather arena", "gather_slots", ReportedAs::communication_buffers, backend, z.gather_slots, eb);
+  add("hpZ secondary copy (1/ranks_per_node of every unit)", "params", ReportedAs::params, backend,
+      z.hpz_secondary, eb);
   // The step's control values, on the backend and their host copy (page-
   // locked where the backend has such memory).
   add("control values", "control", ReportedAs::not_reported, backend, z.control, sizeof(double));
@@ -250,26 +299,39 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
 
   // ---- Collectives per optimizer step ----
   const int n = layout.ranks();
+  const comm::Topology topology = comm::Topology::checked(n, spec.ranks_per_node, "schedule: ranks_per_node");
   auto ring = [n](std::uint64_t bytes) { return comm::ByteCounters::ring_share(bytes, n); };
   const std::uint64_t micro = static_cast<std::uint64_t>(options.grad_accumulation_steps);
   // Gradients travel in fp32 when reduce_dtype asks and they are 16-bit.
   const std::uint64_t reduce_bytes = options.reduce_dtype == ReduceDType::fp32 ? 4 : eb;
   // `times` calls per unit and step, each moving the whole padded unit
   // (`passes`: 2 for an all-reduce, which reduces and then distributes).
+  // `group`: over which ranks (RankGroup).
   auto per_unit = [&](const char* name, comm::Collective kind, std::uint64_t times, std::uint64_t element_bytes,
-                      std::uint64_t passes) {
+                      std::uint64_t passes, RankGroup group = RankGroup::all) {
+    const int ranks = group == RankGroup::node ? topology.ranks_per_node
+                      : group == RankGroup::across ? topology.nodes()
+                                                   : n;
     ScheduledCollective c{name, kind};
+    c.group = group;
     for (const auto& u : layout.units()) {
       c.calls += times;
-      c.elements += times * passes * ring(u.padded);
-      c.bytes += times * passes * ring(u.padded * element_bytes);
+      c.elements += times * passes * comm::ByteCounters::ring_share(u.padded, ranks);
+      c.bytes += times * passes * comm::ByteCounters::ring_share(u.padded * element_bytes, ranks);
     }
     s.collectives.push_back(c);
   };
   using comm::Collective;
-  if (stage.params_sharded)
+  const std::uint64_t gathers = micro * static_cast<std::uint64_t>(spec.acquires_per_micro_batch);
+  if (stage.params_sharded && !options.hpz)
     per_unit("parameter all-gather at every acquire_unit (forward and backward, every micro-batch)",
-             Collective::all_gather, micro * static_cast<std::uint64_t>(spec.acquires_per_micro_batch), eb, 1);
+             Collective::all_gather, gathers, eb, 1);
+  if (stage.params_sharded && options.hpz) {
+    per_unit("parameter all-gather at a unit's first acquire_unit after a step, keeping hpZ's secondary copy",
+             Collective::all_gather, 1, eb, 1);
+    per_unit("hpZ all-gather inside the node at every later acquire_unit (backward, further micro-batches)",
+             Collective::all_gather, gathers - 1, eb, 1, RankGroup::node);
+  }
   if (stage.all_reduce_on_flush)
     per_unit("gradient all-reduce on the last micro-batch", Collective::all_reduce, 1, reduce_bytes, 2);
   if (stage.reduce_scatter_on_flush)

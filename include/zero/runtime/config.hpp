@@ -110,6 +110,10 @@ struct Config {
             "zero::Config: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits, but the "
             "precision is ", name(precision), ": use precision bf16, or master fp32 (\"master\" in a config file, "
             "--master on the command line)");
+    require(!options.hpz || stage == 3,
+            "zero::Config: hpz keeps a secondary copy of stage 3's gathered parameters inside each node, but the "
+            "stage is ", stage, ", whose parameters are whole on every rank: use stage 3, or turn hpz off (\"hpz\" "
+            "in a config file, --hpz on the command line)");
     require(!options.round_ties_away || precision == PrecisionChoice::bf16,
             "zero::Config: round_ties_away rounds bf16 parameter copies, but the precision is ", name(precision),
             ": clear it");
