@@ -353,6 +353,9 @@ int main(int argc, char** argv) {
   app.add_flag("--hpz", config.options.hpz,
                "Options::hpz (stage 3): backward's gathers inside the node from a secondary copy of 1/ranks-per-node "
                "of the parameters (ZeRO++ hpZ)");
+  app.add_flag("--qwz", config.options.qwz,
+               "Options::qwz (stage 3): parameter gathers over every rank as int8 codes with one fp32 scale per block "
+               "(ZeRO++ qwZ)");
   bool json = false;
   app.add_flag("--json", json, "Machine-readable output (schema in docs)");
 
@@ -401,6 +404,9 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--master remainder", "keeps the fp32 master as the bf16 parameters plus 16 bits: "
                                                        "use --precision bf16, or --master fp32");
     config.options.states = *zero::parse_state_format(states);
+    if (config.options.qwz && config.stage != 3)
+      throw CLI::ValidationError("--qwz", "quantizes stage 3's parameter gathers; the parameters are whole at stage " +
+                                          std::to_string(config.stage) + ": use --stage 3");
     if (config.options.hpz && config.stage != 3)
       throw CLI::ValidationError("--hpz", "keeps a secondary copy of stage 3's gathered parameters inside each node; "
                                           "the parameters are whole at stage " + std::to_string(config.stage) +

@@ -16,4 +16,5 @@
 #include "zero/comm/reduce.cuh"
 #include "zero/cuda/exact_math.cuh"
 #include "zero/kernels/cuda_elementwise.cuh"
+#include "zero/kernels/cuda_quantize.cuh"
 #include "zero/kernels/cuda_step.cuh"

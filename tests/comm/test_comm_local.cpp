@@ -39,6 +39,7 @@ std::vector<unsigned char> make_input(DType t, std::size_t count, int rank) {
       case DType::bf16: { const auto h = zero::from_float<zero::bf16>(v); std::memcpy(p, &h, 2); break; }
       case DType::f64: { const double d = static_cast<double>(v) * 1.000000001; std::memcpy(p, &d, 8); break; }
       case DType::u64: { const std::uint64_t u = rng() % 100000; std::memcpy(p, &u, 8); break; }
+      case DType::u8: *p = static_cast<unsigned char>(rng()); break;
     }
   }
   return out;
@@ -90,6 +91,7 @@ std::vector<unsigned char> reference(DType t, const std::vector<std::vector<unsi
     case DType::bf16: fold(load_as(zero::bf16{}), store_as(zero::bf16{})); break;
     case DType::f64: fold(raw_load(double{}), raw_store(double{})); break;
     case DType::u64: fold(raw_load(std::uint64_t{}), raw_store(std::uint64_t{})); break;
+    case DType::u8: break;  // bytes are gathered, never reduced
   }
   return out;
 }
@@ -404,7 +406,8 @@ TEST_CASE("comm::Local on simulated nodes: bytes across nodes, and the node and 
   // sends cross nodes exactly when r is the last rank of its node. The split
   // communicators hold the right ranks: a sum over node() is the node's
   // ranks' sum, over across() that of the ranks at the same place on every node.
-  for (const auto& [ranks, per_node] : {std::pair{2, 1}, {4, 2}, {8, 2}, {8, 4}, {4, 4}}) {
+  for (const auto& shape : {std::pair{2, 1}, {4, 2}, {8, 2}, {8, 4}, {4, 4}}) {
+    const int ranks = shape.first, per_node = shape.second;  // (Clang 14 captures no structured binding)
     CAPTURE(ranks, per_node);
     zero::comm::LocalGroup::Options o;
     o.ranks_per_node = per_node;
@@ -498,4 +501,28 @@ TEST_CASE("comm::Local's node communicator fails at once when a rank of its node
   const auto erased = zero::comm::AnyCommunicator::wrap(streamed);
   CHECK(erased->topology().nodes() == 1);
   CHECK_THROWS_WITH(erased->node(), Catch::Contains("this communicator has no node() and across()"));
+}
+
+TEST_CASE("comm::Local gathers u8 payloads byte for byte and refuses to reduce them", "[comm][local]") {
+  zero::comm::LocalGroup group(3);
+  std::vector<std::vector<unsigned char>> got(3);
+  std::vector<std::string> refused(3);
+  group.run([&](zero::comm::Local& c) {
+    std::vector<unsigned char> mine(13), all(39);
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<unsigned char>(31 * c.rank() + 7 * i + 200);
+    c.all_gather(mine.data(), all.data(), mine.size(), DType::u8);
+    got[static_cast<std::size_t>(c.rank())] = all;
+    try {
+      c.all_reduce(all.data(), all.size(), DType::u8);
+    } catch (const zero::InvalidArgument& e) {
+      refused[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    for (int s = 0; s < 3; ++s)
+      for (std::size_t i = 0; i < 13; ++i)
+        CHECK(got[r][13 * s + i] == static_cast<unsigned char>(31 * s + 7 * i + 200));
+    CHECK_THAT(refused[r], Catch::Contains("a reduction (all_reduce or reduce_scatter) of DType::u8"));
+  }
+  CHECK(zero::dtype_bytes(DType::u8) == 1);
 }

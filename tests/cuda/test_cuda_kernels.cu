@@ -28,11 +28,13 @@
 
 #include "zero/cuda/check.hpp"
 #include "zero/error.hpp"
+#include "zero/kernels/cuda_quantize.cuh"
 #include "zero/kernels/cuda_step.cuh"
 #include "zero/kernels/host_step.hpp"
 #include "zero/optim/adam.hpp"
 #include "zero/optim/sgd.hpp"
 #include "zero/precision/stochastic.hpp"
+#include "zero/quant/symmetric.hpp"
 
 #include "check_harness.hpp"
 
@@ -439,6 +441,46 @@ void lean_tests(const Options& o, cudaStream_t stream) {
   std::fflush(stdout);
 }
 
+// ---- qwZ's int8 blocks: device payload and values == host, bit for bit ----
+template <class T>
+void qwz_case(std::size_t n, std::size_t block, cudaStream_t stream) {
+  const std::string what = fmt("qwz %s n=%zu block=%zu", zero::dtype_traits<T>::name, n, block);
+  std::vector<T> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = zero::from_float<T>(0.03f * uniform(1234 + n, i) - 0.015f);
+  if (n > 5) x[5] = zero::from_float<T>(0.0f);
+  const std::size_t bytes = zero::quant::int8_payload_bytes(n, block);
+  std::vector<unsigned char> host(bytes, 0);
+  const auto p = zero::quant::Int8Payload::at(host.data(), n);
+  zero::quant::host_quantize_int8(x.data(), n, block, p.codes, p.scales);
+  std::vector<T> host_back(n);
+  zero::quant::host_dequantize_int8(p.codes, p.scales, n, block, host_back.data());
+  DeviceArray<T> dx(n), dback(n);
+  DeviceArray<unsigned char> dpayload(bytes);
+  dx.upload(x, stream);
+  ZERO_CUDA_CHECK(cudaMemsetAsync(dpayload.get(), 0, bytes, stream));  // (the codes' padding bytes)
+  zero::kernels::cuda_quantize_int8(dx.get(), n, block, dpayload.get(), stream);
+  zero::kernels::cuda_dequantize_int8(dpayload.get(), n, block, dback.get(), stream);
+  const auto device = dpayload.download(stream);
+  std::string why;
+  const bool payload_same = std::memcmp(device.data(), host.data(), bytes) == 0;
+  if (!payload_same) why += "payload bytes differ; ";
+  const bool values_same = same_bits(host_back, dback.download(stream), 0, "values", why);
+  CHECK(payload_same && values_same, what + ": " + why);
+}
+
+void qwz_tests(const Options& o, cudaStream_t stream) {
+  const int failed_before = g_failed, passed_before = g_passed;
+  const std::size_t big = o.quick ? 70001 : (std::size_t{1} << 22) + 7;
+  for (const std::size_t block : {std::size_t{32}, std::size_t{2048}, std::size_t{1} << 16})
+    for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{2049}, big}) {
+      qwz_case<float>(n, block, stream);
+      qwz_case<bf16>(n, block, stream);
+      qwz_case<fp16>(n, block, stream);
+    }
+  std::printf("qwz int8 blocks %d passed, %d failed\n", g_passed - passed_before, g_failed - failed_before);
+  std::fflush(stdout);
+}
+
 // ---- a shard beyond 2^31 elements -----------------------------------------
 // Element i as the host computes it: grad_value(seed, i), or
 // scale x uniform(seed, i).
@@ -719,7 +761,7 @@ void error_tests(cudaStream_t stream) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (!zero::test::parse_test_args(argc, argv, {"errors", "stats", "step", "lean", "large"}, true, o)) return 2;
+  if (!zero::test::parse_test_args(argc, argv, {"errors", "stats", "step", "lean", "qwz", "large"}, true, o)) return 2;
   if (zero::test::no_cuda_device()) return 77;
   try {
     cudaDeviceProp prop{};
@@ -735,6 +777,7 @@ int main(int argc, char** argv) {
     }
     if (o.runs("step")) step_tests(o, stream);
     if (o.runs("lean")) lean_tests(o, stream);
+    if (o.runs("qwz")) qwz_tests(o, stream);
     if (o.runs("large") && !o.quick) large_shard_test(stream);
   } catch (const std::exception& e) {
     CHECK(false, std::string("uncaught exception: ") + e.what());

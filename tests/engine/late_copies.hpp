@@ -131,6 +131,16 @@ struct Ops<LateCopies> {
     in_order();
     Eager::fused_step(args);
   }
+  template <class T>
+  static void quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload) {
+    in_order();
+    Eager::quantize_int8(x, n, block, payload);
+  }
+  template <class T>
+  static void dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out) {
+    in_order();
+    Eager::dequantize_int8(payload, n, block, out);
+  }
   // Each is one wait for the stream (counted: a step should make one).
   template <class Grad>
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {

@@ -128,6 +128,14 @@ struct Ops<DeferredLane> {
   static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
     enqueue([args] { Eager::fused_step(args); });
   }
+  template <class T>
+  static void quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload) {
+    enqueue([=] { Eager::quantize_int8(x, n, block, payload); });
+  }
+  template <class T>
+  static void dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out) {
+    enqueue([=] { Eager::dequantize_int8(payload, n, block, out); });
+  }
   template <class Grad>
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {
     wait_current();

@@ -191,6 +191,7 @@ struct Variant {
   // (MasterWeights::remainder; the other precisions keep an fp32 master).
   bool remainder = false;
   bool hpz = false;  // stage 3 only (Options::hpz): the secondary copy and the gathers inside the node
+  std::size_t qwz_block = 0;  // stage 3 only: Options::qwz with blocks of this many elements (0: off)
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -227,13 +228,17 @@ void check_plan_against_optimizers() {
       // steady state of one gather over every rank per unit and step.)
       {"hpZ: one unit per bucket, accumulate 2, prefetch 2", 2, 1, 2, ReduceDType::same_as_grad, false, 0,
        zero::GradWrites::overwrite, 2, false, true},
+      {"qwZ, blocks of 32: defaults", 1, std::size_t{32} << 20, 1, ReduceDType::same_as_grad, false, 0,
+       zero::GradWrites::overwrite, 2, false, false, 32},
+      {"hpZ and qwZ, blocks of 2048: accumulate 2, prefetch 0", 2, std::size_t{32} << 20, 0, ReduceDType::same_as_grad,
+       false, 0, zero::GradWrites::overwrite, 2, false, true, 2048},
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
   for (const auto& model : models)
     for (const int ranks : {1, 2, 3, 4, 7})
       for (const auto& v : variants) {
-        if (v.hpz && O::stage != 3) continue;
+        if ((v.hpz || v.qwz_block != 0) && O::stage != 3) continue;
         INFO("stage " << O::stage << ", " << plan::name(plan::precision_of<typename O::precision_policy>()) << ", "
                       << O::optimizer_policy::name << ", offload " << O::offload_policy::name << ", backend "
                       << O::backend_policy::name << ", " << ranks << " rank(s), " << v.name << ", model "
@@ -250,6 +255,8 @@ void check_plan_against_optimizers() {
         constexpr bool bf16_params = std::is_same_v<typename O::param_type, zero::bf16>;
         if (bf16_params && v.remainder) options.master = zero::MasterWeights::remainder;
         options.hpz = v.hpz;
+        options.qwz = v.qwz_block != 0;
+        if (options.qwz) options.qwz_block = v.qwz_block;
         std::optional<TempDir> dir;
         if constexpr (nvme) {
           dir.emplace();

@@ -111,6 +111,19 @@ for micro in (1, 3):
     params = {d: sum(l["device"] for l in doc["lines"] if l["name"] == "params") for d, doc in (("plain", plain),
                                                                                             ("hpz", hpz))}
     check(params["hpz"] - params["plain"] == 2 * phi // 4, f"{what}: the secondary copy {params}")
+# qwZ: every gather over all ranks sends (N-1) int8 payloads of a shard
+# (codes, then one fp32 scale per 2048 elements): units of Φ/8, shards of Φ/64.
+shard = phi // 8 // 8
+payload = (shard + 3) // 4 * 4 + 4 * ((shard + 2047) // 2048)
+base = ("--params", str(phi), "--units", "8", "--stage", "3", "--precision", "bf16", "--ranks-per-node", "4",
+        "--nodes", "2")
+qwz = plan_json(*base, "--qwz")
+check(qwz["comm"]["bytes_sent_per_step"] == 2 * 8 * 7 * payload + 2 * 8 * 7 * shard,
+      f"qwz: bytes sent {qwz['comm']} (gathers of payloads, the bf16 reduce-scatter)")
+both = plan_json(*base, "--qwz", "--hpz")
+check(both["comm"]["across_nodes_bytes_per_step_busiest_rank"] == 8 * 7 * payload + 8 * 7 * 2 * shard,
+      f"qwz and hpz: across {both['comm']}")
+check(sum(l["device"] for l in qwz["lines"] if l["name"] == "qwz_staging") == 8 * payload, "qwz: the payload staging")
 r = run("--params", "1M", "--stage", "2", "--hpz")
 check(r.returncode != 0 and "--hpz" in r.stderr and "use --stage 3" in r.stderr, f"--hpz at stage 2: {r.stderr}")
 

@@ -257,6 +257,15 @@ struct Ops<Cuda> {
   static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
     kernels::cuda_fused_step(args, stream());
   }
+  // ZeRO++ qwZ: x[0, n) as an int8 payload (quant/symmetric.hpp) and back.
+  template <class T>
+  static void quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload) {
+    kernels::cuda_quantize_int8(x, n, block, payload, stream());
+  }
+  template <class T>
+  static void dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out) {
+    kernels::cuda_dequantize_int8(payload, n, block, out, stream());
+  }
 
   // Squared norm and inf/NaN of grad[0, n): waits for the stream and returns
   // the result. Allocates only on a thread's first call on each device (its

@@ -22,6 +22,7 @@
 #include "zero/kernels/host_step.hpp"
 #include "zero/policies.hpp"
 #include "zero/precision/convert.hpp"
+#include "zero/quant/symmetric.hpp"
 
 namespace zero::backend {
 
@@ -80,6 +81,17 @@ struct Ops<Host> {
   template <class Opt, class Grad, class Param>
   static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
     kernels::host_fused_step(args);
+  }
+  // ZeRO++ qwZ: x[0, n) as an int8 payload (quant/symmetric.hpp) and back.
+  template <class T>
+  static void quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload) {
+    const quant::Int8Payload p = quant::Int8Payload::at(payload, n);
+    quant::host_quantize_int8(x, n, block, p.codes, p.scales);
+  }
+  template <class T>
+  static void dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out) {
+    const quant::Int8Payload p = quant::Int8Payload::at(const_cast<void*>(payload), n);
+    quant::host_dequantize_int8(p.codes, p.scales, n, block, out);
   }
   template <class Grad>
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {

@@ -28,6 +28,14 @@ namespace zero::comm {
 // Declared beside DType (zero/precision/types.hpp); its name here too.
 using zero::ReduceOp;
 
+namespace detail {
+// DType::u8 is for payloads that collectives move (gathers, broadcasts):
+// bytes of codes and scales have no sum.
+inline constexpr const char* reduce_bytes_refused =
+    "a reduction (all_reduce or reduce_scatter) of DType::u8: u8 is for payloads collectives move and never add "
+    "(quantized codes and their scales); reduce a numeric type";
+}  // namespace detail
+
 // What the engine sends, by purpose: bulk gradient and parameter traffic is
 // what the ZeRO paper's formulas describe; control traffic (norms, overflow
 // flags, layout hashes) is a few bytes per step, reported on its own line.

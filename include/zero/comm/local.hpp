@@ -298,6 +298,7 @@ class Local {
   }
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
+    require(t != DType::u8, "comm::Local: ", detail::reduce_bytes_refused);
     publish({Call::Kind::all_reduce, count, t, op}, buf, buf, "all_reduce");
     // Each piece of elements is reduced over every rank's buffer and written
     // into all of them: each byte is read once and written once.
@@ -311,6 +312,7 @@ class Local {
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
+    require(t != DType::u8, "comm::Local: ", detail::reduce_bytes_refused);
     const std::size_t bytes = dtype_bytes(t);
     publish({Call::Kind::reduce_scatter, recv_count, t}, send, recv, "reduce_scatter");
     const int n = size();

@@ -64,6 +64,7 @@ inline void cuda_reduce(DType t, void* out, const void* const* inputs, int k, st
     case DType::bf16: launch_reduce<bf16>(out, in, k, n, sum, stream); break;
     case DType::f64: launch_reduce<double>(out, in, k, n, sum, stream); break;
     case DType::u64: launch_reduce<std::uint64_t>(out, in, k, n, sum, stream); break;
+    case DType::u8: throw InvalidArgument(reduce_bytes_refused);
   }
   cuda::check_launch("zero::comm::detail::cuda_reduce<", dtype_name(t), "> (", k, " inputs, ", n, " elements)");
 }
@@ -119,6 +120,7 @@ class LocalDevice {
   }
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
+    require(t != DType::u8, "comm::LocalDevice: ", detail::reduce_bytes_refused);
     const std::size_t bytes = dtype_bytes(t);
     const int n = size();
     publish(buf, buf, "all_reduce");
@@ -138,6 +140,7 @@ class LocalDevice {
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
+    require(t != DType::u8, "comm::LocalDevice: ", detail::reduce_bytes_refused);
     const std::size_t bytes = dtype_bytes(t);
     const int n = size();
     publish(send, recv, "reduce_scatter");

@@ -255,6 +255,7 @@ class Mpi {
   }
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
+    require(t != DType::u8, "comm::Mpi: ", detail::reduce_bytes_refused);
     Call call = start("all_reduce", count, t);
     complete(call, MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), type(t), mpi_op(t, op), comm_, &call.request),
              "MPI_Iallreduce");
@@ -266,6 +267,7 @@ class Mpi {
     const char* own_block = static_cast<const char*>(send) + static_cast<std::size_t>(rank_) * recv_count * bytes;
     // In place, MPI leaves the result at the start of the buffer.
     const bool in_place = recv == own_block;
+    require(t != DType::u8, "comm::Mpi: ", detail::reduce_bytes_refused);
     void* result = in_place ? const_cast<void*>(send) : recv;
     Call call = start("reduce_scatter", recv_count, t);
     complete(call,
@@ -453,6 +455,7 @@ class Mpi {
       case DType::f32: return MPI_FLOAT;
       case DType::f64: return MPI_DOUBLE;
       case DType::u64: return MPI_UINT64_T;
+      case DType::u8: return MPI_UINT8_T;
       case DType::f16:
       case DType::bf16: return half_type_;
     }

@@ -151,6 +151,7 @@ class Nccl {
   void reset_counters() { s_->counters = {}; }
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
+    require(t != DType::u8, "comm::Nccl: ", detail::reduce_bytes_refused);
     const State::Call call(*s_, "all_reduce", count, t);
     if (count != 0)
       s_->check(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), s_->comm, s_->stream), "ncclAllReduce");
@@ -160,6 +161,7 @@ class Nccl {
 
   // In place when recv == send + rank() * recv_count (NCCL's own rule).
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
+    require(t != DType::u8, "comm::Nccl: ", detail::reduce_bytes_refused);
     const State::Call call(*s_, "reduce_scatter", recv_count, t);
     if (recv_count != 0)
       s_->check(ncclReduceScatter(send, recv, recv_count, nccl_type(t), ncclSum, s_->comm, s_->stream),
@@ -234,6 +236,7 @@ class Nccl {
       case DType::bf16: return ncclBfloat16;
       case DType::f64: return ncclFloat64;
       case DType::u64: return ncclUint64;
+      case DType::u8: return ncclUint8;
     }
     return ncclFloat32;
   }

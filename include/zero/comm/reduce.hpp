@@ -289,6 +289,7 @@ inline void reduce(DType t, const ReduceArgs& a, ReduceOp op) {
     case DType::bf16: return reduce_dispatch<bf16>(a, op);
     case DType::f64: return reduce_dispatch<double>(a, op);
     case DType::u64: return reduce_dispatch<std::uint64_t>(a, op);
+    case DType::u8: throw InvalidArgument(reduce_bytes_refused);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/stage_plan.hpp"
+#include "zero/quant/symmetric.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/disk_window.hpp"
 
@@ -191,6 +192,7 @@ struct BufferSizes {
   std::size_t gather_slots = 0;    // stage 3, parameter type: the arena of the (prefetch + 1) largest units
   std::size_t gather_slot_count = 0;  // units the arena holds at once (prefetch + 1)
   std::size_t hpz_secondary = 0;   // stage 3 with Options::hpz, parameter type: every unit's hpz_part
+  std::size_t qwz_staging = 0;     // stage 3 with Options::qwz, bytes: every rank's int8 payload of the largest shard
   std::size_t control = 0;         // doubles: the step's [sum of squares, one report per rank]
   std::size_t max_unit = 0;        // largest padded unit
   std::size_t max_shard = 0;       // largest shard
@@ -244,6 +246,9 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     s.gather_slots = gather_arena_elements(layout, s.gather_slot_count);
     if (options.hpz)
       for (const auto& u : layout.units()) s.hpz_secondary += hpz_part(u.padded, spec.ranks_per_node, layout.ranks());
+    if (options.qwz)
+      s.qwz_staging = checked_mul(static_cast<std::size_t>(layout.ranks()),
+                                  quant::int8_payload_bytes(s.max_shard, options.qwz_block), "finalize(): qwZ's payloads");
   }
   s.control = 1 + static_cast<std::size_t>(layout.ranks());
   if (offload_host_staging(spec)) {

@@ -68,6 +68,9 @@ void Engine<P, O, B>::finalize() {
   require(!options_.hpz || rules.params_sharded,
           "ZeroOptimizer: Options::hpz keeps a secondary copy of stage 3's gathered parameters inside each node; "
           "at stage ", stage(), " the parameters are whole on every rank: use stage 3, or turn hpz off");
+  require(!options_.qwz || rules.params_sharded,
+          "ZeroOptimizer: Options::qwz quantizes stage 3's parameter gathers; at stage ", stage(),
+          " no parameters are gathered before use: use stage 3, or turn qwz off");
   // hpZ gathers inside the node: every rank splits the communicator now (collective).
   if (options_.hpz) (void)comm_->node();
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
@@ -128,6 +131,11 @@ void Engine<P, O, B>::finalize() {
                                               "turn Options::hpz off, or put more ranks on each node (the copy is "
                                               "1/ranks_per_node of the parameters)"),
                          comm_->node());
+    if (options_.qwz)
+      gatherer_.bind_qwz(allocate<std::uint8_t>(sizes.qwz_staging, "qwZ payloads (every rank's int8 shard)",
+                                                "turn Options::qwz off, or lower Options::qwz_block's overhead by "
+                                                "splitting the largest unit"),
+                         options_.qwz_block);
   }
   control_.bind(sizes.control, comm_);
   require(!options_.release_memory_pages || !B::device,
@@ -232,7 +240,8 @@ void Engine<P, O, B>::account_memory() {
   m.placed.grads.host += update_.host_grad_bytes();
   m.placed.master = update_.store().master_bytes();
   m.placed.optimizer_states = update_.store().state_bytes();
-  m.placed.communication_buffers = in_backend(reducer_.staging_bytes() + gatherer_.arena_bytes());
+  m.placed.communication_buffers =
+      in_backend(reducer_.staging_bytes() + gatherer_.arena_bytes() + gatherer_.payload_bytes());
   m.placed.communication_buffers.host += update_.host_staging_bytes();
   m.params = m.placed.params.total();
   m.grads = m.placed.grads.total();

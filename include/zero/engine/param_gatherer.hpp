@@ -17,6 +17,12 @@
 // The parts are copies of the same values, so the unit is the same bit for
 // bit; the copies go stale exactly when a gathered copy does (drop_all, drop).
 //
+// Options::qwz (ZeRO++'s quantized weights): a gather over every rank sends
+// each shard as its int8 payload (quant/symmetric.hpp: codes and one fp32
+// scale per block of the shard) into the payload staging, and every rank
+// dequantizes all payloads into the unit: the same values on every rank,
+// within half a quantization step of the parameters.
+//
 // Contract: acquire(u) is collective (every rank acquires the same units in
 // the same order); release(u) frees the unit's room at once; a unit acquired
 // and not released keeps its values until released.
@@ -27,6 +33,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -36,6 +43,7 @@
 #include "zero/engine/layout.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
+#include "zero/quant/symmetric.hpp"
 
 namespace zero::detail {
 
@@ -83,6 +91,13 @@ class ParamGatherer {
             "units' parts ", offset);
   }
   std::uint64_t secondary_bytes() const { return secondary_.bytes(); }
+  // Options::qwz, after bind(): room for every rank's payload of the
+  // largest shard, and the elements per scale.
+  void bind_qwz(Buffer<std::uint8_t> payloads, std::size_t block) {
+    payloads_ = std::move(payloads);
+    qwz_block_ = block;
+  }
+  std::uint64_t payload_bytes() const { return payloads_.bytes(); }
 
   // Collective: unit u whole, gathered now unless held already, and the next
   // prefetch_units units in the pass's direction (backward: downwards)
@@ -151,9 +166,20 @@ class ParamGatherer {
       node_->all_gather(mine, dst, part, dtype_traits<T>::dtype, false);
       return;
     }
-    T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
-    Ops::copy(mine, shards_ + u.shard_offset, u.shard);
-    (*channel_)->all_gather(mine, dst, u.shard, dtype_traits<T>::dtype, false);
+    if (qwz_block_ != 0) {
+      const std::size_t payload = quant::int8_payload_bytes(u.shard, qwz_block_);
+      std::uint8_t* all = payloads_.data();
+      std::uint8_t* mine = all + static_cast<std::size_t>(channel_->rank()) * payload;
+      Ops::quantize_int8(shards_ + u.shard_offset, u.shard, qwz_block_, mine);
+      (*channel_)->all_gather(mine, all, payload, DType::u8, false);
+      for (int r = 0; r < channel_->size(); ++r)
+        Ops::dequantize_int8(all + static_cast<std::size_t>(r) * payload, u.shard, qwz_block_,
+                             dst + static_cast<std::size_t>(r) * u.shard);
+    } else {
+      T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
+      Ops::copy(mine, shards_ + u.shard_offset, u.shard);
+      (*channel_)->all_gather(mine, dst, u.shard, dtype_traits<T>::dtype, false);
+    }
     if (node_ != nullptr) {
       const std::size_t part = hpz_part_of(unit);
       Ops::copy(secondary_.data() + secondary_offset_[unit], dst + static_cast<std::size_t>(node_->rank()) * part,
@@ -293,6 +319,9 @@ class ParamGatherer {
   comm::AnyCommunicator* node_ = nullptr;
   std::vector<std::size_t> secondary_offset_;  // per unit: its part in secondary_
   std::vector<bool> secondary_valid_;          // per unit: the part holds the current values
+  // Options::qwz (bind_qwz): every rank's payload; qwz_block_ 0 without qwZ.
+  Buffer<std::uint8_t> payloads_;
+  std::size_t qwz_block_ = 0;
 };
 
 }  // namespace zero::detail

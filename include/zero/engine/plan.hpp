@@ -200,8 +200,8 @@ struct CommVolume {
 // swap_padding). Each is the sum of the schedule's buffers of that name.
 inline constexpr const char* model_state_lines[] = {"params", "grads", "master", "optimizer_states"};
 inline constexpr const char* buffer_lines[] = {"gradient_staging", "reduce_staging_fp32", "shard_staging",
-                                               "gather_slots",     "param_staging",       "nvme_window",
-                                               "control",          "swap_padding"};
+                                               "gather_slots",     "qwz_staging",         "param_staging",
+                                               "nvme_window",      "control",             "swap_padding"};
 
 struct Plan {
   Config config;
@@ -384,6 +384,7 @@ inline std::string to_json(const Plan& p) {
     << "\",\"delayed_update\":" << (c.options.delayed_update ? "true" : "false")
     << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << ",\"master\":\"" << name(c.options.master)
     << "\",\"states\":\"" << name(c.options.states) << "\",\"hpz\":" << (c.options.hpz ? "true" : "false")
+    << ",\"qwz\":" << (c.options.qwz ? "true" : "false") << ",\"qwz_block\":" << c.options.qwz_block
     << "},\"lines\":[";
   for (std::size_t i = 0; i < p.lines.size(); ++i) {
     o << (i ? "," : "") << "{\"name\":\"" << p.lines[i].name << "\",";

@@ -89,6 +89,8 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::state_block", static_cast<std::uint64_t>(options.state_block), number},
       {"Options::state_fp32_below", static_cast<std::uint64_t>(options.state_fp32_below), number},
       {"Options::hpz", options.hpz ? 1u : 0u, flag},
+      {"Options::qwz", options.qwz ? 1u : 0u, flag},
+      {"Options::qwz_block", static_cast<std::uint64_t>(options.qwz_block), number},
       {"Options::seed", options.seed, number},
       {"Options::delayed_update", options.delayed_update ? 1u : 0u, flag},
       {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options.delayed_update_warmup), number},

@@ -207,6 +207,9 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
   require(!options.hpz || spec.stage.params_sharded,
           "schedule: Options::hpz keeps a secondary copy of stage 3's gathered parameters inside each node; this "
           "stage's parameters are whole on every rank: use stage 3, or turn hpz off");
+  require(!options.qwz || spec.stage.params_sharded,
+          "schedule: Options::qwz quantizes stage 3's parameter gathers; this stage gathers no parameters before use: "
+          "use stage 3, or turn qwz off");
   require(spec.master == MasterWeights::fp32 || spec.element_bytes == 2,
           "schedule: Options::master is remainder, but the parameters are fp32: the remainder master is bf16 "
           "parameters plus 16 bits");
@@ -282,6 +285,8 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   add("stage-3 gather arena", "gather_slots", ReportedAs::communication_buffers, backend, z.gather_slots, eb);
   add("hpZ secondary copy (1/ranks_per_node of every unit)", "params", ReportedAs::params, backend,
       z.hpz_secondary, eb);
+  add("qwZ payloads (every rank's int8 codes and scales of a shard)", "qwz_staging",
+      ReportedAs::communication_buffers, backend, z.qwz_staging, 1);
   // The step's control values, on the backend and their host copy (page-
   // locked where the backend has such memory).
   add("control values", "control", ReportedAs::not_reported, backend, z.control, sizeof(double));
@@ -306,29 +311,38 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   const std::uint64_t reduce_bytes = options.reduce_dtype == ReduceDType::fp32 ? 4 : eb;
   // `times` calls per unit and step, each moving the whole padded unit
   // (`passes`: 2 for an all-reduce, which reduces and then distributes).
-  // `group`: over which ranks (RankGroup).
+  // `group`: over which ranks (RankGroup); `qwz`: the unit travels as every
+  // rank's int8 payload of its shard (quant/symmetric.hpp).
   auto per_unit = [&](const char* name, comm::Collective kind, std::uint64_t times, std::uint64_t element_bytes,
-                      std::uint64_t passes, RankGroup group = RankGroup::all) {
+                      std::uint64_t passes, RankGroup group = RankGroup::all, bool qwz = false) {
     const int ranks = group == RankGroup::node ? topology.ranks_per_node
                       : group == RankGroup::across ? topology.nodes()
                                                    : n;
     ScheduledCollective c{name, kind};
     c.group = group;
     for (const auto& u : layout.units()) {
+      const std::uint64_t bytes = qwz ? static_cast<std::uint64_t>(ranks) *
+                                            quant::int8_payload_bytes(u.shard, options.qwz_block)
+                                      : u.padded * element_bytes;
       c.calls += times;
       c.elements += times * passes * comm::ByteCounters::ring_share(u.padded, ranks);
-      c.bytes += times * passes * comm::ByteCounters::ring_share(u.padded * element_bytes, ranks);
+      c.bytes += times * passes * comm::ByteCounters::ring_share(bytes, ranks);
     }
     s.collectives.push_back(c);
   };
   using comm::Collective;
   const std::uint64_t gathers = micro * static_cast<std::uint64_t>(spec.acquires_per_micro_batch);
   if (stage.params_sharded && !options.hpz)
-    per_unit("parameter all-gather at every acquire_unit (forward and backward, every micro-batch)",
-             Collective::all_gather, gathers, eb, 1);
+    per_unit(options.qwz ? "parameter all-gather of int8 codes and scales (qwZ) at every acquire_unit (forward and "
+                           "backward, every micro-batch)"
+                         : "parameter all-gather at every acquire_unit (forward and backward, every micro-batch)",
+             Collective::all_gather, gathers, eb, 1, RankGroup::all, options.qwz);
   if (stage.params_sharded && options.hpz) {
-    per_unit("parameter all-gather at a unit's first acquire_unit after a step, keeping hpZ's secondary copy",
-             Collective::all_gather, 1, eb, 1);
+    per_unit(options.qwz ? "parameter all-gather of int8 codes and scales (qwZ) at a unit's first acquire_unit after "
+                           "a step, keeping hpZ's secondary copy"
+                         : "parameter all-gather at a unit's first acquire_unit after a step, keeping hpZ's "
+                           "secondary copy",
+             Collective::all_gather, 1, eb, 1, RankGroup::all, options.qwz);
     per_unit("hpZ all-gather inside the node at every later acquire_unit (backward, further micro-batches)",
              Collective::all_gather, gathers - 1, eb, 1, RankGroup::node);
   }

@@ -25,6 +25,7 @@
 #include "zero/comm/reduce.cuh"
 #include "zero/kernels/cuda_elementwise.cuh"
 #include "zero/kernels/cuda_launchers.hpp"
+#include "zero/kernels/cuda_quantize.cuh"
 #include "zero/kernels/cuda_step.cuh"
 #include "zero/precision/types.hpp"
 
@@ -39,6 +40,9 @@
   template void ::zero::kernels::detail::launch_grad_stats<Grad>(   \
       int, int, const Grad*, std::size_t, std::size_t, std::size_t, \
       const ::zero::kernels::detail::GradStatsWorkspace&, bool, cudaStream_t);
+#define ZERO_DETAIL_CUDA_QUANTIZE(T)                                                                   \
+  template void ::zero::kernels::cuda_quantize_int8<T>(const T*, std::size_t, std::size_t, void*, cudaStream_t); \
+  template void ::zero::kernels::cuda_dequantize_int8<T>(const void*, std::size_t, std::size_t, T*, cudaStream_t);
 #define ZERO_DETAIL_CUDA_REDUCE(T)                                                                            \
   template void ::zero::comm::detail::launch_reduce<T>(void*, const ::zero::comm::detail::ReduceInputs&, int, \
                                                        std::size_t, bool, cudaStream_t);
@@ -50,6 +54,9 @@
   ZERO_DETAIL_CUDA_GRAD_STATS(float)                                                          \
   ZERO_DETAIL_CUDA_GRAD_STATS(::zero::bf16)                                                   \
   ZERO_DETAIL_CUDA_GRAD_STATS(::zero::fp16)                                                   \
+  ZERO_DETAIL_CUDA_QUANTIZE(float)                                                            \
+  ZERO_DETAIL_CUDA_QUANTIZE(::zero::bf16)                                                     \
+  ZERO_DETAIL_CUDA_QUANTIZE(::zero::fp16)                                                     \
   ZERO_DETAIL_CUDA_REDUCE(float)                                                              \
   ZERO_DETAIL_CUDA_REDUCE(double)                                                             \
   ZERO_DETAIL_CUDA_REDUCE(::zero::bf16)                                                       \

@@ -42,6 +42,14 @@ void cuda_accumulate(T* dst, const S* src, std::size_t n, cudaStream_t stream);
 // of leading elements, else element by element. Results are bit-identical to
 // host_fused_step on the same inputs. Throws InvalidArgument for a null
 // array or a bad launch shape, BackendError when the launch fails.
+// ZeRO++ qwZ (quant/symmetric.hpp): x[0, n) quantized into the int8 payload
+// (int8_payload_bytes(n, block) bytes), and a payload back into out[0, n),
+// enqueued on `stream`; the bytes and values of the host loops.
+template <class T>
+void cuda_quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload, cudaStream_t stream);
+template <class T>
+void cuda_dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out, cudaStream_t stream);
+
 template <class Opt, class Grad, class Param>
 void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t stream, const CudaLaunch& launch = {});
 

@@ -33,7 +33,9 @@ static_assert(std::is_trivially_copyable_v<fp16> && std::is_trivially_copyable_v
 // Element type tags understood by every communicator (NCCL, MPI, Local) so
 // that headers which describe buffers need not include nccl.h or mpi.h.
 // f64 and u64 are for the engine's own control messages (norms, hashes).
-enum class DType : std::uint8_t { f32, f16, bf16, f64, u64 };
+// u8: bytes that collectives move but never reduce (quantized payloads:
+// codes and their scales, ZeRO++'s qwZ).
+enum class DType : std::uint8_t { f32, f16, bf16, f64, u64, u8 };
 
 // How a reduction combines the ranks' elements: with DType, all that code
 // which describes a collective needs, without including a communicator.
@@ -75,6 +77,7 @@ inline constexpr std::size_t dtype_bytes(DType t) {
     case DType::bf16: return 2;
     case DType::f64:
     case DType::u64: return 8;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -85,6 +88,7 @@ inline constexpr const char* dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::f64: return "f64";
     case DType::u64: return "u64";
+    case DType::u8: return "u8";
   }
   return "?";
 }

@@ -114,6 +114,10 @@ struct Config {
             "zero::Config: hpz keeps a secondary copy of stage 3's gathered parameters inside each node, but the "
             "stage is ", stage, ", whose parameters are whole on every rank: use stage 3, or turn hpz off (\"hpz\" "
             "in a config file, --hpz on the command line)");
+    require(!options.qwz || stage == 3,
+            "zero::Config: qwz quantizes stage 3's parameter gathers, but the stage is ", stage,
+            ", which gathers no parameters before use: use stage 3, or turn qwz off (\"qwz\" in a config file, --qwz "
+            "on the command line)");
     require(!options.round_ties_away || precision == PrecisionChoice::bf16,
             "zero::Config: round_ties_away rounds bf16 parameter copies, but the precision is ", name(precision),
             ": clear it");

@@ -84,6 +84,8 @@ void config_keys(C& c, Visit& v) {
   v.field("state_block", o.state_block);
   v.field("state_fp32_below", o.state_fp32_below);
   v.field("hpz", o.hpz);
+  v.field("qwz", o.qwz);
+  v.field("qwz_block", o.qwz_block);
   v.field("offload_threads", o.offload_threads);
   v.field("require_pinned_memory", o.require_pinned_memory);
   v.field("pinned_piece_bytes", o.pinned_piece_bytes);
