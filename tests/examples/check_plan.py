@@ -112,9 +112,9 @@ for micro in (1, 3):
                                                                                             ("hpz", hpz))}
     check(params["hpz"] - params["plain"] == 2 * phi // 4, f"{what}: the secondary copy {params}")
 # qwZ: every gather over all ranks sends (N-1) int8 payloads of a shard
-# (codes, then one fp32 scale per 2048 elements): units of Φ/8, shards of Φ/64.
+# (codes, then one fp32 scale per 256 elements): units of Φ/8, shards of Φ/64.
 shard = phi // 8 // 8
-payload = (shard + 3) // 4 * 4 + 4 * ((shard + 2047) // 2048)
+payload = (shard + 3) // 4 * 4 + 4 * ((shard + 255) // 256)
 base = ("--params", str(phi), "--units", "8", "--stage", "3", "--precision", "bf16", "--ranks-per-node", "4",
         "--nodes", "2")
 qwz = plan_json(*base, "--qwz")
