@@ -35,22 +35,26 @@ template <class T>
 __global__ void __launch_bounds__(quantize_threads)
     quantize_int8_kernel(const T* x, std::size_t n, std::size_t block, std::int8_t* codes, float* scales) {
   cuda::require_exact_float_flags();
-  __shared__ float partial[quantize_threads];
+  __shared__ std::int32_t partial[quantize_threads];
   const std::size_t blocks = quant::symmetric_blocks(n, block);
   for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     const std::size_t begin = b * block, end = begin + block < n ? begin + block : n;
-    float absmax = 0.0f;
-    for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x) absmax = fmaxf(absmax, fabsf(to_float(x[i])));
-    partial[threadIdx.x] = absmax;
+    std::int32_t largest = 0;
+    for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const std::int32_t m = quant::magnitude_bits(to_float(x[i]));
+      largest = m > largest ? m : largest;
+    }
+    partial[threadIdx.x] = largest;
     __syncthreads();
     for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
-      if (threadIdx.x < half) partial[threadIdx.x] = fmaxf(partial[threadIdx.x], partial[threadIdx.x + half]);
+      if (threadIdx.x < half && partial[threadIdx.x + half] > partial[threadIdx.x])
+        partial[threadIdx.x] = partial[threadIdx.x + half];
       __syncthreads();
     }
-    absmax = partial[0];
+    const float absmax = quant::magnitude_of(partial[0]);
     const float inverse = quant::symmetric_inverse(absmax, quant::int8_levels);
     for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x)
-      codes[i] = quant::symmetric_code(to_float(x[i]), inverse, quant::int8_levels);
+      codes[i] = quant::symmetric_code(to_float(x[i]), inverse);
     if (threadIdx.x == 0) scales[b] = quant::symmetric_scale(absmax, quant::int8_levels);
     __syncthreads();  // partial[] is reused by the next block
   }

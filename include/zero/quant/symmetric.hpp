@@ -7,12 +7,14 @@
 //
 // The code: symmetric, one scale per block. With L = 127 (int8) and the
 // block's largest magnitude A, the scale is s = A / L and element x is sent
-// as q = rint(clamp(x * (L / A), -L, L)) (round half to even), read back as
-// q * s. |q * s - x| <= s / 2 up to the rounding of L / A and of the
-// products (a few parts in 2^24 of s), so a parameter moves by at most half a
-// step of its block; a block of zeros has scale 0 and codes 0. Every
-// operation is one IEEE fp32 operation (a division for L / A and A / L,
-// products, rint), which the host and a GPU without fast-math round alike.
+// as q = round_half_even(clamp(x * (L / A), -L, L)), read back as q * s.
+// |q * s - x| <= s / 2 up to the rounding of L / A and of the products (a
+// few parts in 2^24 of s), so a parameter moves by at most half a step of
+// its block; a block of zeros has scale 0 and codes 0. Every operation is
+// one IEEE fp32 operation (divisions for L / A and A / L, products, the
+// rounding's two additions; zero/math.hpp keeps the products uncontracted),
+// which the host and a GPU round alike, and none is a library call, so the
+// host loops vectorise on any x86-64.
 //
 // The payload of n elements: n int8 codes, padded to a multiple of 4 bytes,
 // then ceil(n / block) fp32 scales: payload_bytes(n, block). Blocks count
@@ -26,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "zero/math.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
@@ -47,17 +50,39 @@ ZERO_HOST_DEVICE constexpr std::size_t int8_payload_bytes(std::size_t n, std::si
 // The factor that maps a block of largest magnitude `absmax` onto the codes
 // (0 for a block of zeros, or one that is not finite: its codes are 0).
 ZERO_HOST_DEVICE inline float symmetric_inverse(float absmax, int levels) {
-  return absmax > 0.0f && absmax <= 3.4028234663852886e38f ? static_cast<float>(levels) / absmax : 0.0f;
+  return absmax > 0.0f && absmax <= 3.4028234663852886e38f ? math::div(static_cast<float>(levels), absmax) : 0.0f;
 }
 ZERO_HOST_DEVICE inline float symmetric_scale(float absmax, int levels) {
-  return absmax > 0.0f && absmax <= 3.4028234663852886e38f ? absmax / static_cast<float>(levels) : 0.0f;
+  return absmax > 0.0f && absmax <= 3.4028234663852886e38f ? math::div(absmax, static_cast<float>(levels)) : 0.0f;
 }
-ZERO_HOST_DEVICE inline std::int8_t symmetric_code(float x, float inverse, int levels) {
-  const float l = static_cast<float>(levels);
-  const float y = fminf(fmaxf(x * inverse, -l), l);  // (NaN: fmaxf takes -l)
-  return static_cast<std::int8_t>(rintf(y));
+// One product, a mask and two additions, no library call and no branch
+// (g++ vectorises neither a float select nor a float maximum, whose NaN
+// rules it must keep; their integer forms it does, on any x86-64), and
+// nothing may be contracted. |x| <= A in its block, so |x * (L / A)| <=
+// L (1 + 2^-22) < L + 1/2: no clamp is needed. Adding and subtracting
+// 1.5 x 2^23 rounds it to an integer, half to even. A NaN element (which the
+// largest magnitude skips) is code 0.
+ZERO_HOST_DEVICE inline std::int8_t symmetric_code(float x, float inverse) {
+  const float y = math::mul(x, inverse);
+  const std::int32_t bits = __builtin_bit_cast(std::int32_t, y);
+  const std::int32_t nan = -static_cast<std::int32_t>((bits & 0x7fffffff) > 0x7f800000);  // all ones for a NaN
+  const float kept = __builtin_bit_cast(float, bits & ~nan);
+  constexpr float round = 12582912.0f;
+  const float r = (kept + round) - round;
+  return static_cast<std::int8_t>(static_cast<int>(r));
 }
-ZERO_HOST_DEVICE inline float symmetric_value(std::int8_t q, float scale) { return static_cast<float>(q) * scale; }
+ZERO_HOST_DEVICE inline float symmetric_value(std::int8_t q, float scale) {
+  return math::mul(static_cast<float>(q), scale);
+}
+// The bits of |x| for the largest magnitude of a block, compared as signed
+// integers (their order is the magnitudes' order, and a signed maximum
+// vectorises where a float one with NaN rules does not); a NaN is 0 and so
+// skipped, an infinity stays (its block's codes are then 0).
+ZERO_HOST_DEVICE inline std::int32_t magnitude_bits(float x) {
+  const std::int32_t m = __builtin_bit_cast(std::int32_t, x) & 0x7fffffff;
+  return m > 0x7f800000 ? 0 : m;
+}
+ZERO_HOST_DEVICE inline float magnitude_of(std::int32_t bits) { return __builtin_bit_cast(float, bits); }
 
 // Host loops over a payload. quantize: x[0, n) of a storage type into
 // codes[0, n) and scales[0, blocks). dequantize: back into out[0, n) as T
@@ -66,10 +91,14 @@ template <class T>
 void host_quantize_int8(const T* x, std::size_t n, std::size_t block, std::int8_t* codes, float* scales) {
   for (std::size_t b = 0; b * block < n; ++b) {
     const std::size_t begin = b * block, end = begin + block < n ? begin + block : n;
-    float absmax = 0.0f;
-    for (std::size_t i = begin; i < end; ++i) absmax = fmaxf(absmax, fabsf(to_float(x[i])));
+    std::int32_t largest = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      const std::int32_t m = magnitude_bits(to_float(x[i]));
+      largest = m > largest ? m : largest;
+    }
+    const float absmax = magnitude_of(largest);
     const float inverse = symmetric_inverse(absmax, int8_levels);
-    for (std::size_t i = begin; i < end; ++i) codes[i] = symmetric_code(to_float(x[i]), inverse, int8_levels);
+    for (std::size_t i = begin; i < end; ++i) codes[i] = symmetric_code(to_float(x[i]), inverse);
     scales[b] = symmetric_scale(absmax, int8_levels);
   }
 }

@@ -1,0 +1,104 @@
+// qwZ's host quantizer (quant/symmetric.hpp) against the bandwidth of its
+// own access pattern: quantize reads a shard of 16-bit (or fp32) parameters
+// and writes one byte per element plus a scale per block; dequantize reads
+// the bytes and writes the parameters. Each probe moves the same bytes with
+// trivial arithmetic (a shift: the parameter's high byte, and back), on one
+// thread as the engine's gather calls it, timed interleaved with the real
+// loop in this run, fastest of the repetitions; the figure is the ratio.
+//
+//   bench_quant_host [--n N (K/M/G suffixes)] [--reps R] [--json]
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "bench_args.hpp"
+#include "zero/precision/convert.hpp"
+#include "zero/quant/symmetric.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+template <class F>
+double seconds(F&& f) {
+  const auto t0 = clock_type::now();
+  f();
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+template <class T>
+void run(const char* label, std::size_t n, std::size_t block, int reps, bool json) {
+  std::vector<T> x(n), back(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = zero::from_float<T>(0.001f * static_cast<float>(i % 977) - 0.4f);
+  std::vector<unsigned char> payload(zero::quant::int8_payload_bytes(n, block));
+  const auto p = zero::quant::Int8Payload::at(payload.data(), n);
+  // The probes: the same bytes read and written, a shift each (the
+  // parameter's high byte as the code, and back).
+  using Bits = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
+  constexpr int shift = 8 * (sizeof(T) - 1);
+  auto probe_in = [&] {
+    const auto* bits = reinterpret_cast<const Bits*>(x.data());
+    for (std::size_t i = 0; i < n; ++i) p.codes[i] = static_cast<std::int8_t>(bits[i] >> shift);
+    for (std::size_t b = 0; b * block < n; ++b) p.scales[b] = 1.0f;
+  };
+  auto probe_out = [&] {
+    auto* bits = reinterpret_cast<Bits*>(back.data());
+    for (std::size_t i = 0; i < n; ++i)
+      bits[i] = static_cast<Bits>(static_cast<Bits>(static_cast<std::uint8_t>(p.codes[i])) << shift);
+  };
+  auto quantize = [&] { zero::quant::host_quantize_int8(x.data(), n, block, p.codes, p.scales); };
+  auto dequantize = [&] { zero::quant::host_dequantize_int8(p.codes, p.scales, n, block, back.data()); };
+  quantize(), probe_in(), dequantize(), probe_out();  // warm up (page faults, frequency)
+  std::vector<double> q, qp, d, dp;
+  for (int r = 0; r < reps; ++r) {
+    q.push_back(seconds(quantize));
+    qp.push_back(seconds(probe_in));
+    d.push_back(seconds(dequantize));
+    dp.push_back(seconds(probe_out));
+  }
+  auto fastest = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  const double bytes = static_cast<double>(n * sizeof(T) + payload.size());
+  struct Row {
+    const char* what;
+    double t, tp;
+  };
+  for (const Row& row : {Row{"quantize", fastest(q), fastest(qp)}, Row{"dequantize", fastest(d), fastest(dp)}}) {
+    const char* what = row.what;
+    const double t = row.t, tp = row.tp;
+    if (json)
+      std::printf("{\"bench\":\"quant_host\",\"config\":\"%s_%s\",\"n\":%zu,\"block\":%zu,\"seconds\":%.6f,"
+                  "\"probe_seconds\":%.6f,\"gb_per_s\":%.3f,\"ratio_to_probe\":%.4f}\n",
+                  what, label, n, block, t, tp, bytes / t / 1e9, tp / t);
+    else
+      std::printf("%-10s %-5s n=%zu block=%zu  %.2f ms  %.2f GB/s  probe %.2f ms  ratio to probe %.3f\n", what, label,
+                  n, block, t * 1e3, bytes / t / 1e9, tp * 1e3, tp / t);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t n = std::size_t{16} << 20;
+  int reps = 9;
+  bool json = false;
+  zero::bench::Args args(argc, argv, "[--n ELEMENTS (K/M/G suffixes)] [--reps R] [--json]");
+  while (args.next()) {
+    if (args.is("--n"))
+      n = args.count();
+    else if (args.is("--reps"))
+      reps = args.positive();
+    else if (args.is("--json"))
+      json = true;
+    else
+      args.usage();
+  }
+  run<zero::bf16>("bf16", n, 256, reps, json);
+  run<zero::fp16>("fp16", n, 256, reps, json);
+  run<float>("fp32", n, 256, reps, json);
+  return 0;
+}
