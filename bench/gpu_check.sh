@@ -229,6 +229,11 @@ if [ -x "$GPT_BIN" ] && [ -f "$CARRY/devil.dict.dz" -o -f /usr/share/dictd/devil
   run_step gpt_stage3_bf16_lean 40 "$BENCHLOG" "${gpt[@]}" --comm local --ranks 4 --stage 3 --precision bf16 \
     --master remainder --states blockwise8
   GPT_RUNS+=(gpt_stage3_bf16_lean)
+  # ZeRO++ qwZ on the GPU: the gathers as int8 blocks (cuda_quantize_int8),
+  # val_loss beside gpt_stage3_bf16's (docs/zeropp.md). (hpZ needs a node
+  # split, which comm::LocalDevice and comm::Nccl do not have yet.)
+  run_step gpt_stage3_bf16_qwz 40 "$BENCHLOG" "${gpt[@]}" --comm local --ranks 4 --stage 3 --precision bf16 --qwz
+  GPT_RUNS+=(gpt_stage3_bf16_qwz)
   if grep -q "NCCL in" "$BUILD/meson-logs/meson-log.txt" 2>/dev/null; then
     run_step gpt_nccl_1rank 40 "$BENCHLOG" "${gpt[@]}" --comm nccl --stage 1
     GPT_RUNS+=(gpt_nccl_1rank)
