@@ -526,3 +526,264 @@ TEST_CASE("comm::Local gathers u8 payloads byte for byte and refuses to reduce t
   }
   CHECK(zero::dtype_bytes(DType::u8) == 1);
 }
+
+namespace {
+
+// Element i of the block that rank `sender` sends to rank `to`, as the bytes
+// of type `t`: distinct per (sender, to) for up to 8 ranks, so a block that
+// lands in the wrong place (or from the wrong rank) shows.
+void put_element(DType t, unsigned char* p, int sender, int to, std::size_t i) {
+  switch (t) {
+    case DType::f32: {
+      const float v = static_cast<float>(1000 * sender + 10 * to) + static_cast<float>(i);
+      std::memcpy(p, &v, 4);
+      break;
+    }
+    case DType::bf16: {  // raw bits: exponent never all ones, so never a NaN
+      const auto v = static_cast<std::uint16_t>((sender << 10) | (to << 6) | static_cast<int>(i % 64));
+      std::memcpy(p, &v, 2);
+      break;
+    }
+    case DType::u8: *p = static_cast<unsigned char>(29 * sender + 7 * to + 3 * static_cast<int>(i) + 200); break;
+    default: FAIL("put_element: no pattern for " << zero::dtype_name(t));
+  }
+}
+
+// Rank `rank`'s send buffer of an all_to_all of `count` elements over `ranks`.
+std::vector<unsigned char> all_to_all_send(DType t, std::size_t count, int rank, int ranks) {
+  const std::size_t b = zero::dtype_bytes(t);
+  std::vector<unsigned char> send(static_cast<std::size_t>(ranks) * count * b);
+  for (int j = 0; j < ranks; ++j)
+    for (std::size_t i = 0; i < count; ++i)
+      put_element(t, send.data() + (static_cast<std::size_t>(j) * count + i) * b, rank, j, i);
+  return send;
+}
+
+// What rank `rank` must receive: block i from rank i, that rank's block `rank`.
+std::vector<unsigned char> all_to_all_want(DType t, std::size_t count, int rank, int ranks) {
+  const std::size_t b = zero::dtype_bytes(t);
+  std::vector<unsigned char> want(static_cast<std::size_t>(ranks) * count * b);
+  for (int s = 0; s < ranks; ++s)
+    for (std::size_t i = 0; i < count; ++i)
+      put_element(t, want.data() + (static_cast<std::size_t>(s) * count + i) * b, s, rank, i);
+  return want;
+}
+
+constexpr auto a2a = static_cast<std::size_t>(zero::comm::Collective::all_to_all);
+
+}  // namespace
+
+TEST_CASE("comm::Local all_to_all sends block j to rank j, and counts a direct exchange", "[comm][local][all_to_all]") {
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    // Two simulated nodes or more where the ranks pair up: the blocks for the
+    // other nodes' ranks cross, those for the own node's do not.
+    const int per_node = ranks >= 4 ? 2 : ranks;
+    for (DType t : {DType::f32, DType::u8, DType::bf16}) {
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}}) {
+        CAPTURE(ranks, per_node, zero::dtype_name(t), count);
+        const std::size_t b = zero::dtype_bytes(t), block = count * b;
+        const std::size_t canary = 16;  // bytes after recv that nobody may write
+        zero::comm::LocalGroup::Options o;
+        o.ranks_per_node = per_node;
+        zero::comm::LocalGroup group(ranks, o);
+        std::vector<std::vector<unsigned char>> got(static_cast<std::size_t>(ranks));
+        std::vector<zero::comm::ByteCounters> counters(got.size());
+        group.run([&](zero::comm::Local& c) {
+          const auto r = static_cast<std::size_t>(c.rank());
+          const auto send = all_to_all_send(t, count, c.rank(), ranks);
+          got[r].assign(send.size() + canary, 0xEE);
+          c.all_to_all(send.data(), got[r].data(), count, t);
+          counters[r] = c.counters();
+        });
+        std::uint64_t across_total = 0;
+        for (int r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          const auto i = static_cast<std::size_t>(r);
+          const auto want = all_to_all_want(t, count, r, ranks);
+          CHECK(std::vector<unsigned char>(got[i].begin(), got[i].begin() + static_cast<std::ptrdiff_t>(want.size())) ==
+                want);
+          CHECK(std::vector<unsigned char>(got[i].begin() + static_cast<std::ptrdiff_t>(want.size()), got[i].end()) ==
+                std::vector<unsigned char>(canary, 0xEE));
+          // b(N-1) each way; of the sends, the blocks for the N - per_node ranks on other nodes cross.
+          CHECK(counters[i].sent[a2a] == block * static_cast<std::uint64_t>(ranks - 1));
+          CHECK(counters[i].received[a2a] == block * static_cast<std::uint64_t>(ranks - 1));
+          CHECK(counters[i].across[a2a] == block * static_cast<std::uint64_t>(ranks - per_node));
+          CHECK(counters[i].calls[a2a] == 1);
+          CHECK(counters[i].total_sent() == counters[i].sent[a2a]);  // counted under all_to_all only
+          CHECK(counters[i].total_across() == counters[i].across[a2a]);
+          across_total += counters[i].across[a2a];
+        }
+        // Summed over the ranks: every block between two nodes, once.
+        CHECK(across_total == block * static_cast<std::uint64_t>(ranks) * static_cast<std::uint64_t>(ranks - per_node));
+      }
+    }
+  }
+}
+
+TEST_CASE("comm::Local all_to_all in the node and across communicators", "[comm][local][all_to_all][topology]") {
+  // node(): the ranks of one node, nothing crosses; across(): one rank per
+  // node, everything does.
+  for (const auto& shape : {std::pair{4, 2}, {8, 2}, {8, 4}, {4, 4}, {4, 1}}) {
+    const int ranks = shape.first, per_node = shape.second;  // (Clang 14 captures no structured binding)
+    const int nodes = ranks / per_node;
+    const std::size_t count = 7;
+    for (DType t : {DType::f32, DType::u8}) {
+      CAPTURE(ranks, per_node, zero::dtype_name(t));
+      const std::size_t block = count * zero::dtype_bytes(t);
+      zero::comm::LocalGroup::Options o;
+      o.ranks_per_node = per_node;
+      zero::comm::LocalGroup group(ranks, o);
+      std::vector<std::vector<unsigned char>> node_got(static_cast<std::size_t>(ranks)), across_got(node_got);
+      std::vector<zero::comm::ByteCounters> node(node_got.size()), across(node_got.size());
+      group.run([&](zero::comm::Local& c) {
+        const auto r = static_cast<std::size_t>(c.rank());
+        zero::comm::Local& in_node = c.node();
+        zero::comm::Local& over = c.across();
+        auto send = all_to_all_send(t, count, in_node.rank(), in_node.size());
+        node_got[r].assign(send.size(), 0);
+        in_node.all_to_all(send.data(), node_got[r].data(), count, t);
+        send = all_to_all_send(t, count, over.rank(), over.size());
+        across_got[r].assign(send.size(), 0);
+        over.all_to_all(send.data(), across_got[r].data(), count, t);
+        node[r] = in_node.counters();
+        across[r] = over.counters();
+      });
+      for (int r = 0; r < ranks; ++r) {
+        CAPTURE(r);
+        const auto i = static_cast<std::size_t>(r);
+        CHECK(node_got[i] == all_to_all_want(t, count, r % per_node, per_node));
+        CHECK(across_got[i] == all_to_all_want(t, count, r / per_node, nodes));
+        CHECK(node[i].sent[a2a] == block * static_cast<std::uint64_t>(per_node - 1));
+        CHECK(node[i].received[a2a] == node[i].sent[a2a]);
+        CHECK(node[i].across[a2a] == 0);
+        CHECK(node[i].calls[a2a] == 1);
+        CHECK(across[i].sent[a2a] == block * static_cast<std::uint64_t>(nodes - 1));
+        CHECK(across[i].received[a2a] == across[i].sent[a2a]);
+        CHECK(across[i].across[a2a] == across[i].sent[a2a]);
+        CHECK(across[i].calls[a2a] == 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("comm::Local all_to_all refuses overlapping buffers and names a mismatched call", "[comm][local][all_to_all][errors]") {
+  zero::comm::LocalGroup group(3);
+  std::vector<std::string> refused(3), apart(3);
+  group.run([&](zero::comm::Local& c) {
+    std::vector<float> buf(2 * 3 * 5);
+    try {
+      c.all_to_all(buf.data(), buf.data() + 5, 5, DType::f32);  // recv starts inside send
+    } catch (const zero::InvalidArgument& e) {
+      refused[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+    try {
+      c.all_to_all(buf.data(), buf.data(), 5, DType::f32);  // "in place"
+    } catch (const zero::InvalidArgument& e) {
+      apart[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+    c.all_to_all(buf.data(), buf.data() + 15, 5, DType::f32);  // adjacent halves: apart
+    c.all_to_all(buf.data(), buf.data(), 0, DType::f32);       // nothing to overlap
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK_THAT(refused[r], Catch::Contains("comm::Local: all_to_all's send and recv buffers overlap (60 bytes each, "
+                                           "recv starts 20 bytes after the other)"));
+    CHECK_THAT(refused[r], Catch::Contains("no in-place form: pass a recv buffer apart from send"));
+    CHECK_THAT(apart[r], Catch::Contains("send and recv buffers overlap"));
+  }
+  const auto messages = comm_errors(2, [](zero::comm::Local& c) {
+    std::vector<float> send(14), recv(14);
+    const zero::comm::ApiCall call("step");
+    if (c.rank() == 0)
+      c.all_to_all(send.data(), recv.data(), 7, DType::f32);
+    else
+      c.all_gather(send.data(), recv.data(), 7, DType::f32);
+  });
+  for (const auto& m : messages)
+    CHECK_THAT(m, Catch::Contains("rank 1 called all_gather(7 x fp32) in step() while rank 0 called "
+                                  "all_to_all(7 x fp32) in step()"));
+}
+
+TEST_CASE("ByteCounters and messages know all_to_all", "[comm][all_to_all]") {
+  using zero::comm::Collective;
+  CHECK(zero::comm::collective_kinds == 6);
+  CHECK(std::string(zero::comm::collective_name(Collective::all_to_all)) == "all_to_all");
+  CHECK(std::string(zero::comm::collective_name(Collective::control)) == "control");
+  CHECK(zero::comm::describe_collective("all_to_all", 3, 7, DType::u8) == "all_to_all #3 (7 elements of u8 per rank)");
+  // 8 ranks on 2 nodes of 4: 7 blocks out, 4 of them to the other node.
+  zero::comm::ByteCounters c;
+  c.count_all_to_all(100, zero::comm::Topology{8, 4}, 5);
+  CHECK(c.sent[a2a] == 700);
+  CHECK(c.received[a2a] == 700);
+  CHECK(c.across[a2a] == 400);
+  CHECK(c.calls[a2a] == 1);
+  c.count_all_to_all(100, zero::comm::Topology::one_node(8), 0);
+  CHECK(c.across[a2a] == 400);
+  CHECK(c.sent[a2a] == 1400);
+  // add(): all of a collective's sends cross, or none, as before.
+  c.add(Collective::broadcast, 10, 10, true);
+  c.add(Collective::broadcast, 10, 10);
+  CHECK(c.across[static_cast<std::size_t>(Collective::broadcast)] == 10);
+  c.add_with_across(Collective::all_reduce, 10, 10, 3);
+  CHECK(c.across[static_cast<std::size_t>(Collective::all_reduce)] == 3);
+  CHECK(c.total_across() == 413);
+}
+
+namespace {
+
+// A communicator of the contract's required calls and all_to_all,
+// counting what it was asked (one rank: recv is send).
+class ExchangingRank : public StreamedRank {
+ public:
+  ExchangingRank() : StreamedRank(nullptr) {}
+  void all_to_all(const void* send, void* recv, std::size_t count, DType t) {
+    std::memcpy(recv, send, count * zero::dtype_bytes(t));
+    ++exchanges;
+  }
+  int exchanges = 0;
+};
+
+}  // namespace
+
+TEST_CASE("AnyCommunicator forwards all_to_all, and refuses it for a communicator without one", "[comm][all_to_all]") {
+  ExchangingRank exchanging;
+  const float send[3] = {1.0f, 2.0f, 3.0f};
+  float recv[3] = {};
+  const auto once = zero::comm::AnyCommunicator::wrap(exchanging);
+  const auto twice = zero::comm::AnyCommunicator::wrap(*once);
+  twice->all_to_all(send, recv, 3, DType::f32);
+  CHECK(exchanging.exchanges == 1);
+  CHECK(recv[2] == 3.0f);
+  // Over real ranks, with the counters read through the erasure (node() too).
+  zero::comm::LocalGroup::Options o;
+  o.ranks_per_node = 2;
+  zero::comm::LocalGroup group(4, o);
+  std::vector<std::vector<unsigned char>> got(4);
+  std::vector<zero::comm::ByteCounters> counters(4), with_splits(4);
+  group.run([&](zero::comm::Local& c) {
+    const auto r = static_cast<std::size_t>(c.rank());
+    const auto erased = zero::comm::AnyCommunicator::wrap(c);
+    const auto mine = all_to_all_send(DType::bf16, 7, c.rank(), 4);
+    got[r].assign(mine.size(), 0);
+    erased->all_to_all(mine.data(), got[r].data(), 7, DType::bf16);
+    counters[r] = erased->counters();
+    std::vector<unsigned char> node_send(2 * 7 * 2), node_recv(node_send.size());
+    erased->node().all_to_all(node_send.data(), node_recv.data(), 7, DType::bf16);
+    with_splits[r] = erased->counters_with_splits();
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(got[r] == all_to_all_want(DType::bf16, 7, r, 4));
+    CHECK(counters[r].sent[a2a] == 3 * 14);
+    CHECK(counters[r].across[a2a] == 2 * 14);
+    CHECK(with_splits[r].sent[a2a] == 3 * 14 + 14);
+    CHECK(with_splits[r].calls[a2a] == 2);
+  }
+  // StreamedRank has the required calls only.
+  StreamedRank plain(nullptr);
+  const auto erased = zero::comm::AnyCommunicator::wrap(plain);
+  CHECK_THROWS_AS(erased->all_to_all(send, recv, 3, DType::f32), zero::InvalidArgument);
+  CHECK_THROWS_WITH(erased->all_to_all(send, recv, 3, DType::f32),
+                    Catch::Contains("this communicator type does not provide all_to_all(send, recv, count, dtype), "
+                                    "which Options::qgz") &&
+                        Catch::Contains("or turn Options::qgz off"));
+}

@@ -351,6 +351,16 @@ void collectives_for(int ranks) {
     buf.put(inputs[static_cast<std::size_t>(r)]);
     c.broadcast(buf.p, full, dt, ranks - 1);
     expect(buf.get(), inputs[static_cast<std::size_t>(ranks - 1)].data(), full, "broadcast");
+    // all_to_all: block j of rank s's send lands in block s of rank j's recv.
+    std::vector<T> scattered(full), exchanged(full);
+    for (std::size_t i = 0; i < full; ++i) scattered[i] = element<T>(r, i, 5);
+    for (int s = 0; s < ranks; ++s)
+      for (std::size_t i = 0; i < block; ++i)
+        exchanged[static_cast<std::size_t>(s) * block + i] = element<T>(s, static_cast<std::size_t>(r) * block + i, 5);
+    DeviceArray<T> a2a_send(full);
+    a2a_send.put(scattered);
+    c.all_to_all(a2a_send.p, buf.p, block, dt);
+    expect(buf.get(), exchanged.data(), full, "all_to_all");
     c.barrier();
     // Byte counts: the ring model, as Local counts them.
     zero::comm::ByteCounters want;
@@ -361,6 +371,7 @@ void collectives_for(int ranks) {
     want.count_all_gather(full * sizeof(T), ranks);
     want.count_all_gather(full * sizeof(T), ranks, true);
     want.count_broadcast(full * sizeof(T), ranks);
+    want.count_all_to_all(block * sizeof(T), c.topology(), r);  // (a direct exchange, not a ring)
     if (c.counters().sent != want.sent || c.counters().received != want.received || c.counters().calls != want.calls)
       if (err.empty()) err = fmt("rank %d: byte counters differ from the ring model", r);
   });
@@ -838,6 +849,19 @@ void nccl_tests() {
         nccl.group_end();
         const auto back = d.get();
         CHECK(back[0] == 1.0 && back[1] == -2.0 && back[2] == 3.5 && back[3] == 0.25, "one rank: data unchanged");
+        // all_to_all of one rank: its own block, copied on the communicator's
+        // stream (alone, and inside a group).
+        DeviceArray<double> exchanged(4), again(4);
+        nccl.all_to_all(d.p, exchanged.p, 4, zero::DType::f64);
+        nccl.group_begin();
+        nccl.all_to_all(exchanged.p, again.p, 4, zero::DType::u8);  // the first 4 bytes
+        nccl.group_end();
+        nccl.wait();
+        CHECK(exchanged.get() == back, "one rank: all_to_all copies its own block");
+        CHECK(std::memcmp(again.get().data(), back.data(), 4) == 0, "one rank: all_to_all of u8 inside a group");
+        CHECK(nccl.counters().calls[static_cast<std::size_t>(zero::comm::Collective::all_to_all)] == 2 &&
+                  nccl.counters().sent[static_cast<std::size_t>(zero::comm::Collective::all_to_all)] == 0,
+              "one rank: all_to_all counted, no bytes");
         for (zero::DType t : {zero::DType::f32, zero::DType::f16, zero::DType::bf16}) {
           DeviceArray<float> f(64);
           nccl.all_reduce(f.p, 32, t, zero::comm::ReduceOp::max, false);

@@ -45,7 +45,7 @@ struct Config {
 // running it: the tests' window onto what the engine launches, and when.
 class WatchedLocal {
  public:
-  enum class Event { all_reduce, reduce_scatter, all_gather, broadcast, group_begin, group_end };
+  enum class Event { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, group_begin, group_end };
   using Watcher = std::function<void(Event, std::size_t count, bool control)>;
   WatchedLocal(comm::Local& c, Watcher seen) : c_(c), seen_(std::move(seen)) {}
 
@@ -66,6 +66,10 @@ class WatchedLocal {
   void broadcast(void* b, std::size_t n, DType t, int root) {
     seen_(Event::broadcast, n, false);
     c_.broadcast(b, n, t, root);
+  }
+  void all_to_all(const void* s, void* r, std::size_t n, DType t) {
+    seen_(Event::all_to_all, n, false);
+    c_.all_to_all(s, r, n, t);
   }
   void barrier() { c_.barrier(); }
   const comm::ByteCounters& counters() const { return c_.counters(); }

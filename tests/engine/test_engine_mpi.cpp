@@ -74,6 +74,45 @@ void check_collectives() {
       REQUIRE(zero::to_float(all[s * count + i]) == zero::to_float(values<T>(s, count, 3)[i]));
       REQUIRE(zero::to_float(all2[s * count + i]) == zero::to_float(values<T>(s, count, 3)[i]));
     }
+  // all_to_all: block j of each rank's send (values salted by j) goes to rank j.
+  std::vector<T> scattered(count * n), exchanged(count * n);
+  for (int j = 0; j < n; ++j) {
+    const auto block = values<T>(r, count, 10 + j);
+    std::copy(block.begin(), block.end(), scattered.begin() + j * count);
+  }
+  const auto before = c.counters();
+  c.all_to_all(scattered.data(), exchanged.data(), count, dt);
+  for (int s = 0; s < n; ++s)
+    for (std::size_t i = 0; i < count; ++i)
+      REQUIRE(zero::to_float(exchanged[s * count + i]) == zero::to_float(values<T>(s, count, 10 + r)[i]));
+  // A direct exchange: a block to each other rank, none across on one node.
+  constexpr auto a2a = static_cast<std::size_t>(zero::comm::Collective::all_to_all);
+  const std::uint64_t block_bytes = count * sizeof(T);
+  CHECK(c.counters().sent[a2a] - before.sent[a2a] == block_bytes * (n - 1));
+  CHECK(c.counters().received[a2a] - before.received[a2a] == block_bytes * (n - 1));
+  CHECK(c.counters().calls[a2a] - before.calls[a2a] == 1);
+  CHECK(c.counters().across[a2a] - before.across[a2a] == 0);
+}
+
+// All-to-all of bytes (qgZ's quantized payloads): element i of the block
+// rank s sends to rank j is a byte of (s, j, i); count 0 moves nothing.
+void check_all_to_all_bytes() {
+  auto& c = world();
+  const int n = c.size(), r = c.rank();
+  const auto byte = [](int s, int j, std::size_t i) { return static_cast<unsigned char>(29 * s + 7 * j + 3 * i + 200); };
+  for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}}) {
+    CAPTURE(count);
+    std::vector<unsigned char> send(count * n), recv(count * n + 8, 0xEE);
+    for (int j = 0; j < n; ++j)
+      for (std::size_t i = 0; i < count; ++i) send[j * count + i] = byte(r, j, i);
+    c.all_to_all(send.data(), recv.data(), count, zero::DType::u8);
+    for (int s = 0; s < n; ++s)
+      for (std::size_t i = 0; i < count; ++i) REQUIRE(recv[s * count + i] == byte(s, r, i));
+    for (std::size_t i = count * n; i < recv.size(); ++i) REQUIRE(recv[i] == 0xEE);
+  }
+  std::vector<unsigned char> buf(2 * n);
+  CHECK_THROWS_WITH(c.all_to_all(buf.data(), buf.data() + 1, 1, zero::DType::u8),
+                    Catch::Contains("comm::Mpi: all_to_all's send and recv buffers overlap"));
 }
 
 template <int S, class Precision, class Optimizer>
@@ -106,6 +145,7 @@ TEST_CASE("comm::Mpi collectives are exact for every element type", "[mpi][comm]
   check_collectives<zero::bf16>();
   check_collectives<zero::fp16>();
   check_collectives<double>();
+  check_all_to_all_bytes();
 }
 
 TEST_CASE("comm::Mpi takes its timeout from Options and refuses one that is not positive", "[mpi][comm]") {
@@ -139,6 +179,28 @@ TEST_CASE("comm::Mpi on nodes: the launcher's count, Options::ranks_per_node, no
   two.all_reduce(buf.data(), buf.size(), zero::DType::f32, zero::comm::ReduceOp::sum, false);
   CHECK(two.counters().total_across() == (r % 2 == 1 ? two.counters().total_sent() : 0));
   CHECK(two.counters().total_sent() > 0);
+  // all_to_all: of a rank's n - 1 blocks, the n - 2 for the other nodes cross;
+  // in node() none, in across() all.
+  constexpr auto a2a = static_cast<std::size_t>(zero::comm::Collective::all_to_all);
+  std::vector<float> send(3 * static_cast<std::size_t>(n)), recv(send.size());
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < 3; ++i) send[3 * j + i] = static_cast<float>(100 * r + 10 * j + i);
+  two.all_to_all(send.data(), recv.data(), 3, zero::DType::f32);
+  for (int s = 0; s < n; ++s)
+    for (int i = 0; i < 3; ++i) CHECK(recv[3 * s + i] == static_cast<float>(100 * s + 10 * r + i));
+  CHECK(two.counters().sent[a2a] == 12u * (n - 1));
+  CHECK(two.counters().across[a2a] == 12u * (n - 2));
+  two.node().all_to_all(send.data(), recv.data(), 3, zero::DType::f32);
+  // node(): block j of its send went to node rank j, i.e. to rank r / 2 * 2 + j.
+  for (int s = 0; s < 2; ++s)
+    for (int i = 0; i < 3; ++i) CHECK(recv[3 * s + i] == static_cast<float>(100 * (r / 2 * 2 + s) + 10 * (r % 2) + i));
+  CHECK(two.node().counters().sent[a2a] == 12u);
+  CHECK(two.node().counters().across[a2a] == 0);
+  two.across().all_to_all(send.data(), recv.data(), 3, zero::DType::f32);
+  for (int s = 0; s < n / 2; ++s)
+    for (int i = 0; i < 3; ++i) CHECK(recv[3 * s + i] == static_cast<float>(100 * (2 * s + r % 2) + 10 * (r / 2) + i));
+  CHECK(two.across().counters().sent[a2a] == 12u * (n / 2 - 1));
+  CHECK(two.across().counters().across[a2a] == two.across().counters().sent[a2a]);
   CHECK_THROWS_WITH(zero::comm::Mpi(MPI_COMM_WORLD, {.timeout = std::chrono::seconds(60), .ranks_per_node = 3}),
                     Catch::Contains("comm::Mpi::Options::ranks_per_node is 3, which does not divide"));
 }

@@ -217,6 +217,9 @@ class DeferredComm {
   void broadcast(void* buf, std::size_t n, DType t, int root) {
     Ops::enqueue([=, this] { c_.broadcast(buf, n, t, root); });
   }
+  void all_to_all(const void* send, void* recv, std::size_t n, DType t) {
+    Ops::enqueue([=, this] { c_.all_to_all(send, recv, n, t); });
+  }
   void barrier() {
     Ops::wait_current();
     c_.barrier();

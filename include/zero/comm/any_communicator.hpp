@@ -21,6 +21,10 @@ class AnyCommunicator {
   virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) = 0;
   virtual void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control) = 0;
   virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
+  // Optional in the contract (comm/communicator.hpp): a communicator without
+  // it throws InvalidArgument here, when a feature that needs it (Options::qgz)
+  // first exchanges, not when it is wrapped.
+  virtual void all_to_all(const void* send, void* recv, std::size_t count, DType t) = 0;
   virtual void barrier() = 0;
   virtual const ByteCounters& counters() const = 0;
   virtual void reset_counters() = 0;
@@ -68,6 +72,15 @@ class CommunicatorRef final : public AnyCommunicator {
     c_.all_gather(send, recv, send_count, t, control);
   }
   void broadcast(void* buf, std::size_t count, DType t, int root) override { c_.broadcast(buf, count, t, root); }
+  void all_to_all(const void* send, void* recv, std::size_t count, DType t) override {
+    if constexpr (requires { c_.all_to_all(send, recv, count, t); })
+      c_.all_to_all(send, recv, count, t);
+    else
+      throw InvalidArgument(
+          "this communicator type does not provide all_to_all(send, recv, count, dtype), which Options::qgz (ZeRO++'s "
+          "quantized gradient reduce-scatter) needs; use comm::Local, comm::LocalDevice, comm::Mpi or comm::Nccl, add "
+          "all_to_all to the communicator (comm/communicator.hpp: the contract), or turn Options::qgz off");
+  }
   void barrier() override { c_.barrier(); }
   const ByteCounters& counters() const override { return c_.counters(); }
   void reset_counters() override { c_.reset_counters(); }

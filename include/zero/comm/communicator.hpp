@@ -9,6 +9,12 @@
 // and a full buffer of B bytes, reduce-scatter and all-gather each send and
 // receive B(N-1)/N per rank, all-reduce 2B(N-1)/N, broadcast B(N-1)/N
 // (pipelined). The same rule for every backend keeps reports comparable.
+// all_to_all is the exception, counted as the direct exchange it is (every
+// implementation sends each block straight to its rank; a ring would forward
+// blocks through the ranks between): for blocks of b bytes each rank sends
+// and receives b(N-1), and of that sends b(N - ranks_per_node) across nodes,
+// the blocks addressed to ranks on other nodes (not the ring rule of
+// comm/topology.hpp).
 #pragma once
 
 #include "zero/config.hpp"
@@ -29,6 +35,17 @@ namespace zero::comm {
 using zero::ReduceOp;
 
 namespace detail {
+// all_to_all has no in-place form (rank j reads block j of this rank's send
+// while this rank writes block j of its recv from rank j's, in no order
+// between them): its buffers of `bytes` each must be apart. `who` names the
+// communicator.
+inline void require_apart(const char* who, const void* send, const void* recv, std::size_t bytes) {
+  const auto s = reinterpret_cast<std::uintptr_t>(send), r = reinterpret_cast<std::uintptr_t>(recv);
+  require(bytes == 0 || s + bytes <= r || r + bytes <= s, who, ": all_to_all's send and recv buffers overlap (",
+          bytes, " bytes each, ", s < r ? "recv starts " : "send starts ", s < r ? r - s : s - r,
+          " bytes after the other); all_to_all has no in-place form: pass a recv buffer apart from send");
+}
+
 // DType::u8 is for payloads that collectives move (gathers, broadcasts):
 // bytes of codes and scales have no sum.
 inline constexpr const char* reduce_bytes_refused =
@@ -39,8 +56,8 @@ inline constexpr const char* reduce_bytes_refused =
 // What the engine sends, by purpose: bulk gradient and parameter traffic is
 // what the ZeRO paper's formulas describe; control traffic (norms, overflow
 // flags, layout hashes) is a few bytes per step, reported on its own line.
-enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, control };
-inline constexpr std::size_t collective_kinds = 5;
+enum class Collective : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, control };
+inline constexpr std::size_t collective_kinds = 6;
 
 inline const char* collective_name(Collective c) {
   switch (c) {
@@ -48,6 +65,7 @@ inline const char* collective_name(Collective c) {
     case Collective::reduce_scatter: return "reduce_scatter";
     case Collective::all_gather: return "all_gather";
     case Collective::broadcast: return "broadcast";
+    case Collective::all_to_all: return "all_to_all";
     case Collective::control: return "control";
   }
   return "?";
@@ -55,12 +73,12 @@ inline const char* collective_name(Collective c) {
 
 // How error messages name one collective call: "all_gather #3 (1 element of
 // u64 per rank)". `call` numbers the communicator's collectives from 1, so two
-// ranks' messages show whether they were at the same call; reduce_scatter and
-// all_gather count one rank's block.
+// ranks' messages show whether they were at the same call; reduce_scatter,
+// all_gather and all_to_all count one rank's block.
 inline std::string describe_collective(const char* kind, std::uint64_t call, std::size_t count, DType t) {
   const std::string k = kind;
   if (k == "barrier") return zero::detail::concat("barrier #", call);
-  const bool per_rank = k == "reduce_scatter" || k == "all_gather";
+  const bool per_rank = k == "reduce_scatter" || k == "all_gather" || k == "all_to_all";
   return zero::detail::concat(k, " #", call, " (", count, count == 1 ? " element of " : " elements of ", dtype_name(t),
                               per_rank ? " per rank" : "", ")");
 }
@@ -98,12 +116,18 @@ struct ByteCounters {
   // (comm/topology.hpp: the counting rule).
   std::array<std::uint64_t, collective_kinds> across{};
 
-  // `crosses`: this rank's sends in this collective leave its node.
+  // `crosses`: this rank's sends in this collective leave its node (all of
+  // them or none, as in a ring).
   void add(Collective c, std::uint64_t send, std::uint64_t recv, bool crosses = false) {
+    add_with_across(c, send, recv, crosses ? send : 0);
+  }
+  // `across_bytes` of `send` leave the node: for collectives that send parts
+  // of their data to other nodes and the rest inside (all_to_all).
+  void add_with_across(Collective c, std::uint64_t send, std::uint64_t recv, std::uint64_t across_bytes) {
     sent[static_cast<std::size_t>(c)] += send;
     received[static_cast<std::size_t>(c)] += recv;
     calls[static_cast<std::size_t>(c)] += 1;
-    if (crosses) across[static_cast<std::size_t>(c)] += send;
+    across[static_cast<std::size_t>(c)] += across_bytes;
   }
   std::uint64_t total_sent() const { return sum(sent); }
   std::uint64_t total_received() const { return sum(received); }
@@ -139,6 +163,16 @@ struct ByteCounters {
     const auto v = ring_share(bytes, ranks);
     add(Collective::broadcast, v, v, crosses);
   }
+  // A direct exchange, not a ring (the top of this file): `rank` sends its
+  // block of `block_bytes` to each other rank and receives one from each;
+  // the blocks for ranks on other nodes cross. Every node holds
+  // ranks_per_node ranks, so that count is the same for every rank.
+  void count_all_to_all(std::uint64_t block_bytes, const Topology& topology, int rank) {
+    static_cast<void>(rank);
+    const auto others = static_cast<std::uint64_t>(topology.ranks - 1);
+    const auto off_node = static_cast<std::uint64_t>(topology.ranks - topology.ranks_per_node);
+    add_with_across(Collective::all_to_all, block_bytes * others, block_bytes * others, block_bytes * off_node);
+  }
 
  private:
   static std::uint64_t sum(const std::array<std::uint64_t, collective_kinds>& a) {
@@ -164,6 +198,14 @@ struct ByteCounters {
 // and node() / across(), the communicators of this rank's node and of the
 // ranks at its place on every node (collective calls: every rank makes them,
 // the first time, in the same order). Without them a communicator is one node.
+// Optional too, and what ZeRO++'s qgZ (Options::qgz) exchanges its quantized
+// gradient blocks with (AnyCommunicator says so when it is missing):
+//   all_to_all(send, recv, count, dtype)  send holds size()*count elements,
+//       block j going to rank j; recv holds size()*count, block i from rank i
+//       (a rank's own block is copied). No in-place form: send and recv must
+//       not overlap. Any DType, u8 included (it moves, never adds).
+// (Not in the concept: communicators written before it, wrappers in tests
+// and users' own, satisfy the contract without it.)
 template <class C>
 concept Communicator = requires(C& c, const C& cc, void* buf, const void* cbuf, std::size_t n, DType t, int root) {
   { cc.rank() } -> std::convertible_to<int>;

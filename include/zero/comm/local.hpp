@@ -94,16 +94,18 @@ class LocalGroup {
   // What a rank asked for, posted with its buffers so that every rank can
   // check that all made the same call before reading anyone's buffers.
   struct Call {
-    enum class Kind : std::uint8_t { barrier, all_reduce, reduce_scatter, all_gather, broadcast };
+    enum class Kind : std::uint8_t { barrier, all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
     Kind kind = Kind::barrier;
-    std::size_t count = 0;  // elements: all_reduce and broadcast the buffer, reduce_scatter recv, all_gather send
+    std::size_t count = 0;  // elements: all_reduce and broadcast the buffer, reduce_scatter recv, all_gather send,
+                            // all_to_all one block
     DType dtype = DType::f32;
     ReduceOp op = ReduceOp::sum;  // all_reduce
     int root = 0;                 // broadcast
 
     bool operator==(const Call&) const = default;
     std::string describe() const {
-      static constexpr const char* names[] = {"barrier", "all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+      static constexpr const char* names[] = {"barrier",    "all_reduce", "reduce_scatter",
+                                              "all_gather", "broadcast",  "all_to_all"};
       const char* name = names[static_cast<int>(kind)];
       if (kind == Kind::barrier) return zero::detail::concat(name, "()");
       std::string s = zero::detail::concat(name, "(", count, " x ", dtype_name(dtype));
@@ -150,8 +152,8 @@ class LocalGroup {
     // Everyone arrived (a rank may have left or failed since: the next call reports it).
     if (generation_ != generation) return;
     if (!woken) {
-      abort_locked(zero::detail::concat("comm::Local", label_, ": rank ", global(rank), " waited more than ", options_.timeout.count(),
-                                        " ms in ", what, ApiCall::where(ApiCall::current()),
+      abort_locked(zero::detail::concat("comm::Local", label_, ": rank ", global(rank), " waited more than ",
+                                        options_.timeout.count(), " ms in ", what, ApiCall::where(ApiCall::current()),
                                         " for the other ranks; every rank must make the same collective calls in the "
                                         "same order"));
     }
@@ -215,27 +217,25 @@ class LocalGroup {
   // `local` on every node (Local::node(), Local::across()): made by the
   // first rank that asks, shared by the others.
   LocalGroup& node_group(int node) {
-    return child(node_groups_, node, topology_.ranks_per_node, " (node communicator)", node * topology_.ranks_per_node,
-                 1);
+    return child(node_groups_, node, Split::node, node * topology_.ranks_per_node, 1);
   }
-  LocalGroup& across_group(int local) {
-    return child(across_groups_, local, topology_.nodes(), " (across-nodes communicator)", local,
-                 topology_.ranks_per_node);
-  }
+  LocalGroup& across_group(int local) { return child(across_groups_, local, Split::across, local, topology_.ranks_per_node); }
   // Messages name a rank by its number in the whole group.
   int global(int rank) const { return first_ + rank * stride_; }
-  LocalGroup& child(std::vector<std::unique_ptr<LocalGroup>>& children, int index, int ranks, const char* label,
-                    int first, int stride) {
+  enum class Split { node, across };
+  // Child `index` of one split: its ranks are first, first + stride, ... of this group.
+  LocalGroup& child(std::vector<std::unique_ptr<LocalGroup>>& children, int index, Split split, int first, int stride) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const int count = &children == &node_groups_ ? topology_.nodes() : topology_.ranks_per_node;
-    if (children.empty()) children.resize(static_cast<std::size_t>(count));
+    const bool node = split == Split::node;
+    const int ranks = node ? topology_.ranks_per_node : topology_.nodes();  // in each child
+    if (children.empty()) children.resize(static_cast<std::size_t>(ranks_ / ranks));
     auto& g = children[static_cast<std::size_t>(index)];
     if (!g) {
       Options o = options_;
       // Inside a node every rank is on one node; across nodes, each on its own.
-      o.ranks_per_node = &children == &node_groups_ ? 0 : 1;
+      o.ranks_per_node = node ? 0 : 1;
       g = std::make_unique<LocalGroup>(ranks, o);
-      g->label_ = label;
+      g->label_ = node ? " (node communicator)" : " (across-nodes communicator)";
       g->first_ = global(first);
       g->stride_ = stride_ * stride;
     }
@@ -378,6 +378,29 @@ class Local {
     });
     group_->arrive_and_wait(rank_, "broadcast");
     counters_.count_broadcast(count * bytes, size(), crosses());
+  }
+
+  // Block j of rank s's send goes into block s of rank j's recv (its own
+  // block too, copied). Any DType: bytes are moved, never added.
+  void all_to_all(const void* send, void* recv, std::size_t count, DType t) {
+    const std::size_t bytes = dtype_bytes(t);
+    const int n = size();
+    const std::size_t block_bytes = count * bytes;
+    detail::require_apart("comm::Local", send, recv, block_bytes * static_cast<std::size_t>(n));
+    publish({Call::Kind::all_to_all, count, t}, send, recv, "all_to_all");
+    const bool stream = detail::streaming_pays(footprint(count * static_cast<std::size_t>(n), t));
+    // The n * n blocks (sender s, receiver j), each read once and written
+    // once, shared in pieces like all_gather's: no rank waits for a late one
+    // to copy its blocks, and no buffer is both read and written.
+    share_pieces(static_cast<std::size_t>(n) * static_cast<std::size_t>(n), block_bytes, piece_bytes(block_bytes),
+                 [&](std::size_t b, std::size_t begin, std::size_t end) {
+                   const std::size_t s = b / static_cast<std::size_t>(n), j = b % static_cast<std::size_t>(n);
+                   void* const dst[1] = {static_cast<char*>(group_->recv_[j]) + s * block_bytes + begin};
+                   detail::copy(dst, 1, static_cast<const char*>(group_->send_[s]) + j * block_bytes + begin,
+                                end - begin, stream);
+                 });
+    group_->arrive_and_wait(rank_, "all_to_all");
+    counters_.count_all_to_all(block_bytes, topology(), rank_);
   }
 
  private:

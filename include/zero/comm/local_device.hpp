@@ -173,6 +173,21 @@ class LocalDevice {
     counters_.count_broadcast(count * bytes, size(), crosses());
   }
 
+  // Block j of rank s's send goes into block s of rank j's recv: each rank
+  // copies block `rank` of every peer's send (its own too) into its recv, as
+  // all_gather copies whole peers' blocks. Any DType: bytes are moved.
+  void all_to_all(const void* send, void* recv, std::size_t count, DType t) {
+    const std::size_t block_bytes = count * dtype_bytes(t);
+    const int n = size();
+    detail::require_apart("comm::LocalDevice", send, recv, block_bytes * static_cast<std::size_t>(n));
+    publish(send, recv, "all_to_all");
+    for (int s = 0; s < n; ++s)
+      copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * block_bytes,
+           static_cast<const char*>(peer(s).send) + static_cast<std::size_t>(rank_) * block_bytes, block_bytes);
+    finish("all_to_all");
+    counters_.count_all_to_all(block_bytes, topology(), rank_);
+  }
+
  private:
   // The host group's topology (LocalGroup::Options::ranks_per_node) decides what crosses nodes.
   bool crosses() const { return group_->topology_.ring_send_crosses(rank_); }

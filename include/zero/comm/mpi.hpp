@@ -4,16 +4,26 @@
 // in fp32 (zero/comm/reduce.hpp). Errors come back as zero::CommError with
 // MPI's own message, never as an abort without explanation.
 //
+// The all-gather, reduce-scatter and all-reduce are rings in rank order,
+// each step an MPI_Isend to the next rank and an MPI_Irecv from the previous
+// one (a reduce-scatter adds each block as it passes, MPI_Reduce_local):
+// what comm_report() counts (comm/topology.hpp: a ring crosses nodes once
+// per node) is then what crosses, to the byte. Open MPI's non-blocking
+// collectives (libnbc) gather and scatter linearly or through a root, so on
+// two namespaces joined by a rate-limited veth (bench/netns_link.sh) the
+// link carried other bytes than the report said. Broadcast, all-to-all and
+// barrier stay MPI's (a direct exchange is what all_to_all counts).
+//
 // A rank that fails or makes different calls must not leave the others
 // waiting forever in a collective, and MPI cannot cancel one. So every
-// collective is non-blocking (MPI_Iallreduce, MPI_Ireduce_scatter_block,
-// MPI_Iallgather, MPI_Ibcast, MPI_Ibarrier), awaited by polling MPI_Test
-// with a back-off that leaves the cores to ranks still computing; one not
-// complete after Options::timeout ends the job as PyTorch's NCCL watchdog
-// does: the collective (kind, call number, element count and type), the
-// library call it was made in (comm::ApiCall), the rank and the time waited go
-// to stderr, then MPI_Abort. The timeout is for a rank that hangs; the common
-// cases end the job at once:
+// collective is non-blocking (MPI_Isend/MPI_Irecv ring steps, MPI_Ibcast,
+// MPI_Ialltoall, MPI_Ibarrier), awaited by
+// polling MPI_Test with a back-off that leaves the cores to ranks still
+// computing; one not complete after Options::timeout ends the job as
+// PyTorch's NCCL watchdog does: the collective (kind, call number, element
+// count and type), the library call it was made in (comm::ApiCall), the rank
+// and the time waited go to stderr, then MPI_Abort. The timeout is for a
+// rank that hangs; the common cases end the job at once:
 //   - a rank that fails with an exception ends the job itself, from its catch
 //     path, with abort_mpi_job(); one whose catch path forgets to is ended at
 //     exit by MpiRuntime's atexit handler (MpiRuntime does not finalise MPI
@@ -211,7 +221,7 @@ class Mpi {
     // every rank cannot complete; on a smaller communicator it may not be in it.
     int same = MPI_UNEQUAL;
     MPI_Comm_compare(comm, MPI_COMM_WORLD, &same);
-    watch_leaves_ = same == MPI_IDENT || same == MPI_CONGRUENT;
+    every_rank_ = same == MPI_IDENT || same == MPI_CONGRUENT;
     check(MPI_Type_contiguous(2, MPI_BYTE, &half_type_), "MPI_Type_contiguous");
     check(MPI_Type_commit(&half_type_), "MPI_Type_commit");
     check(MPI_Op_create(&sum_fp16, 1, &fp16_sum_), "MPI_Op_create");
@@ -257,35 +267,38 @@ class Mpi {
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
     require(t != DType::u8, "comm::Mpi: ", detail::reduce_bytes_refused);
     Call call = start("all_reduce", count, t);
-    complete(call, MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count), type(t), mpi_op(t, op), comm_, &call.request),
-             "MPI_Iallreduce");
-    counters_.count_all_reduce(count * dtype_bytes(t), size_, control, crosses());
+    (void)to_int(count);  // (refuses a count beyond MPI's int)
+    // A reduce-scatter of nearly equal blocks, then an all-gather of them.
+    const std::size_t n = static_cast<std::size_t>(size_), base = count / n, extra = count % n;
+    auto first = [&](int k) { return static_cast<std::size_t>(k) * base + std::min<std::size_t>(k, extra); };
+    char* b = static_cast<char*>(buf);
+    const std::size_t bytes = dtype_bytes(t);
+    ring_reduce_scatter(call, b, b + first(rank_) * bytes, first, t, mpi_op(t, op));
+    ring_all_gather(call, b, first, t);
+    counters_.count_all_reduce(count * bytes, size_, control, crosses());
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t) {
-    const std::size_t bytes = dtype_bytes(t);
-    const char* own_block = static_cast<const char*>(send) + static_cast<std::size_t>(rank_) * recv_count * bytes;
-    // In place, MPI leaves the result at the start of the buffer.
-    const bool in_place = recv == own_block;
     require(t != DType::u8, "comm::Mpi: ", detail::reduce_bytes_refused);
-    void* result = in_place ? const_cast<void*>(send) : recv;
+    const std::size_t bytes = dtype_bytes(t);
     Call call = start("reduce_scatter", recv_count, t);
-    complete(call,
-             MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : send, result, to_int(recv_count), type(t),
-                                       mpi_op(t, ReduceOp::sum), comm_, &call.request),
-             "MPI_Ireduce_scatter_block");
-    if (in_place && rank_ != 0) std::memmove(recv, result, recv_count * bytes);
+    (void)to_int(recv_count);  // (refuses a count beyond MPI's int)
+    // (In place, recv is send's block of this rank: read for the last time
+    // before the result is written.)
+    ring_reduce_scatter(call, static_cast<const char*>(send), static_cast<char*>(recv),
+                        [recv_count](int k) { return static_cast<std::size_t>(k) * recv_count; }, t,
+                        mpi_op(t, ReduceOp::sum));
     counters_.count_reduce_scatter(recv_count * static_cast<std::size_t>(size_) * bytes, size_, crosses());
   }
 
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
     const std::size_t bytes = dtype_bytes(t);
-    const char* own_block = static_cast<const char*>(recv) + static_cast<std::size_t>(rank_) * send_count * bytes;
-    const void* src = send == own_block ? MPI_IN_PLACE : send;
+    char* all = static_cast<char*>(recv);
+    char* own_block = all + static_cast<std::size_t>(rank_) * send_count * bytes;
     Call call = start("all_gather", send_count, t);
-    complete(call,
-             MPI_Iallgather(src, to_int(send_count), type(t), recv, to_int(send_count), type(t), comm_, &call.request),
-             "MPI_Iallgather");
+    (void)to_int(send_count);  // (refuses a count beyond MPI's int)
+    if (send != own_block) std::memcpy(own_block, send, send_count * bytes);
+    ring_all_gather(call, all, [send_count](int k) { return static_cast<std::size_t>(k) * send_count; }, t);
     counters_.count_all_gather(send_count * static_cast<std::size_t>(size_) * bytes, size_, control, crosses());
   }
 
@@ -296,6 +309,18 @@ class Mpi {
     counters_.count_broadcast(count * dtype_bytes(t), size_, crosses());
   }
 
+  // Block j of send to rank j, block i of recv from rank i. Any DType: the
+  // bytes are moved (16-bit types as 2-byte elements, u8 as MPI_UINT8_T).
+  void all_to_all(const void* send, void* recv, std::size_t count, DType t) {
+    const std::size_t bytes = dtype_bytes(t);
+    detail::require_apart("comm::Mpi", send, recv, count * static_cast<std::size_t>(size_) * bytes);
+    Call call = start("all_to_all", count, t);
+    complete(call,
+             MPI_Ialltoall(send, to_int(count), type(t), recv, to_int(count), type(t), comm_, &call.request),
+             "MPI_Ialltoall");
+    counters_.count_all_to_all(count * bytes, topology_, rank_);
+  }
+
  private:
   bool crosses() const { return topology_.ring_send_crosses(rank_); }
 
@@ -304,12 +329,10 @@ class Mpi {
   // placement by slot); 0 (one node) otherwise. Every rank agrees: one
   // MPI_Allreduce at construction.
   int launcher_ranks_per_node() const {
-    int same = MPI_UNEQUAL;
-    MPI_Comm_compare(comm_, MPI_COMM_WORLD, &same);
     const char* size_env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const char* rank_env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     int local_size = 0;
-    if ((same == MPI_IDENT || same == MPI_CONGRUENT) && size_env != nullptr && rank_env != nullptr) {
+    if (every_rank_ && size_env != nullptr && rank_env != nullptr) {
       local_size = std::atoi(size_env);
       const int local_rank = std::atoi(rank_env);
       if (local_size < 1 || size_ % local_size != 0 || rank_ % local_size != local_rank) local_size = 0;
@@ -364,31 +387,109 @@ class Mpi {
   }
 
   // Waits for the call that an MPI_I* function (which returned `issued`)
-  // started. MPI_Test also drives MPI's progress: a large collective moves
-  // one fragment per call, so sleeping between polls while it streams would
-  // cap it at a fragment per sleep (tens of MB/s). The polls therefore only
-  // yield between them for as long as the data could take to move at a
-  // modest 0.1 GB/s (at least 50 us: ranks that arrive together finish a
-  // small collective within microseconds); a longer wait means a peer is
-  // still computing, and the rank sleeps between polls (a 16th of the time
-  // waited, at most 1 ms) so as not to take a core from it. Past the timeout
-  // the job ends (time_out).
+  // started.
   void complete(Call& call, int issued, const char* function) {
     check(issued, function, &call);
-    const auto streaming = std::chrono::microseconds(50) +
-                           std::chrono::nanoseconds(10 * call.count * dtype_bytes(call.dtype));
-    for (;;) {
+    await(call, call.started, call.count * dtype_bytes(call.dtype), [&] {
       int done = 0;
       check(MPI_Test(&call.request, &done, MPI_STATUS_IGNORE), "MPI_Test", &call);
-      if (done) return;
-      const auto waited = clock::now() - call.started;
+      return done != 0;
+    });
+  }
+
+  // Polls done() until it says so. MPI_Test also drives MPI's progress: a
+  // large transfer moves one fragment per call, so sleeping between polls
+  // while it streams would cap it at a fragment per sleep (tens of MB/s).
+  // The polls therefore only yield between them for as long as `bytes`
+  // could take to move at a modest 0.1 GB/s from `since` (at least 50 us:
+  // ranks that arrive together finish a small exchange within
+  // microseconds); a longer wait means a peer is still computing, and the
+  // rank sleeps between polls (a 16th of the time waited, at most 1 ms) so
+  // as not to take a core from it. Past the timeout, counted from the
+  // collective's start, the job ends (time_out).
+  template <class Done>
+  void await(const Call& call, clock::time_point since, std::size_t bytes, Done&& done) {
+    const auto streaming = std::chrono::microseconds(50) + std::chrono::nanoseconds(10 * bytes);
+    for (;;) {
+      if (done()) return;
+      const auto now = clock::now();
+      const auto waited = now - call.started;
       if (waited >= options_.timeout) time_out(call, waited);
-      if (waited < streaming) {
+      if (now - since < streaming) {
         std::this_thread::yield();
       } else {
         watch_for_leaves(call);
-        std::this_thread::sleep_for(std::min<clock::duration>(waited / 16, std::chrono::milliseconds(1)));
+        std::this_thread::sleep_for(std::min<clock::duration>((now - since) / 16, std::chrono::milliseconds(1)));
       }
+    }
+  }
+
+  // One step of a ring: `send_count` elements at `send` to the next rank,
+  // `recv_count` into `recv` from the previous one. The tag is the call's
+  // number, so ranks whose collectives differ wait (and time out naming
+  // them) instead of exchanging each other's data.
+  void ring_step(Call& call, const char* send, std::size_t send_count, char* recv, std::size_t recv_count, DType t) {
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    const int tag = static_cast<int>(call.number % 32000);
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    check(MPI_Irecv(recv, static_cast<int>(recv_count), type(t), prev, tag, comm_, &requests[1]), "MPI_Irecv", &call);
+    check(MPI_Isend(send, static_cast<int>(send_count), type(t), next, tag, comm_, &requests[0]), "MPI_Isend", &call);
+    await(call, clock::now(), std::max(send_count, recv_count) * dtype_bytes(t), [&] {
+      int done = 0;
+      check(MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall", &call);
+      return done != 0;
+    });
+  }
+
+  // Blocks k = 0..size-1 of a buffer: block k is elements [first(k), first(k + 1)).
+  template <class First>
+  static std::size_t block_count(const First& first, int k) {
+    return first(k + 1) - first(k);
+  }
+  int ring_block(int k) const { return ((k % size_) + size_) % size_; }
+
+  // The ring reduce-scatter: in step s each rank sends the partial sum of
+  // block r - s - 1 (its own part of it, at s = 0) to the next rank and adds
+  // its own part of block r - s - 2 to the partial sum it receives; after
+  // size - 1 steps it holds the whole sum of its own block r, written to
+  // `out`. `in` is read only (out may be in's block r: it is read for the
+  // last time in the last step).
+  template <class First>
+  void ring_reduce_scatter(Call& call, const char* in, char* out, const First& first, DType t, MPI_Op op) {
+    const std::size_t bytes = dtype_bytes(t);
+    if (size_ == 1) {
+      std::memmove(out, in + first(0) * bytes, block_count(first, 0) * bytes);
+      return;
+    }
+    std::size_t most = 0;
+    for (int k = 0; k < size_; ++k) most = std::max(most, block_count(first, k));
+    if (scratch_.size() < 2 * most * bytes) scratch_.resize(2 * most * bytes);
+    char* sum = scratch_.data();  // the partial sum this rank sends next
+    char* incoming = sum + most * bytes;
+    const char* sending = in + first(ring_block(rank_ - 1)) * bytes;
+    std::size_t sending_count = block_count(first, ring_block(rank_ - 1));
+    for (int step = 0; step < size_ - 1; ++step) {
+      const int k = ring_block(rank_ - step - 2);
+      const std::size_t count = block_count(first, k);
+      ring_step(call, sending, sending_count, incoming, count, t);
+      check(MPI_Reduce_local(in + first(k) * bytes, incoming, static_cast<int>(count), type(t), op),
+            "MPI_Reduce_local", &call);
+      std::swap(sum, incoming);
+      sending = sum;
+      sending_count = count;
+    }
+    std::memmove(out, sum, block_count(first, rank_) * bytes);
+  }
+
+  // The ring all-gather in place: rank r's block is in `all`; in step s each
+  // rank sends block r - s to the next rank and receives block r - s - 1.
+  template <class First>
+  void ring_all_gather(Call& call, char* all, const First& first, DType t) {
+    const std::size_t bytes = dtype_bytes(t);
+    for (int step = 0; step < size_ - 1; ++step) {
+      const int sent = ring_block(rank_ - step), received = ring_block(rank_ - step - 1);
+      ring_step(call, all + first(sent) * bytes, block_count(first, sent), all + first(received) * bytes,
+                block_count(first, received), t);
     }
   }
 
@@ -399,7 +500,7 @@ class Mpi {
   // broadcast: a receiver may complete and leave before the root has sent to
   // a slower rank, which does not need the one that left.
   void watch_for_leaves(const Call& call) {
-    if (!watch_leaves_ || detail::leave_comm == MPI_COMM_NULL || std::strcmp(call.kind, "broadcast") == 0) return;
+    if (!every_rank_ || detail::leave_comm == MPI_COMM_NULL || std::strcmp(call.kind, "broadcast") == 0) return;
     if (left_rank_ < 0) {
       int found = 0;
       MPI_Status status;
@@ -481,7 +582,8 @@ class Mpi {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::uint64_t calls_ = 0;  // collectives started, numbering them in messages
-  bool watch_leaves_ = false;  // a communicator of every rank: notices of leaving ranks concern it
+  bool every_rank_ = false;    // holds every rank of MPI_COMM_WORLD: notices of leaving ranks concern it,
+                               // and Open MPI's ranks per node describe it
   int left_rank_ = -1;         // a rank whose notice of leaving arrived, and when
   clock::time_point left_seen_{};
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
@@ -489,6 +591,7 @@ class Mpi {
   Topology topology_;
   ByteCounters counters_;
   std::unique_ptr<Mpi> node_, across_;  // node(), across(): communicators of their own (duplicates)
+  std::vector<char> scratch_;            // the ring reduce-scatter's two partial sums (grown, kept)
 };
 
 }  // namespace zero::comm

@@ -190,6 +190,40 @@ class Nccl {
     s_->enqueued(false);
   }
 
+  // Block j of send to rank j, block i of recv from rank i: an ncclSend and
+  // an ncclRecv per other rank in one NCCL group (NCCL has no all-to-all of
+  // its own; grouped, they run at once), and this rank's own block by a
+  // device copy on the communicator's stream. Any DType: the bytes are moved.
+  // Inside an open group_begin() the copy is enqueued at once while NCCL's
+  // transfers wait for group_end(): as for any collectives of one group, no
+  // other collective of the group may write this one's buffers.
+  void all_to_all(const void* send, void* recv, std::size_t count, DType t) {
+    const State::Call call(*s_, "all_to_all", count, t);
+    const std::size_t block = count * dtype_bytes(t);
+    detail::require_apart("comm::Nccl", send, recv, block * static_cast<std::size_t>(s_->size));
+    if (count != 0) {
+      // Counted as a group of the communicator's, so that an error inside
+      // ends it before the abort (State::fail, State::Call).
+      s_->check(ncclGroupStart(), "ncclGroupStart");
+      if (s_->group_depth++ == 0) s_->group_owner = std::this_thread::get_id();
+      for (int peer = 0; peer < s_->size; ++peer) {
+        if (peer == s_->rank) continue;
+        const std::size_t at = static_cast<std::size_t>(peer) * block;
+        s_->check(ncclSend(static_cast<const char*>(send) + at, count, nccl_type(t), peer, s_->comm, s_->stream),
+                  "ncclSend");
+        s_->check(ncclRecv(static_cast<char*>(recv) + at, count, nccl_type(t), peer, s_->comm, s_->stream),
+                  "ncclRecv");
+      }
+      --s_->group_depth;
+      s_->check(ncclGroupEnd(), "ncclGroupEnd");
+      const std::size_t own = static_cast<std::size_t>(s_->rank) * block;
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(recv) + own, static_cast<const char*>(send) + own, block,
+                                      cudaMemcpyDeviceToDevice, s_->stream));
+    }
+    s_->counters.count_all_to_all(block, s_->topology, s_->rank);
+    s_->enqueued(false);
+  }
+
   // Returns when every rank has reached it and this rank's collectives
   // enqueued before it have finished (a one-element all-reduce, not counted).
   void barrier() {

@@ -17,7 +17,10 @@
 // and there is more than one node: of a ring's N links, one per node
 // crosses. Summed over the ranks this is the traffic through the nodes'
 // network links; per rank it is all of the sends of the last rank of each
-// node and none of the others'.
+// node and none of the others'. all_to_all is not a ring but a direct
+// exchange (each block goes straight to its rank), and not this rule: of a
+// rank's N - 1 blocks, the N - ranks_per_node addressed to ranks on other
+// nodes cross (ByteCounters::count_all_to_all).
 #pragma once
 
 #include "zero/config.hpp"
