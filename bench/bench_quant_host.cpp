@@ -34,24 +34,25 @@ template <class T>
 void run(const char* label, std::size_t n, std::size_t block, int reps, bool json) {
   std::vector<T> x(n), back(n);
   for (std::size_t i = 0; i < n; ++i) x[i] = zero::from_float<T>(0.001f * static_cast<float>(i % 977) - 0.4f);
-  std::vector<unsigned char> payload(zero::quant::int8_payload_bytes(n, block));
-  const auto p = zero::quant::Int8Payload::at(payload.data(), n);
+  const zero::quant::Format format{8, block};
+  std::vector<unsigned char> payload(format.payload_bytes(n));
+  const auto p = zero::quant::PayloadView::at(payload.data(), n, format);
   // The probes: the same bytes read and written, a shift each (the
   // parameter's high byte as the code, and back).
   using Bits = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
   constexpr int shift = 8 * (sizeof(T) - 1);
   auto probe_in = [&] {
     const auto* bits = reinterpret_cast<const Bits*>(x.data());
-    for (std::size_t i = 0; i < n; ++i) p.codes[i] = static_cast<std::int8_t>(bits[i] >> shift);
+    for (std::size_t i = 0; i < n; ++i) p.codes[i] = static_cast<std::uint8_t>(bits[i] >> shift);
     for (std::size_t b = 0; b * block < n; ++b) p.scales[b] = 1.0f;
   };
   auto probe_out = [&] {
     auto* bits = reinterpret_cast<Bits*>(back.data());
     for (std::size_t i = 0; i < n; ++i)
-      bits[i] = static_cast<Bits>(static_cast<Bits>(static_cast<std::uint8_t>(p.codes[i])) << shift);
+      bits[i] = static_cast<Bits>(static_cast<Bits>(p.codes[i]) << shift);
   };
-  auto quantize = [&] { zero::quant::host_quantize_int8(x.data(), n, block, p.codes, p.scales); };
-  auto dequantize = [&] { zero::quant::host_dequantize_int8(p.codes, p.scales, n, block, back.data()); };
+  auto quantize = [&] { zero::quant::host_quantize(x.data(), nullptr, n, format, payload.data()); };
+  auto dequantize = [&] { zero::quant::host_dequantize(payload.data(), n, format, back.data()); };
   quantize(), probe_in(), dequantize(), probe_out();  // warm up (page faults, frequency)
   std::vector<double> q, qp, d, dp;
   for (int r = 0; r < reps; ++r) {

@@ -142,6 +142,23 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
       "--qwz", [&config](std::int64_t) { config.options.qwz = true; },
       "stage 3: gather the parameters over every rank as int8 codes with one fp32 scale per block (ZeRO++ qwZ): "
       "about half the bytes of 16-bit parameters, values within half a step of their block's scale");
+  app.add_flag_function(
+      "--qgz", [&config](std::int64_t) { config.options.qgz = true; },
+      "stages 1-3: reduce-scatter the gradients as two all-to-alls of block-quantized codes, inside the node and "
+      "then across nodes, summed in fp32 (ZeRO++ qgZ): 1/ranks-per-node of the unit's int4 size crosses nodes");
+  app.add_option_function<int>(
+         "--qgz-bits", [&config](int bits) { config.options.qgz_bits = bits; },
+         "--qgz's gradient codes: 4 (int4) or 8 (int8) bits")
+      ->check(CLI::IsMember({4, 8}))
+      ->default_str(std::to_string(config.options.qgz_bits));
+  app.add_option_function<std::size_t>(
+         "--qgz-block", [&config](std::size_t block) { config.options.qgz_block = block; },
+         "--qgz's elements per fp32 scale (even, 32 to 1048576)")
+      ->default_str(std::to_string(config.options.qgz_block));
+  app.add_flag_function(
+      "--qgz-feedback", [&config](std::int64_t) { config.options.qgz_error_feedback = true; },
+      "--qgz with error feedback: what each quantization drops is added to the next step's gradient (fp32 "
+      "residuals: 4 bytes x (1 + 1/ranks-per-node) per parameter and rank)");
   app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
   app.add_option_function<double>(
          "--nvme-window-mib",

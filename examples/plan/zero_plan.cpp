@@ -146,12 +146,14 @@ void print_table(const plan::Plan& p) {
               bytes_text(p.model_states()).c_str(), plan::paper_formula(c.stage, pb, pb, k).c_str(),
               bytes_text(p.paper_model_state_bytes).c_str(), count_text(p.param_elements).c_str(),
               static_cast<unsigned long long>(k), c.ranks(), hpz_copy.c_str());
+  const std::string all_to_all =
+      c.options.qgz ? ", all-to-all " + bytes_text(p.comm.all_to_all_bytes) + " (--qgz's reduce-scatters)" : "";
   std::printf("communication per step and rank: %s elements, %s sent, %s received (all-reduce %s, reduce-scatter %s, "
-              "all-gather %s; control %llu B)\n",
+              "all-gather %s%s; control %llu B)\n",
               count_text(p.comm.elements).c_str(), bytes_text(p.comm.bytes_sent).c_str(),
               bytes_text(p.comm.bytes_received).c_str(), bytes_text(p.comm.all_reduce_bytes).c_str(),
               bytes_text(p.comm.reduce_scatter_bytes).c_str(), bytes_text(p.comm.all_gather_bytes).c_str(),
-              static_cast<unsigned long long>(p.comm.control_bytes));
+              all_to_all.c_str(), static_cast<unsigned long long>(p.comm.control_bytes));
   std::printf("  ZeRO paper: %sΦ(N-1)/N = %s elements per step%s\n", c.stage == 3 ? "3" : "2",
               count_text(p.paper_comm_elements).c_str(),
               c.options.grad_accumulation_steps > 1 && c.stage >= 2
@@ -356,6 +358,16 @@ int main(int argc, char** argv) {
   app.add_flag("--qwz", config.options.qwz,
                "Options::qwz (stage 3): parameter gathers over every rank as int8 codes with one fp32 scale per block "
                "(ZeRO++ qwZ)");
+  app.add_flag("--qgz", config.options.qgz,
+               "Options::qgz (stages 1-3): gradient reduce-scatters as an all-to-all of quantized codes inside the "
+               "node and one across nodes (ZeRO++ qgZ)");
+  app.add_option("--qgz-bits", config.options.qgz_bits, "Options::qgz_bits: 4 or 8")
+      ->check(CLI::IsMember({4, 8}))
+      ->capture_default_str();
+  app.add_option("--qgz-block", config.options.qgz_block, "Options::qgz_block: elements per fp32 scale")
+      ->capture_default_str();
+  app.add_flag("--qgz-feedback", config.options.qgz_error_feedback,
+               "Options::qgz_error_feedback: fp32 residuals carried to the next step");
   bool json = false;
   app.add_flag("--json", json, "Machine-readable output (schema in docs)");
 
@@ -404,13 +416,9 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--master remainder", "keeps the fp32 master as the bf16 parameters plus 16 bits: "
                                                        "use --precision bf16, or --master fp32");
     config.options.states = *zero::parse_state_format(states);
-    if (config.options.qwz && config.stage != 3)
-      throw CLI::ValidationError("--qwz", "quantizes stage 3's parameter gathers; the parameters are whole at stage " +
-                                          std::to_string(config.stage) + ": use --stage 3");
-    if (config.options.hpz && config.stage != 3)
-      throw CLI::ValidationError("--hpz", "keeps a secondary copy of stage 3's gathered parameters inside each node; "
-                                          "the parameters are whole at stage " + std::to_string(config.stage) +
-                                          ": use --stage 3");
+    const std::string zeropp =
+        zero::zeropp_stage_problem(config.options.hpz, config.options.qwz, config.options.qgz, config.stage);
+    if (!zeropp.empty()) throw CLI::ValidationError("--stage", zeropp);
     const std::size_t least_window = zero::offload::disk_least_window_bytes(
         config.state_slots, zero::master_element_bytes(config.options.master),
         zero::state_element_bytes(config.options.states));

@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "zero/backend/host.hpp"
 #include "zero/cuda/check.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/cuda_quantize.cuh"
@@ -441,43 +442,59 @@ void lean_tests(const Options& o, cudaStream_t stream) {
   std::fflush(stdout);
 }
 
-// ---- qwZ's int8 blocks: device payload and values == host, bit for bit ----
+// ---- qwZ's and qgZ's int8/int4 blocks: device payloads, residuals and values == host, bit for bit ----
 template <class T>
-void qwz_case(std::size_t n, std::size_t block, cudaStream_t stream) {
-  const std::string what = fmt("qwz %s n=%zu block=%zu", zero::dtype_traits<T>::name, n, block);
-  std::vector<T> x(n);
-  for (std::size_t i = 0; i < n; ++i) x[i] = zero::from_float<T>(0.03f * uniform(1234 + n, i) - 0.015f);
+void qwz_case(std::size_t n, const zero::quant::Format& f, bool feedback, cudaStream_t stream) {
+  const std::string what = fmt("quant %s n=%zu int%d block=%zu%s", zero::dtype_traits<T>::name, n, f.bits, f.block,
+                               feedback ? " feedback" : "");
+  // Two pieces of n elements, 3 elements apart, payloads 4 bytes apart.
+  const zero::quant::Pieces pieces{2, n, n + 3, f.payload_bytes(n) + 4};
+  const std::size_t values = 2 * n + 3, bytes = 2 * pieces.payload_stride;
+  std::vector<T> x(values);
+  for (std::size_t i = 0; i < values; ++i) x[i] = zero::from_float<T>(0.03f * uniform(1234 + n, i) - 0.015f);
   if (n > 5) x[5] = zero::from_float<T>(0.0f);
-  const std::size_t bytes = zero::quant::int8_payload_bytes(n, block);
+  std::vector<float> residual(values);
+  for (std::size_t i = 0; i < values; ++i) residual[i] = feedback ? 0.001f * uniform(99 + n, i) - 0.0005f : 0.0f;
   std::vector<unsigned char> host(bytes, 0);
-  const auto p = zero::quant::Int8Payload::at(host.data(), n);
-  zero::quant::host_quantize_int8(x.data(), n, block, p.codes, p.scales);
-  std::vector<T> host_back(n);
-  zero::quant::host_dequantize_int8(p.codes, p.scales, n, block, host_back.data());
-  DeviceArray<T> dx(n), dback(n);
+  std::vector<float> host_residual = residual;
+  using HostOps = zero::backend::Ops<zero::backend::Host>;
+  HostOps::quantize(x.data(), feedback ? host_residual.data() : nullptr, pieces, f, host.data());
+  std::vector<T> host_back(values, zero::from_float<T>(0.0f));
+  HostOps::dequantize(host.data(), pieces, f, host_back.data());
+  std::vector<float> host_sum(n);
+  HostOps::dequantize_sum(host.data(), 2, pieces.payload_stride, n, f, host_sum.data());
+  DeviceArray<T> dx(values), dback(values);
+  DeviceArray<float> dresidual(values), dsum(n);
   DeviceArray<unsigned char> dpayload(bytes);
   dx.upload(x, stream);
+  dresidual.upload(residual, stream);
+  dback.upload(std::vector<T>(values, zero::from_float<T>(0.0f)), stream);
   ZERO_CUDA_CHECK(cudaMemsetAsync(dpayload.get(), 0, bytes, stream));  // (the codes' padding bytes)
-  zero::kernels::cuda_quantize_int8(dx.get(), n, block, dpayload.get(), stream);
-  zero::kernels::cuda_dequantize_int8(dpayload.get(), n, block, dback.get(), stream);
+  zero::kernels::cuda_quantize(dx.get(), feedback ? dresidual.get() : nullptr, pieces, f, dpayload.get(), stream);
+  zero::kernels::cuda_dequantize(dpayload.get(), pieces, f, dback.get(), stream);
+  zero::kernels::cuda_dequantize_sum(dpayload.get(), 2, pieces.payload_stride, n, f, dsum.get(), stream);
   const auto device = dpayload.download(stream);
   std::string why;
   const bool payload_same = std::memcmp(device.data(), host.data(), bytes) == 0;
   if (!payload_same) why += "payload bytes differ; ";
   const bool values_same = same_bits(host_back, dback.download(stream), 0, "values", why);
-  CHECK(payload_same && values_same, what + ": " + why);
+  const bool residual_same = same_bits(host_residual, dresidual.download(stream), 0, "residual", why);
+  const bool sum_same = same_bits(host_sum, dsum.download(stream), 0, "sum", why);
+  CHECK(payload_same && values_same && residual_same && sum_same, what + ": " + why);
 }
 
 void qwz_tests(const Options& o, cudaStream_t stream) {
   const int failed_before = g_failed, passed_before = g_passed;
   const std::size_t big = o.quick ? 70001 : (std::size_t{1} << 22) + 7;
-  for (const std::size_t block : {std::size_t{32}, std::size_t{2048}, std::size_t{1} << 16})
-    for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{2049}, big}) {
-      qwz_case<float>(n, block, stream);
-      qwz_case<bf16>(n, block, stream);
-      qwz_case<fp16>(n, block, stream);
-    }
-  std::printf("qwz int8 blocks %d passed, %d failed\n", g_passed - passed_before, g_failed - failed_before);
+  for (const int bits : {8, 4})
+    for (const std::size_t block : {std::size_t{32}, std::size_t{2048}, std::size_t{1} << 16})
+      for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{2049}, big}) {
+        const zero::quant::Format f{bits, block};
+        qwz_case<float>(n, f, bits == 4, stream);
+        qwz_case<bf16>(n, f, false, stream);
+        qwz_case<fp16>(n, f, bits == 4, stream);
+      }
+  std::printf("quant int8/int4 blocks %d passed, %d failed\n", g_passed - passed_before, g_failed - failed_before);
   std::fflush(stdout);
 }
 

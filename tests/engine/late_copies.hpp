@@ -132,14 +132,19 @@ struct Ops<LateCopies> {
     Eager::fused_step(args);
   }
   template <class T>
-  static void quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload) {
+  static void quantize(const T* x, float* residual, const quant::Pieces& p, const quant::Format& f, void* payload) {
     in_order();
-    Eager::quantize_int8(x, n, block, payload);
+    Eager::quantize(x, residual, p, f, payload);
   }
   template <class T>
-  static void dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out) {
+  static void dequantize(const void* payload, const quant::Pieces& p, const quant::Format& f, T* out) {
     in_order();
-    Eager::dequantize_int8(payload, n, block, out);
+    Eager::dequantize(payload, p, f, out);
+  }
+  static void dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                             const quant::Format& f, float* out) {
+    in_order();
+    Eager::dequantize_sum(payloads, count, payload_stride, n, f, out);
   }
   // Each is one wait for the stream (counted: a step should make one).
   template <class Grad>

@@ -162,7 +162,7 @@ void check_across_nodes(const plan::Plan& p, const std::vector<Measured>& measur
     INFO("rank " << c.rank << " of " << topology.ranks << ", " << topology.ranks_per_node << " per node");
     CHECK(c.ranks_per_node == topology.ranks_per_node);
     for (const Collective kind : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
-                                  Collective::control}) {
+                                  Collective::all_to_all, Collective::control}) {
       INFO(zero::comm::collective_name(kind));
       CHECK(c.counters.across[static_cast<std::size_t>(kind)] ==
             static_cast<std::uint64_t>(steps) * p.schedule.across(kind, topology, c.rank));
@@ -192,6 +192,8 @@ struct Variant {
   bool remainder = false;
   bool hpz = false;  // stage 3 only (Options::hpz): the secondary copy and the gathers inside the node
   std::size_t qwz_block = 0;  // stage 3 only: Options::qwz with blocks of this many elements (0: off)
+  int qgz_bits = 0;           // stages 1-3: Options::qgz with codes of this many bits (0: off)
+  bool qgz_feedback = false;  // Options::qgz_error_feedback
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -232,6 +234,10 @@ void check_plan_against_optimizers() {
        zero::GradWrites::overwrite, 2, false, false, 32},
       {"hpZ and qwZ, blocks of 2048: accumulate 2, prefetch 0", 2, std::size_t{32} << 20, 0, ReduceDType::same_as_grad,
        false, 0, zero::GradWrites::overwrite, 2, false, true, 2048},
+      {"qgZ int4 with error feedback: one unit per bucket, accumulate 2, reduce in fp32", 2, 1, 1, ReduceDType::fp32,
+       false, 0, zero::GradWrites::overwrite, 2, false, false, 0, 4, true},
+      {"hpZ, qwZ and qgZ int8, gradients added: accumulate 2", 2, std::size_t{32} << 20, 1, ReduceDType::same_as_grad,
+       false, 0, zero::GradWrites::accumulate, 2, false, true, 256, 8},
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
@@ -239,6 +245,7 @@ void check_plan_against_optimizers() {
     for (const int ranks : {1, 2, 3, 4, 7})
       for (const auto& v : variants) {
         if ((v.hpz || v.qwz_block != 0) && O::stage != 3) continue;
+        if (v.qgz_bits != 0 && O::stage == 0) continue;
         INFO("stage " << O::stage << ", " << plan::name(plan::precision_of<typename O::precision_policy>()) << ", "
                       << O::optimizer_policy::name << ", offload " << O::offload_policy::name << ", backend "
                       << O::backend_policy::name << ", " << ranks << " rank(s), " << v.name << ", model "
@@ -257,6 +264,9 @@ void check_plan_against_optimizers() {
         options.hpz = v.hpz;
         options.qwz = v.qwz_block != 0;
         if (options.qwz) options.qwz_block = v.qwz_block;
+        options.qgz = v.qgz_bits != 0;
+        if (options.qgz) options.qgz_bits = v.qgz_bits;
+        options.qgz_error_feedback = v.qgz_feedback;
         std::optional<TempDir> dir;
         if constexpr (nvme) {
           dir.emplace();
@@ -321,11 +331,15 @@ void check_plan_against_optimizers() {
           CHECK(per_step(sent, Collective::all_reduce) == p.comm.all_reduce_bytes);
           CHECK(per_step(sent, Collective::reduce_scatter) == p.comm.reduce_scatter_bytes);
           CHECK(per_step(sent, Collective::all_gather) == p.comm.all_gather_bytes);
+          CHECK(per_step(sent, Collective::all_to_all) == p.comm.all_to_all_bytes);
           CHECK(per_step(sent, Collective::control) == p.comm.control_bytes);
           CHECK(per_step(calls, Collective::all_reduce) == p.comm.all_reduce_calls);
           CHECK(per_step(calls, Collective::reduce_scatter) == p.comm.reduce_scatter_calls);
           CHECK(per_step(calls, Collective::all_gather) == p.comm.all_gather_calls);
+          CHECK(per_step(calls, Collective::all_to_all) == p.comm.all_to_all_calls);
           CHECK(per_step(calls, Collective::control) == p.comm.control_calls);
+          CHECK((p.comm.all_to_all_calls > 0) == (options.qgz && ranks > 1));
+          if (options.qgz) CHECK(p.comm.reduce_scatter_calls == 0);
           CHECK(c.counters.calls[static_cast<std::size_t>(Collective::broadcast)] == 0);
         }
       }
@@ -377,7 +391,47 @@ TEMPLATE_LIST_TEST_CASE("bytes across nodes: the planner's equal each rank's com
         CHECK(h.comm.bytes_sent < p.comm.bytes_sent);
         CHECK(h.comm.across_all_ranks * 3 == p.comm.across_all_ranks * 2);  // 3 ring passes of which 1 stays inside
       }
+      if constexpr (O::stage >= 1) {
+        // qgZ, alone and (stage 3) with every combination of hpZ and qwZ, int4 and int8.
+        for (int combination = 0; combination < (O::stage == 3 ? 8 : 2); ++combination) {
+          config.options.qgz = true;
+          config.options.qgz_bits = combination % 2 == 0 ? 4 : 8;
+          config.options.hpz = (combination & 2) != 0;
+          config.options.qwz = (combination & 4) != 0;
+          INFO("qgZ int" << config.options.qgz_bits << (config.options.hpz ? ", hpZ" : "")
+                         << (config.options.qwz ? ", qwZ" : ""));
+          const plan::Plan q = plan::make_plan(config);
+          check_across_nodes(q, measure<O>(config.model, ranks, config.options, 2, per_node), 2);
+          CHECK(q.comm.across_all_ranks < p.comm.across_all_ranks);
+        }
+        config.options = zero::Options{};
+      }
     }
+}
+
+TEST_CASE("ZeRO++: with hpZ, qwZ and qgZ, stage 3 sends at most a quarter of its bytes across nodes",
+          "[engine][plan][topology][zeropp]") {
+  using O = Opt<3, Mixed<bf16>, AdamW>;
+  {
+    // Units of whole blocks (a unit of a handful of elements would send a
+    // scale per few codes: the formula's overheads, not its shares).
+    plan::Model model;
+    model.units = {{"a", {8192}}, {"b", {4096, 4096}}, {"c", {16384}}};
+    for (const int ranks : {4, 8})
+      for (const int per_node : {2, 4}) {
+        if (per_node >= ranks) continue;
+        INFO(ranks << " ranks, " << per_node << " per node");
+        plan::Config config = plan::config_for<O>(model, ranks, zero::Options{}, false);
+        config.ranks_per_node = per_node;
+        config.nodes = ranks / per_node;
+        const plan::Plan plain = plan::make_plan(config);
+        config.options.hpz = config.options.qwz = config.options.qgz = true;
+        const plan::Plan all = plan::make_plan(config);
+        check_across_nodes(all, measure<O>(model, ranks, config.options, 2, per_node), 2);
+        INFO("across nodes per step, all ranks: " << all.comm.across_all_ranks << " of " << plain.comm.across_all_ranks);
+        CHECK(all.comm.across_all_ranks * 4 <= plain.comm.across_all_ranks);
+      }
+  }
 }
 
 TEST_CASE("the planner follows the ZeRO paper's formulas where the paper is exact", "[engine][plan]") {

@@ -8,7 +8,13 @@
 // setting's name. qwZ (Options::qwz): every gathered unit is the shards
 // through int8 blocks, the same on every rank, within half a step of each
 // block's scale, for every precision and unit size; the bytes sent are the
-// payloads'.
+// payloads'. qgZ (Options::qgz): at stages 1-3, int4 and int8, every node
+// shape (one node, one rank per node, 2 and 4 per node) and unit size, each
+// reduced gradient is the exact sum within the bound of its two
+// quantizations (computed here in double from the inputs), and not exactly
+// it; with error feedback the sum over steps of what was applied stays
+// within one step's error of the true sum, where without it the errors add
+// up; the stage refusal names the option.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -224,7 +230,7 @@ void check_qwz_gathers(bool hpz) {
   }
   // Bytes: each gather over every rank sends (N-1) payloads of the shard.
   std::uint64_t payloads = 0;
-  for (const std::size_t shard : shards) payloads += zero::quant::int8_payload_bytes(shard, block);
+  for (const std::size_t shard : shards) payloads += zero::quant::Format{8, block}.payload_bytes(shard);
   const auto sent = reports[0].counters.sent[static_cast<std::size_t>(zero::comm::Collective::all_gather)];
   const std::uint64_t over_all = (ranks - 1) * payloads * (hpz ? 1 : 2);
   if (!hpz) CHECK(sent == over_all);
@@ -240,4 +246,185 @@ TEMPLATE_TEST_CASE("qwZ: stage 3 gathers int8 blocks; every rank gets the same p
                    "[engine][zeropp][qwz]", Full<float>, Mixed<bf16>, Mixed<fp16>) {
   check_qwz_gathers<TestType>(false);
   check_qwz_gathers<TestType>(true);
+}
+
+namespace {
+
+// qgZ's reduction through the engine: plain SGD with lr 1 and a divisor of
+// 1 leaves each parameter at minus the sum of every rank's gradients, so the
+// parameters after `steps` steps from zero are the applied sums. Each rank's
+// gradient of element i of unit u at step t is a fixed function of (rank,
+// unit, i, t), so the exact sum is computed here in double.
+double qgz_gradient(int rank, std::size_t unit, std::size_t i, int step) {
+  const auto h = static_cast<double>((static_cast<std::size_t>(rank + 1) * 7919 + unit * 104729 + i * 2654435761u +
+                                      static_cast<std::size_t>(step) * 40503) % 1000003);
+  return (h / 1000003.0 - 0.5) * (1.0 + 0.25 * rank) * 0.01;
+}
+
+struct QgzRun {
+  std::vector<std::vector<float>> params;  // per unit, its elements after the steps
+  std::vector<std::size_t> shards;         // per unit, the layout's shard
+};
+
+template <int Stage>
+QgzRun run_qgz(int ranks, int per_node, const std::vector<std::size_t>& sizes, const zero::Options& options,
+               int steps) {
+  using Opt = zero::ZeroOptimizer<Full<float>, zero::optim::Sgd, zero::stage<Stage>, zero::offload::None,
+                                  zero::backend::Host>;
+  QgzRun run;
+  run.params.resize(sizes.size());
+  zero::comm::LocalGroup::Options group_options;
+  group_options.ranks_per_node = per_node;
+  zero::comm::LocalGroup group(ranks, group_options);
+  zero::optim::Sgd::Hyper hyper;
+  hyper.lr = 1.0;
+  group.run([&](zero::comm::Local& c) {
+    Opt opt(c, hyper, options);
+    std::vector<zero::UnitId> units;
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      units.push_back(opt.add_unit("u" + std::to_string(u)));
+      opt.add_param(units.back(), "w" + std::to_string(u), sizes[u]);
+    }
+    opt.finalize();
+    for (int t = 0; t < steps; ++t) {
+      for (std::size_t k = units.size(); k-- > 0;) {
+        opt.acquire_unit(units[k]);
+        float* g = opt.grad_buffer(units[k]);
+        for (std::size_t i = 0; i < sizes[k]; ++i) g[i] = static_cast<float>(qgz_gradient(c.rank(), k, i, t));
+        opt.grad_ready(units[k]);
+        opt.release_unit(units[k]);
+      }
+      opt.step();
+    }
+    std::vector<float> all(opt.layout().padded_total());
+    opt.gather_params(all.data());
+    if (c.rank() == 0)
+      for (std::size_t u = 0; u < sizes.size(); ++u) {
+        const auto& info = opt.layout().units()[u];
+        run.shards.push_back(info.shard);
+        run.params[u].assign(all.begin() + static_cast<std::ptrdiff_t>(info.full_offset),
+                             all.begin() + static_cast<std::ptrdiff_t>(info.full_offset + sizes[u]));
+      }
+  });
+  return run;
+}
+
+// One step: every element within the two quantizations' bound of the exact
+// sum, and (int4 and several ranks) not all of them exact.
+template <int Stage>
+void check_qgz_step(int ranks, int per_node, int bits) {
+  const std::vector<std::size_t> sizes = {1, 7, 37, 4099, 10007};  // one element, primes, shards across blocks
+  zero::Options options;
+  options.qgz = true;
+  options.qgz_bits = bits;
+  options.qgz_block = 64;
+  options.gradient_divisor = 1.0;
+  INFO("stage " << Stage << ", " << ranks << " ranks, " << per_node << " per node, int" << bits);
+  const QgzRun run = run_qgz<Stage>(ranks, per_node, sizes, options, 1);
+  const int nodes = ranks / per_node;
+  const double levels = bits == 4 ? 7.0 : 127.0;
+  const auto block = options.qgz_block;
+  std::size_t inexact = 0;
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    const std::size_t shard = run.shards[u];
+    auto g = [&](int r, std::size_t i) { return i < sizes[u] ? qgz_gradient(r, u, i, 0) : 0.0; };
+    for (std::size_t i = 0; i < sizes[u]; ++i) {
+      // The quantization block of element i inside its shard.
+      const std::size_t first = i / shard * shard + (i % shard) / block * block;
+      const std::size_t last = std::min(first + block, i / shard * shard + shard);
+      double step1 = 0, node_max = 0, exact = 0;
+      for (int m = 0; m < nodes; ++m) {
+        double node_absmax = 0;
+        for (std::size_t j = first; j < last; ++j) {
+          double node_sum = 0;
+          for (int l = 0; l < per_node; ++l) node_sum += g(m * per_node + l, j);
+          node_absmax = std::max(node_absmax, std::fabs(node_sum));
+        }
+        node_max = std::max(node_max, node_absmax);
+      }
+      if (per_node > 1)
+        for (int r = 0; r < ranks; ++r) {
+          double absmax = 0;
+          for (std::size_t j = first; j < last; ++j) absmax = std::max(absmax, std::fabs(g(r, j)));
+          step1 += 0.5 * absmax / levels;
+        }
+      for (int r = 0; r < ranks; ++r) exact += g(r, i);
+      // Step 2 quantizes partial sums that step 1 moved by up to its bound.
+      const double step2 = nodes > 1 ? nodes * 0.5 * (node_max + step1) / levels : 0.0;
+      const double bound = (step1 + step2) * (1 + 1e-4) + 1e-6 * (1 + std::fabs(exact));
+      const double applied = -double(run.params[u][i]);
+      INFO("unit " << u << " (" << sizes[u] << " elements), element " << i);
+      REQUIRE(std::fabs(applied - exact) <= bound);
+      inexact += std::fabs(applied - exact) > 1e-6 * (1 + std::fabs(exact));
+    }
+  }
+  if (bits == 4 && ranks > 1) CHECK(inexact > 0);
+}
+
+}  // namespace
+
+TEST_CASE("qgZ: every reduced gradient is the sum within its quantizations' bound, for every node shape and unit "
+          "size", "[engine][zeropp][qgz]") {
+  struct Shape {
+    int ranks, per_node;
+  };
+  // One node; one rank per node (no step 1); 2 and 4 to a node.
+  for (const Shape shape : {Shape{2, 2}, Shape{4, 1}, Shape{2, 1}, Shape{4, 2}, Shape{8, 2}, Shape{8, 4}})
+    for (const int bits : {4, 8}) {
+      check_qgz_step<3>(shape.ranks, shape.per_node, bits);
+      check_qgz_step<2>(shape.ranks, shape.per_node, bits);
+    }
+  check_qgz_step<1>(4, 2, 4);
+  check_qgz_step<1>(8, 4, 8);
+}
+
+TEST_CASE("qgZ error feedback: the applied sum over steps stays within one step's error of the true sum",
+          "[engine][zeropp][qgz]") {
+  const std::vector<std::size_t> sizes = {37, 4099};
+  constexpr int steps = 24;
+  for (const int per_node : {1, 2}) {
+    INFO(per_node << " per node");
+    zero::Options options;
+    options.qgz = true;
+    options.qgz_bits = 4;
+    options.qgz_block = 64;
+    options.gradient_divisor = 1.0;
+    const QgzRun plain = run_qgz<3>(4, per_node, sizes, options, steps);
+    options.qgz_error_feedback = true;
+    const QgzRun fed = run_qgz<3>(4, per_node, sizes, options, steps);
+    double worst_plain = 0, worst_fed = 0, largest = 0;
+    for (std::size_t u = 0; u < sizes.size(); ++u)
+      for (std::size_t i = 0; i < sizes[u]; ++i) {
+        double exact = 0;
+        for (int t = 0; t < steps; ++t)
+          for (int r = 0; r < 4; ++r) exact += qgz_gradient(r, u, i, t);
+        worst_plain = std::max(worst_plain, std::fabs(-double(plain.params[u][i]) - exact));
+        worst_fed = std::max(worst_fed, std::fabs(-double(fed.params[u][i]) - exact));
+        for (int t = 0; t < steps; ++t)
+          for (int r = 0; r < 4; ++r) largest = std::max(largest, std::fabs(qgz_gradient(r, u, i, t)));
+      }
+    INFO("worst error over " << steps << " steps: " << worst_plain << " without feedback, " << worst_fed << " with");
+    // What is still owed is the last residuals: half a step (int4: 1/14 of
+    // a block's largest value, a residual included) of each of the 4 ranks'
+    // gradients and of each node's partial sum (at most 4 gradients).
+    CHECK(worst_fed <= 8 * 1.25 * largest / 14.0);
+    CHECK(worst_fed * 2 < worst_plain);
+  }
+}
+
+TEST_CASE("qgZ is a stage 1-3 option: stage 0 refuses it by name", "[engine][zeropp][qgz]") {
+  zero::Options options;
+  options.qgz = true;
+  zero::comm::LocalGroup(2).run([&](zero::comm::Local& c) {
+    using Opt = zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<0>, zero::offload::None, zero::backend::Host>;
+    Opt opt(c, AdamW::Hyper{}, options);
+    opt.add_param(opt.add_unit("u"), "w", 64);
+    CHECK_THROWS_WITH(opt.finalize(), Catch::Contains("Options::qgz quantizes the gradient reduce-scatter of stages "
+                                                      "1-3; stage 0 all-reduces whole gradients"));
+  });
+  options.qgz_bits = 5;
+  CHECK_THROWS_WITH(options.validate(), Catch::Contains("Options::qgz_bits is 5; qgZ's gradient codes are 4 bits"));
+  options.qgz_bits = 4;
+  options.qgz_block = 33;
+  CHECK_THROWS_WITH(options.validate(), Catch::Contains("Options::qgz_block is 33; it must be even"));
 }

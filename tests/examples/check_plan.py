@@ -43,7 +43,8 @@ def check_schema(doc, what):
     check(set(doc["total"]) == {"device", "host", "disk"}, f"{what}: total keys")
     check(set(doc["paper"]) == {"model_state_bytes"}, f"{what}: paper keys")
     check(set(doc["comm"]) == {"elements_per_step", "bytes_sent_per_step", "bytes_received_per_step",
-                               "across_nodes_bytes_per_step_all_ranks", "across_nodes_bytes_per_step_busiest_rank"},
+                               "all_to_all_bytes_per_step", "across_nodes_bytes_per_step_all_ranks",
+                               "across_nodes_bytes_per_step_busiest_rank"},
           f"{what}: comm keys")
     # Across nodes (comm/topology.hpp): a ring over every rank crosses at each
     # node's last rank, which sends all it sends; nothing on one node.
@@ -124,8 +125,27 @@ both = plan_json(*base, "--qwz", "--hpz")
 check(both["comm"]["across_nodes_bytes_per_step_busiest_rank"] == 8 * 7 * payload + 8 * 7 * 2 * shard,
       f"qwz and hpz: across {both['comm']}")
 check(sum(l["device"] for l in qwz["lines"] if l["name"] == "qwz_staging") == 8 * payload, "qwz: the payload staging")
+# qgZ: per unit, an all-to-all inside the node of (k-1) blocks of M payloads
+# and one across nodes of (M-1) payloads (k = 4 ranks per node, M = 2
+# nodes), int4 codes two to a byte and one fp32 scale per 256 elements.
+q4 = ((shard + 1) // 2 + 3) // 4 * 4 + 4 * ((shard + 255) // 256)
+qgz = plan_json(*base, "--qgz")
+check(qgz["comm"]["all_to_all_bytes_per_step"] == 8 * (3 * 2 + 1) * q4, f"qgz: all-to-all bytes {qgz['comm']}")
+check(qgz["comm"]["bytes_sent_per_step"] == 2 * 8 * 7 * 2 * shard + 8 * 7 * q4,
+      f"qgz: bytes sent {qgz['comm']} (the bf16 gathers, the all-to-alls)")
+every = plan_json(*base, "--qwz", "--hpz", "--qgz")
+check(every["comm"]["across_nodes_bytes_per_step_busiest_rank"] == 8 * 7 * payload + 8 * q4,
+      f"hpz, qwz and qgz: across, busiest rank {every['comm']}")
+check(every["comm"]["across_nodes_bytes_per_step_all_ranks"] == 2 * 8 * 7 * payload + 8 * 8 * q4,
+      f"hpz, qwz and qgz: across, all ranks {every['comm']}")
+plain3 = plan_json(*base)
+check(4 * every["comm"]["across_nodes_bytes_per_step_all_ranks"] <= plain3["comm"]["across_nodes_bytes_per_step_all_ranks"],
+      f"hpz, qwz and qgz: at most a quarter of plain stage 3 across nodes ({every['comm']}, {plain3['comm']})")
+check(sum(l["device"] for l in qgz["lines"] if l["name"] == "qgz_payloads") == 2 * 8 * q4, "qgz: the payloads")
 r = run("--params", "1M", "--stage", "2", "--hpz")
-check(r.returncode != 0 and "--hpz" in r.stderr and "use --stage 3" in r.stderr, f"--hpz at stage 2: {r.stderr}")
+check(r.returncode != 0 and "hpz" in r.stderr and "use stage 3" in r.stderr, f"--hpz at stage 2: {r.stderr}")
+r = run("--params", "1M", "--stage", "0", "--qgz")
+check(r.returncode != 0 and "qgz" in r.stderr and "stage 0 all-reduces" in r.stderr, f"--qgz at stage 0: {r.stderr}")
 
 # Parameter counts: suffixes, and GPT-2 small's published 124,439,808.
 check(plan_json("--params", "7B", "--units", "32")["config"]["params"] == 7_000_000_000, "--params 7B")

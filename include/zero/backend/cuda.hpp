@@ -257,14 +257,18 @@ struct Ops<Cuda> {
   static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
     kernels::cuda_fused_step(args, stream());
   }
-  // ZeRO++ qwZ: x[0, n) as an int8 payload (quant/symmetric.hpp) and back.
+  // ZeRO++'s quantized payloads (quant/symmetric.hpp; Ops<Host> says what each does).
   template <class T>
-  static void quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload) {
-    kernels::cuda_quantize_int8(x, n, block, payload, stream());
+  static void quantize(const T* x, float* residual, const quant::Pieces& p, const quant::Format& f, void* payload) {
+    kernels::cuda_quantize(x, residual, p, f, payload, stream());
   }
   template <class T>
-  static void dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out) {
-    kernels::cuda_dequantize_int8(payload, n, block, out, stream());
+  static void dequantize(const void* payload, const quant::Pieces& p, const quant::Format& f, T* out) {
+    kernels::cuda_dequantize(payload, p, f, out, stream());
+  }
+  static void dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                             const quant::Format& f, float* out) {
+    kernels::cuda_dequantize_sum(payloads, count, payload_stride, n, f, out, stream());
   }
 
   // Squared norm and inf/NaN of grad[0, n): waits for the stream and returns

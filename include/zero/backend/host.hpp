@@ -82,16 +82,25 @@ struct Ops<Host> {
   static void fused_step(const kernels::FusedStepArgs<Opt, Grad, Param>& args) {
     kernels::host_fused_step(args);
   }
-  // ZeRO++ qwZ: x[0, n) as an int8 payload (quant/symmetric.hpp) and back.
+  // ZeRO++'s quantized payloads (quant/symmetric.hpp), piece by piece:
+  // quantize x (plus the residual, replaced by the new error, where not
+  // null: qgZ's error feedback) into payloads; dequantize them back; and sum
+  // `count` payloads of n elements each into out[0, n) in fp32 (qgZ's reduction).
   template <class T>
-  static void quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload) {
-    const quant::Int8Payload p = quant::Int8Payload::at(payload, n);
-    quant::host_quantize_int8(x, n, block, p.codes, p.scales);
+  static void quantize(const T* x, float* residual, const quant::Pieces& p, const quant::Format& f, void* payload) {
+    for (std::size_t k = 0; k < p.count; ++k)
+      quant::host_quantize(x + k * p.stride, residual != nullptr ? residual + k * p.stride : nullptr, p.elements, f,
+                           static_cast<std::uint8_t*>(payload) + k * p.payload_stride);
   }
   template <class T>
-  static void dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out) {
-    const quant::Int8Payload p = quant::Int8Payload::at(const_cast<void*>(payload), n);
-    quant::host_dequantize_int8(p.codes, p.scales, n, block, out);
+  static void dequantize(const void* payload, const quant::Pieces& p, const quant::Format& f, T* out) {
+    for (std::size_t k = 0; k < p.count; ++k)
+      quant::host_dequantize(static_cast<const std::uint8_t*>(payload) + k * p.payload_stride, p.elements, f,
+                             out + k * p.stride);
+  }
+  static void dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                             const quant::Format& f, float* out) {
+    quant::host_dequantize_sum(payloads, count, payload_stride, n, f, out);
   }
   template <class Grad>
   static kernels::GradStats grad_stats(const Grad* grad, std::size_t n) {

@@ -47,13 +47,6 @@ struct BufferSpec {
   int ranks_per_node = 0;
 };
 
-// Options::hpz's secondary copy of a unit of `padded` elements: the node's
-// ranks_per_node ranks each keep a part of padded / ranks_per_node (whole
-// shards: ranks_per_node divides the rank count, which divides `padded`).
-inline std::size_t hpz_part(std::size_t padded, int ranks_per_node, int ranks) {
-  return padded / static_cast<std::size_t>(ranks_per_node == 0 ? ranks : ranks_per_node);
-}
-
 // Offloaded from a device: the owned gradient is copied to the host for the
 // CPU update and the updated parameters staged back (backend::Host with
 // offload::Nvme updates straight from and into its own buffers).
@@ -193,6 +186,15 @@ struct BufferSizes {
   std::size_t gather_slot_count = 0;  // units the arena holds at once (prefetch + 1)
   std::size_t hpz_secondary = 0;   // stage 3 with Options::hpz, parameter type: every unit's hpz_part
   std::size_t qwz_staging = 0;     // stage 3 with Options::qwz, bytes: every rank's int8 payload of the largest shard
+  // Options::qgz (engine/quantized_reducer.hpp): bytes of the payloads sent
+  // and received (twice every rank's payload of the largest shard); fp32
+  // sums (the node's partial sum of a shard per node, and the result); and
+  // with error feedback the fp32 residuals (every unit's padded elements
+  // when a node has several ranks, and 1/ranks_per_node of them when there
+  // are several nodes).
+  std::size_t qgz_payloads = 0;
+  std::size_t qgz_sums = 0;
+  std::size_t qgz_residuals = 0;
   std::size_t control = 0;         // doubles: the step's [sum of squares, one report per rank]
   std::size_t max_unit = 0;        // largest padded unit
   std::size_t max_shard = 0;       // largest shard
@@ -234,12 +236,23 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   const std::size_t bucket = s.buckets.max_elements;
   if (!gradients_in_place(spec.stage, options))
     s.grad_staging = sets(s.staging_sets, bucket, "gradient staging");
-  // Stage 1 widens one unit at a time at step(); the others a whole staged bucket.
-  if (options.reduce_dtype == ReduceDType::fp32 && spec.grad_bytes != 4)
+  // Stage 1 widens one unit at a time at step(); the others a whole staged
+  // bucket. qgZ reduces in fp32 by itself, into its own sums.
+  if (options.qgz) {
+    const std::size_t ranks = static_cast<std::size_t>(layout.ranks());
+    const std::size_t per_node = spec.ranks_per_node == 0 ? ranks : static_cast<std::size_t>(spec.ranks_per_node);
+    const std::size_t nodes = ranks / per_node;
+    const quant::Format format{options.qgz_bits, options.qgz_block};
+    s.qgz_payloads = checked_mul(2 * ranks, format.payload_bytes(s.max_shard), "finalize(): qgZ's payloads");
+    s.qgz_sums = (nodes + 1) * s.max_shard;
+    if (options.qgz_error_feedback)
+      s.qgz_residuals = (per_node > 1 ? full : 0) + (nodes > 1 ? full / per_node : 0);
+  }
+  if (options.reduce_dtype == ReduceDType::fp32 && spec.grad_bytes != 4 && !options.qgz)
     s.reduce_staging_fp32 = spec.stage.reduce_scatter_at_step
                                 ? s.max_unit
                                 : sets(s.staging_sets, bucket, "fp32 reduction staging");
-  if (spec.stage.reduce_scatter_on_flush)
+  if (spec.stage.reduce_scatter_on_flush && !options.qgz)
     s.shard_staging = sets(s.staging_sets, s.buckets.max_shard_elements, "reduce-scatter staging");
   if (spec.stage.params_sharded) {
     s.gather_slot_count = static_cast<std::size_t>(options.prefetch_units) + 1;
@@ -248,7 +261,7 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
       for (const auto& u : layout.units()) s.hpz_secondary += hpz_part(u.padded, spec.ranks_per_node, layout.ranks());
     if (options.qwz)
       s.qwz_staging = checked_mul(static_cast<std::size_t>(layout.ranks()),
-                                  quant::int8_payload_bytes(s.max_shard, options.qwz_block), "finalize(): qwZ's payloads");
+                                  quant::Format{8, options.qwz_block}.payload_bytes(s.max_shard), "finalize(): qwZ's payloads");
   }
   s.control = 1 + static_cast<std::size_t>(layout.ranks());
   if (offload_host_staging(spec)) {

@@ -65,14 +65,8 @@ void Engine<P, O, B>::finalize() {
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
   comm_.open(first_slot_event() + gather_slots);
   check_agreement();
-  require(!options_.hpz || rules.params_sharded,
-          "ZeroOptimizer: Options::hpz keeps a secondary copy of stage 3's gathered parameters inside each node; "
-          "at stage ", stage(), " the parameters are whole on every rank: use stage 3, or turn hpz off");
-  require(!options_.qwz || rules.params_sharded,
-          "ZeroOptimizer: Options::qwz quantizes stage 3's parameter gathers; at stage ", stage(),
-          " no parameters are gathered before use: use stage 3, or turn qwz off");
-  // hpZ gathers inside the node: every rank splits the communicator now (collective).
-  if (options_.hpz) (void)comm_->node();
+  const std::string zeropp = zeropp_stage_problem(options_.hpz, options_.qwz, options_.qgz, stage());
+  require(zeropp.empty(), "ZeroOptimizer: Options::", zeropp);
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
   // fp32 training keeps no master apart from the parameters unless offload
   // moves it to the host (the device then keeps a working copy).
@@ -121,6 +115,20 @@ void Engine<P, O, B>::finalize() {
   reducer_.bind(std::move(grad_buffers), sizes.buckets, rules, options_.grad_writes,
                 gradients_in_place(rules, options_), sizes.staging_sets, layout_, comm_);
   aim_final_copies();
+  if (options_.qgz) {
+    // Collective: every rank splits its communicator here, in this order.
+    comm::AnyCommunicator& node = comm_->node();
+    comm::AnyCommunicator& across = comm_->across();
+    typename QuantizedReducer<Ops, grad_type>::Buffers qgz;
+    const char* smaller = "turn Options::qgz off, or split the largest unit (the payloads hold every rank's codes of "
+                          "its largest shard)";
+    qgz.payloads = allocate<std::uint8_t>(sizes.qgz_payloads, "qgZ payloads", smaller);
+    qgz.sums = allocate<float>(sizes.qgz_sums, "qgZ fp32 sums", smaller);
+    qgz.residuals = allocate<float>(sizes.qgz_residuals, "qgZ error feedback residuals",
+                                    "turn Options::qgz_error_feedback off (the residuals are fp32 of every gradient "
+                                    "element), or put more ranks on each node");
+    reducer_.bind_qgz(std::move(qgz), quant::Format{options_.qgz_bits, options_.qgz_block}, node, across);
+  }
   if (rules.params_sharded) {
     gatherer_.bind(allocate<param_type>(sizes.gather_slots, "stage-3 gather arena",
                                         "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "

@@ -19,6 +19,9 @@
 //               (zeroed when first handed out), ready(u) once it is final;
 // a bucket is reduced once its last unit is ready (a staging set per open
 // bucket). At the step, finish_units() and end_micro_batch() reduce the rest.
+//
+// With Options::qgz every reduce-scatter (stages 1-3) is QuantizedReducer's
+// two quantized all-to-alls instead, unit by unit, summed in fp32.
 #pragma once
 
 #include "zero/config.hpp"
@@ -35,6 +38,7 @@
 #include "zero/engine/comm_channel.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/quantized_reducer.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
@@ -130,10 +134,16 @@ class GradientReducer {
     check_writes_ = writes == GradWrites::overwrite;
   }
 
+  // Options::qgz, after bind(): reduce-scatters go through it.
+  void bind_qgz(typename QuantizedReducer<Ops, G>::Buffers buffers, const quant::Format& format,
+                comm::AnyCommunicator& node, comm::AnyCommunicator& across) {
+    qgz_.bind(std::move(buffers), format, *layout_, node, across);
+  }
+
   G* accumulator() { return b_.accumulator.data(); }
   std::uint64_t accumulator_bytes() const { return b_.accumulator.bytes(); }
   std::uint64_t staging_bytes() const {
-    return b_.staging.bytes() + b_.staging_fp32.bytes() + b_.shard_staging.bytes();
+    return b_.staging.bytes() + b_.staging_fp32.bytes() + b_.shard_staging.bytes() + qgz_.bytes();
   }
   // Where finished shards are also copied, asynchronously, on the window's
   // last micro-batch (stages 2-3 with offload: the host copy the CPU update
@@ -298,6 +308,15 @@ class GradientReducer {
             Ops::convert(b_.accumulator.data() + u.full_offset, wide(p), u.padded);
           }
       }
+    } else if (qgz_.bound()) {
+      // Stages 2 and 3 with qgZ: unit by unit (each reduction's all-to-alls
+      // wait for its quantization), the fp32 shard accumulated.
+      for (const Pending& p : pending) {
+        const UnitInfo& u = layout_->units()[p.unit];
+        G* acc = b_.accumulator.data() + u.shard_offset;
+        Ops::accumulate(acc, qgz_.reduce(p.unit, p.written), u.shard, first);
+        copy_final_shard(u, acc, last);
+      }
     } else {
       // Stages 2 and 3: reduce-scatter, keep only this rank's shard.
       const std::size_t r = static_cast<std::size_t>(comm.rank());
@@ -319,9 +338,7 @@ class GradientReducer {
           Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
         else
           Ops::accumulate(acc, b_.shard_staging.data() + shard_staging_offset(set, p.unit), u.shard, first);
-        // Offload: the finished shard leaves for the host while backward goes on.
-        if constexpr (requires(G* d, const G* s, std::size_t n) { Ops::download_async(d, s, n); })
-          if (last && final_copy_ != nullptr) Ops::download_async(final_copy_ + u.shard_offset, acc, u.shard);
+        copy_final_shard(u, acc, last);
       }
     }
     comm.mark(staging_event(set));
@@ -336,10 +353,13 @@ class GradientReducer {
     auto& comm = *channel_;
     const std::size_t r = static_cast<std::size_t>(comm.rank());
     comm.communicate([&] {
-      for (const auto& u : layout_->units()) {
+      for (std::size_t unit = 0; unit < layout_->units().size(); ++unit) {
+        const UnitInfo& u = layout_->units()[unit];
         G* g = b_.accumulator.data() + u.full_offset;
         G* mine = g + r * u.shard;
-        if (b_.staging_fp32.size() != 0) {
+        if (qgz_.bound()) {
+          Ops::convert(mine, qgz_.reduce(unit, g), u.shard);
+        } else if (b_.staging_fp32.size() != 0) {
           float* wide = b_.staging_fp32.data();
           Ops::convert(wide, g, u.padded);
           float* wmine = wide + r * u.shard;
@@ -355,6 +375,12 @@ class GradientReducer {
  private:
   static constexpr std::size_t closed = ~std::size_t{0};
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
+
+  // Offload: the finished shard leaves for the host while backward goes on.
+  void copy_final_shard(const UnitInfo& u, const G* acc, bool last) {
+    if constexpr (requires(G* d, const G* s, std::size_t n) { Ops::download_async(d, s, n); })
+      if (last && final_copy_ != nullptr) Ops::download_async(final_copy_ + u.shard_offset, acc, u.shard);
+  }
 
   // Where unit u is staged in staging set `set` (its bucket's units lie
   // back to back; a set holds the largest bucket), and its shard's
@@ -423,6 +449,7 @@ class GradientReducer {
   bool check_writes_ = false;                    // overwrite, first micro-batch: markers are checked
   UnwrittenCheck<Ops, G> unwritten_;
   G* final_copy_ = nullptr;
+  QuantizedReducer<Ops, G> qgz_;  // Options::qgz (bind_qgz), else unbound
 };
 
 }  // namespace zero::detail

@@ -190,4 +190,11 @@ class Layout {
   std::size_t padded_total_ = 0, shard_total_ = 0, max_unit_ = 0;
 };
 
+// Options::hpz's secondary copy of a unit of `padded` elements: the node's
+// ranks_per_node ranks each keep a part of padded / ranks_per_node (whole
+// shards: ranks_per_node divides the rank count, which divides `padded`).
+inline std::size_t hpz_part(std::size_t padded, int ranks_per_node, int ranks) {
+  return padded / static_cast<std::size_t>(ranks_per_node == 0 ? ranks : ranks_per_node);
+}
+
 }  // namespace zero

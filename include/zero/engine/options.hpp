@@ -112,6 +112,22 @@ struct NvmeOptions {
   bool operator==(const NvmeOptions&) const = default;
 };
 
+// The ZeRO++ options a stage cannot take, or "": what each does and why
+// the stage has nothing for it, for every place that checks (the engine,
+// zero::Config, the planner's schedule), each naming itself first.
+inline std::string zeropp_stage_problem(bool hpz, bool qwz, bool qgz, int stage) {
+  if (hpz && stage != 3)
+    return detail::concat("hpz keeps a secondary copy of stage 3's gathered parameters inside each node; at stage ", stage,
+                  " the parameters are whole on every rank: use stage 3, or turn hpz off");
+  if (qwz && stage != 3)
+    return detail::concat("qwz quantizes stage 3's parameter gathers; stage ", stage,
+                  " gathers no parameters before use: use stage 3, or turn qwz off");
+  if (qgz && stage == 0)
+    return "qgz quantizes the gradient reduce-scatter of stages 1-3; stage 0 all-reduces whole gradients: use a "
+           "stage of 1 or more, or turn qgz off";
+  return "";
+}
+
 struct Options {
   // Gradient bucket: consecutive units whose gradients fit in this many
   // bytes (a larger unit is a bucket of its own) are staged until the last
@@ -200,6 +216,24 @@ struct Options {
   // shards, master and update stay exact.
   bool qwz = false;
   std::size_t qwz_block = 256;
+  // Stages 1-3, ZeRO++'s qgZ: each gradient reduce-scatter becomes two
+  // all-to-alls of block-quantized gradients (qgz_bits: 4 or 8, one fp32
+  // scale per qgz_block elements): inside the node every rank sends each
+  // node-mate the shards it will reduce, which sums them in fp32 and
+  // quantizes the node's partial sums again; across nodes each rank then
+  // sends every other node the partial sum of its shard, and sums what comes
+  // back (engine/quantized_reducer.hpp). The bytes that cross nodes fall from
+  // about the unit's 16-bit size to 1/ranks_per_node of its int4 size.
+  // Not exact: each gradient moves by up to half a step of its block's scale
+  // twice. qgz_error_feedback keeps what each quantization dropped (an fp32
+  // residual per gradient element and node partial, per rank: 4 bytes x
+  // (1 + 1/ranks_per_node) per parameter) and adds it to the next call's
+  // gradient, so that errors do not add up over steps; not saved in
+  // checkpoints (a resumed run starts with none).
+  bool qgz = false;
+  int qgz_bits = 4;
+  std::size_t qgz_block = 256;
+  bool qgz_error_feedback = false;
   // Offload (offload::Cpu): CPU threads of the host update (0: OpenMP's
   // default, OMP_NUM_THREADS), and whether host buffers that could not be
   // page-locked are an error (true) or a warning and pageable memory (false).
@@ -238,6 +272,11 @@ struct Options {
     require(qwz_block >= 32 && qwz_block <= (std::size_t{1} << 20), "Options::qwz_block is ", qwz_block,
             "; it must be in [32, 1048576] (elements per int8 block of qwZ's gathers, each with one fp32 scale; "
             "256 is the default)");
+    require(qgz_bits == 4 || qgz_bits == 8, "Options::qgz_bits is ", qgz_bits,
+            "; qgZ's gradient codes are 4 bits (int4, the default) or 8 (int8)");
+    require(qgz_block >= 32 && qgz_block <= (std::size_t{1} << 20) && qgz_block % 2 == 0, "Options::qgz_block is ",
+            qgz_block, "; it must be even and in [32, 1048576] (elements per block of qgZ's gradient codes, each "
+            "with one fp32 scale; int4 codes are two to a byte; 256 is the default)");
     require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
             "; it must be in [0, 16]");
     require(live_buckets >= 1 && live_buckets <= 64, "Options::live_buckets is ", live_buckets,

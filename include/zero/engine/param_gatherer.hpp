@@ -76,7 +76,7 @@ class ParamGatherer {
   }
   std::uint64_t arena_bytes() const { return arena_.bytes(); }
   // Options::hpz, after bind(): the secondary copy (every unit's part, in
-  // unit order: engine/buffer_sizes.hpp's hpz_part) and the node's ranks.
+  // unit order: engine/layout.hpp's hpz_part) and the node's ranks.
   void bind_hpz(Buffer<T> secondary, comm::AnyCommunicator& node) {
     secondary_ = std::move(secondary);
     node_ = &node;
@@ -167,14 +167,15 @@ class ParamGatherer {
       return;
     }
     if (qwz_block_ != 0) {
-      const std::size_t payload = quant::int8_payload_bytes(u.shard, qwz_block_);
+      const quant::Format format{8, qwz_block_};
+      const quant::Pieces one = quant::Pieces::one(u.shard, format);
       std::uint8_t* all = payloads_.data();
-      std::uint8_t* mine = all + static_cast<std::size_t>(channel_->rank()) * payload;
-      Ops::quantize_int8(shards_ + u.shard_offset, u.shard, qwz_block_, mine);
-      (*channel_)->all_gather(mine, all, payload, DType::u8, false);
-      for (int r = 0; r < channel_->size(); ++r)
-        Ops::dequantize_int8(all + static_cast<std::size_t>(r) * payload, u.shard, qwz_block_,
-                             dst + static_cast<std::size_t>(r) * u.shard);
+      std::uint8_t* mine = all + static_cast<std::size_t>(channel_->rank()) * one.payload_stride;
+      Ops::quantize(shards_ + u.shard_offset, nullptr, one, format, mine);
+      (*channel_)->all_gather(mine, all, one.payload_stride, DType::u8, false);
+      // Every rank's payload, back to back, into every rank's shard.
+      Ops::dequantize(all, quant::Pieces{static_cast<std::size_t>(channel_->size()), u.shard, u.shard,
+                                         one.payload_stride}, format, dst);
     } else {
       T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
       Ops::copy(mine, shards_ + u.shard_offset, u.shard);
@@ -210,7 +211,7 @@ class ParamGatherer {
   static constexpr int none = -1;  // slot_prefetched_: acquired (or empty) since its gather
 
   std::size_t hpz_part_of(std::size_t unit) const {
-    return layout_->units()[unit].padded / static_cast<std::size_t>(node_->size());
+    return hpz_part(layout_->units()[unit].padded, node_->size(), layout_->ranks());
   }
 
   // A prefetched unit nobody acquired before it was dropped was gathered in

@@ -184,9 +184,11 @@ struct CommVolume {
   std::uint64_t elements = 0;  // elements sent (= received)
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t all_reduce_bytes = 0, reduce_scatter_bytes = 0, all_gather_bytes = 0;
+  std::uint64_t all_to_all_bytes = 0;  // Options::qgz's exchanges (its reduce-scatters)
   std::uint64_t control_bytes = 0;  // the step control all-reduce: norm and one report per rank
   // Collective calls per step (one per unit each time; comm_report()'s calls).
-  std::uint64_t all_reduce_calls = 0, reduce_scatter_calls = 0, all_gather_calls = 0, control_calls = 0;
+  std::uint64_t all_reduce_calls = 0, reduce_scatter_calls = 0, all_gather_calls = 0, all_to_all_calls = 0;
+  std::uint64_t control_calls = 0;
   // Of bytes_sent, what leaves the node (comm/topology.hpp's counting rule):
   // summed over every rank (what the links between nodes carry), and by the
   // rank that sends the most across (the last rank of a node).
@@ -199,9 +201,9 @@ struct CommVolume {
 // communication buffers, and what memory_report() does not count (control,
 // swap_padding). Each is the sum of the schedule's buffers of that name.
 inline constexpr const char* model_state_lines[] = {"params", "grads", "master", "optimizer_states"};
-inline constexpr const char* buffer_lines[] = {"gradient_staging", "reduce_staging_fp32", "shard_staging",
-                                               "gather_slots",     "qwz_staging",         "param_staging",
-                                               "nvme_window",      "control",             "swap_padding"};
+inline constexpr const char* buffer_lines[] = {
+    "gradient_staging", "reduce_staging_fp32", "shard_staging", "gather_slots", "qwz_staging",  "qgz_payloads",
+    "qgz_sums",         "qgz_residuals",       "param_staging", "nvme_window",  "control",      "swap_padding"};
 
 struct Plan {
   Config config;
@@ -347,16 +349,19 @@ inline Plan make_plan(const Config& config) {
   c.all_reduce_bytes = sched.bytes(Collective::all_reduce);
   c.reduce_scatter_bytes = sched.bytes(Collective::reduce_scatter);
   c.all_gather_bytes = sched.bytes(Collective::all_gather);
+  c.all_to_all_bytes = sched.bytes(Collective::all_to_all);
   c.control_bytes = sched.bytes(Collective::control);
   c.all_reduce_calls = sched.calls(Collective::all_reduce);
   c.reduce_scatter_calls = sched.calls(Collective::reduce_scatter);
   c.all_gather_calls = sched.calls(Collective::all_gather);
+  c.all_to_all_calls = sched.calls(Collective::all_to_all);
   c.control_calls = sched.calls(Collective::control);
-  c.elements = sched.elements(Collective::all_reduce) + sched.elements(Collective::reduce_scatter) +
-               sched.elements(Collective::all_gather);
-  c.bytes_sent = c.bytes_received = c.all_reduce_bytes + c.reduce_scatter_bytes + c.all_gather_bytes;
+  constexpr Collective model_kinds[] = {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather,
+                                        Collective::all_to_all};
+  for (const Collective kind : model_kinds) c.elements += sched.elements(kind);
+  c.bytes_sent = c.bytes_received = c.all_reduce_bytes + c.reduce_scatter_bytes + c.all_gather_bytes + c.all_to_all_bytes;
   const comm::Topology topology = config.topology();
-  for (const Collective kind : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+  for (const Collective kind : model_kinds) {
     c.across_all_ranks += sched.across_all_ranks(kind, topology);
     c.across_busiest_rank += sched.across(kind, topology, topology.ranks_per_node - 1);
   }
@@ -385,6 +390,9 @@ inline std::string to_json(const Plan& p) {
     << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << ",\"master\":\"" << name(c.options.master)
     << "\",\"states\":\"" << name(c.options.states) << "\",\"hpz\":" << (c.options.hpz ? "true" : "false")
     << ",\"qwz\":" << (c.options.qwz ? "true" : "false") << ",\"qwz_block\":" << c.options.qwz_block
+    << ",\"qgz\":" << (c.options.qgz ? "true" : "false") << ",\"qgz_bits\":" << c.options.qgz_bits
+    << ",\"qgz_block\":" << c.options.qgz_block
+    << ",\"qgz_error_feedback\":" << (c.options.qgz_error_feedback ? "true" : "false")
     << "},\"lines\":[";
   for (std::size_t i = 0; i < p.lines.size(); ++i) {
     o << (i ? "," : "") << "{\"name\":\"" << p.lines[i].name << "\",";
@@ -395,7 +403,7 @@ inline std::string to_json(const Plan& p) {
   tiers(p.total);
   o << "},\"paper\":{\"model_state_bytes\":" << p.paper_model_state_bytes << "},\"comm\":{\"elements_per_step\":"
     << p.comm.elements << ",\"bytes_sent_per_step\":" << p.comm.bytes_sent
-    << ",\"bytes_received_per_step\":" << p.comm.bytes_received
+    << ",\"bytes_received_per_step\":" << p.comm.bytes_received << ",\"all_to_all_bytes_per_step\":" << p.comm.all_to_all_bytes
     << ",\"across_nodes_bytes_per_step_all_ranks\":" << p.comm.across_all_ranks
     << ",\"across_nodes_bytes_per_step_busiest_rank\":" << p.comm.across_busiest_rank << "}}";
   return o.str();

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -159,26 +160,22 @@ struct Schedule {
   // Per step: the bytes of one kind that rank `rank` sends to another node,
   // and that all ranks together do.
   std::uint64_t across(comm::Collective kind, const comm::Topology& topology, int rank) const {
-    std::uint64_t s = 0;
-    for (const auto& c : collectives)
-      if (c.kind == kind) s += c.across(topology, rank);
-    return s;
+    return sum(kind, [&](const ScheduledCollective& c) { return c.across(topology, rank); });
   }
   std::uint64_t across_all_ranks(comm::Collective kind, const comm::Topology& topology) const {
-    std::uint64_t s = 0;
-    for (const auto& c : collectives)
-      if (c.kind == kind) s += c.across_all_ranks(topology);
-    return s;
+    return sum(kind, [&](const ScheduledCollective& c) { return c.across_all_ranks(topology); });
   }
 
  private:
   static void add(PlacedBytes& p, const ScheduledBuffer& b) {
     (b.place == Place::device ? p.device : b.place == Place::host ? p.host : p.disk) += b.bytes();
   }
-  std::uint64_t sum(comm::Collective kind, std::uint64_t ScheduledCollective::*field) const {
+  // Over the collectives of one kind: a field, or what `of` says of each.
+  template <class Of>
+  std::uint64_t sum(comm::Collective kind, Of of) const {
     std::uint64_t s = 0;
     for (const auto& c : collectives)
-      if (c.kind == kind) s += c.*field;
+      if (c.kind == kind) s += std::invoke(of, c);
     return s;
   }
 };
@@ -204,12 +201,8 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
   require(spec.offload != OffloadTier::nvme || spec.states != StateFormat::blockwise8,
           "schedule: Options::states is blockwise8, which offload nvme does not stream yet; use bf16 states with "
           "nvme, or blockwise8 with offload none or cpu");
-  require(!options.hpz || spec.stage.params_sharded,
-          "schedule: Options::hpz keeps a secondary copy of stage 3's gathered parameters inside each node; this "
-          "stage's parameters are whole on every rank: use stage 3, or turn hpz off");
-  require(!options.qwz || spec.stage.params_sharded,
-          "schedule: Options::qwz quantizes stage 3's parameter gathers; this stage gathers no parameters before use: "
-          "use stage 3, or turn qwz off");
+  const std::string zeropp = zeropp_stage_problem(options.hpz, options.qwz, options.qgz, spec.stage.stage);
+  require(zeropp.empty(), "schedule: Options::", zeropp);
   require(spec.master == MasterWeights::fp32 || spec.element_bytes == 2,
           "schedule: Options::master is remainder, but the parameters are fp32: the remainder master is bf16 "
           "parameters plus 16 bits");
@@ -287,6 +280,12 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
       z.hpz_secondary, eb);
   add("qwZ payloads (every rank's int8 codes and scales of a shard)", "qwz_staging",
       ReportedAs::communication_buffers, backend, z.qwz_staging, 1);
+  add("qgZ payloads (every rank's codes and scales of a shard, sent and received)", "qgz_payloads",
+      ReportedAs::communication_buffers, backend, z.qgz_payloads, 1);
+  add("qgZ fp32 sums (the node's partial sums and the shard)", "qgz_sums", ReportedAs::communication_buffers, backend,
+      z.qgz_sums, 4);
+  add("qgZ error feedback residuals (fp32)", "qgz_residuals", ReportedAs::communication_buffers, backend,
+      z.qgz_residuals, 4);
   // The step's control values, on the backend and their host copy (page-
   // locked where the backend has such memory).
   add("control values", "control", ReportedAs::not_reported, backend, z.control, sizeof(double));
@@ -322,7 +321,7 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
     c.group = group;
     for (const auto& u : layout.units()) {
       const std::uint64_t bytes = qwz ? static_cast<std::uint64_t>(ranks) *
-                                            quant::int8_payload_bytes(u.shard, options.qwz_block)
+                                            quant::Format{8, options.qwz_block}.payload_bytes(u.shard)
                                       : u.padded * element_bytes;
       c.calls += times;
       c.elements += times * passes * comm::ByteCounters::ring_share(u.padded, ranks);
@@ -348,10 +347,47 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   }
   if (stage.all_reduce_on_flush)
     per_unit("gradient all-reduce on the last micro-batch", Collective::all_reduce, 1, reduce_bytes, 2);
-  if (stage.reduce_scatter_on_flush)
+  // qgZ (engine/quantized_reducer.hpp): `times` reductions per unit and
+  // step, each an all-to-all inside the node of every node's shards at each
+  // place (when a node has several ranks) and one across nodes of the node's
+  // partial sums (when there are several nodes), all as payloads.
+  const quant::Format qgz_format{options.qgz_bits, options.qgz_block};
+  auto qgz_per_unit = [&](std::uint64_t times) {
+    const auto per_node = static_cast<std::uint64_t>(topology.ranks_per_node);
+    const auto nodes = static_cast<std::uint64_t>(topology.nodes());
+    ScheduledCollective inside{"", Collective::all_to_all}, between{"", Collective::all_to_all};
+    inside.group = RankGroup::node;
+    between.group = RankGroup::across;
+    for (const auto& u : layout.units()) {
+      const std::uint64_t payload = qgz_format.payload_bytes(u.shard);
+      inside.calls += times;
+      inside.elements += times * (per_node - 1) * nodes * u.shard;
+      inside.bytes += times * (per_node - 1) * nodes * payload;
+      between.calls += times;
+      between.elements += times * (nodes - 1) * u.shard;
+      between.bytes += times * (nodes - 1) * payload;
+    }
+    if (per_node > 1) {
+      inside.name = stage.reduce_scatter_at_step
+                        ? "qgZ gradient all-to-all inside the node at the step (codes and scales of each node's shards)"
+                        : "qgZ gradient all-to-all inside the node as each bucket fills, every micro-batch (codes "
+                          "and scales of each node's shards)";
+      s.collectives.push_back(inside);
+    }
+    if (nodes > 1) {
+      between.name = stage.reduce_scatter_at_step
+                         ? "qgZ all-to-all across nodes of the node's partial sums at the step (codes and scales)"
+                         : "qgZ all-to-all across nodes of the node's partial sums as each bucket fills, every "
+                           "micro-batch (codes and scales)";
+      s.collectives.push_back(between);
+    }
+  };
+  if (stage.reduce_scatter_on_flush && options.qgz) qgz_per_unit(micro);
+  if (stage.reduce_scatter_on_flush && !options.qgz)
     per_unit("gradient reduce-scatter as each bucket fills, every micro-batch", Collective::reduce_scatter, micro,
              reduce_bytes, 1);
-  if (stage.reduce_scatter_at_step)
+  if (stage.reduce_scatter_at_step && options.qgz) qgz_per_unit(1);
+  if (stage.reduce_scatter_at_step && !options.qgz)
     per_unit("gradient reduce-scatter at the step", Collective::reduce_scatter, 1, reduce_bytes, 1);
   // One control all-reduce decides the step: the squared norm and one report
   // per rank (hyper-parameter fingerprint, inf/NaN and invalid flags).

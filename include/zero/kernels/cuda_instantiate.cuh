@@ -40,9 +40,11 @@
   template void ::zero::kernels::detail::launch_grad_stats<Grad>(   \
       int, int, const Grad*, std::size_t, std::size_t, std::size_t, \
       const ::zero::kernels::detail::GradStatsWorkspace&, bool, cudaStream_t);
-#define ZERO_DETAIL_CUDA_QUANTIZE(T)                                                                   \
-  template void ::zero::kernels::cuda_quantize_int8<T>(const T*, std::size_t, std::size_t, void*, cudaStream_t); \
-  template void ::zero::kernels::cuda_dequantize_int8<T>(const void*, std::size_t, std::size_t, T*, cudaStream_t);
+#define ZERO_DETAIL_CUDA_QUANTIZE(T)                                                                          \
+  template void ::zero::kernels::cuda_quantize<T>(const T*, float*, const ::zero::quant::Pieces&,                  \
+                                                  const ::zero::quant::Format&, void*, cudaStream_t);            \
+  template void ::zero::kernels::cuda_dequantize<T>(const void*, const ::zero::quant::Pieces&,                     \
+                                                    const ::zero::quant::Format&, T*, cudaStream_t);
 #define ZERO_DETAIL_CUDA_REDUCE(T)                                                                            \
   template void ::zero::comm::detail::launch_reduce<T>(void*, const ::zero::comm::detail::ReduceInputs&, int, \
                                                        std::size_t, bool, cudaStream_t);
@@ -57,6 +59,8 @@
   ZERO_DETAIL_CUDA_QUANTIZE(float)                                                            \
   ZERO_DETAIL_CUDA_QUANTIZE(::zero::bf16)                                                     \
   ZERO_DETAIL_CUDA_QUANTIZE(::zero::fp16)                                                     \
+  template void ::zero::kernels::cuda_dequantize_sum<float>(const void*, std::size_t, std::size_t, std::size_t, \
+                                                            const ::zero::quant::Format&, float*, cudaStream_t); \
   ZERO_DETAIL_CUDA_REDUCE(float)                                                              \
   ZERO_DETAIL_CUDA_REDUCE(double)                                                             \
   ZERO_DETAIL_CUDA_REDUCE(::zero::bf16)                                                       \

@@ -25,6 +25,7 @@
 
 #include "zero/kernels/cuda_launch.hpp"
 #include "zero/kernels/fused_step.hpp"
+#include "zero/quant/symmetric.hpp"
 
 namespace zero::kernels {
 
@@ -42,13 +43,21 @@ void cuda_accumulate(T* dst, const S* src, std::size_t n, cudaStream_t stream);
 // of leading elements, else element by element. Results are bit-identical to
 // host_fused_step on the same inputs. Throws InvalidArgument for a null
 // array or a bad launch shape, BackendError when the launch fails.
-// ZeRO++ qwZ (quant/symmetric.hpp): x[0, n) quantized into the int8 payload
-// (int8_payload_bytes(n, block) bytes), and a payload back into out[0, n),
-// enqueued on `stream`; the bytes and values of the host loops.
+// ZeRO++'s payloads (quant/symmetric.hpp), enqueued on `stream`, the bytes
+// and values of the host loops: the pieces of x (plus the residual,
+// replaced by the new error, where not null) quantized into their payloads;
+// payloads back into the pieces of out; and out[0, n) = the fp32 sum of
+// `count` payloads of n elements, payload_stride bytes apart.
 template <class T>
-void cuda_quantize_int8(const T* x, std::size_t n, std::size_t block, void* payload, cudaStream_t stream);
+void cuda_quantize(const T* x, float* residual, const quant::Pieces& pieces, const quant::Format& format,
+                   void* payload, cudaStream_t stream);
 template <class T>
-void cuda_dequantize_int8(const void* payload, std::size_t n, std::size_t block, T* out, cudaStream_t stream);
+void cuda_dequantize(const void* payload, const quant::Pieces& pieces, const quant::Format& format, T* out,
+                     cudaStream_t stream);
+// (Out is float: a template so that it is instantiated, once per program, as the others are.)
+template <class Out>
+void cuda_dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                         const quant::Format& format, Out* out, cudaStream_t stream);
 
 template <class Opt, class Grad, class Param>
 void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t stream, const CudaLaunch& launch = {});

@@ -1,32 +1,37 @@
 // Why: ZeRO++ sends stage 3's parameters (qwZ) and gradients (qgZ) across
 // nodes as block-quantized integers: each block of `block` elements travels
 // as one fp32 scale and one small integer per element, half the bytes of
-// 16-bit values for int8. This header is that quantizer, written once per
-// element for the host loops here and the CUDA kernels
-// (kernels/cuda_quantize.cuh), so both give the same bits.
+// 16-bit values for int8, a quarter for int4. This header is that
+// quantizer, written once per element for the host loops here and the CUDA
+// kernels (kernels/cuda_quantize.cuh), so both give the same bits.
 //
-// The code: symmetric, one scale per block. With L = 127 (int8) and the
-// block's largest magnitude A, the scale is s = A / L and element x is sent
-// as q = round_half_even(clamp(x * (L / A), -L, L)), read back as q * s.
+// The code: symmetric, one scale per block. With L levels (127 for int8, 7
+// for int4) and the block's largest magnitude A, the scale is s = A / L and
+// element x is sent as q = round_half_even(x * (L / A)), read back as q * s.
 // |q * s - x| <= s / 2 up to the rounding of L / A and of the products (a
-// few parts in 2^24 of s), so a parameter moves by at most half a step of
-// its block; a block of zeros has scale 0 and codes 0. Every operation is
-// one IEEE fp32 operation (divisions for L / A and A / L, products, the
+// few parts in 2^24 of s), so a value moves by at most half a step of its
+// block; a block of zeros has scale 0 and codes 0. Every operation is one
+// IEEE fp32 operation (divisions for L / A and A / L, products, the
 // rounding's two additions; zero/math.hpp keeps the products uncontracted),
 // which the host and a GPU round alike, and none is a library call, so the
 // host loops vectorise on any x86-64.
 //
-// The payload of n elements: n int8 codes, padded to a multiple of 4 bytes,
-// then ceil(n / block) fp32 scales: payload_bytes(n, block). Blocks count
-// from the first element; the last one may be partial.
+// The payload of n elements (Format::payload_bytes): the codes (int8: one
+// byte each; int4: two to a byte, the even element in the low nibble),
+// padded to a multiple of 4 bytes, then one fp32 scale per block. Blocks
+// count from the payload's first element; the last one may be partial.
+//
+// qgZ's error feedback: quantizing y = x + e with a residual e kept per
+// element, and keeping e = y - q * s for the next time, so that what one
+// quantization drops the next one sends (the sum over calls of what was
+// sent differs from the sum of the inputs by one residual, not by the sum
+// of every call's error).
 #pragma once
 
 #include "zero/config.hpp"
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "zero/math.hpp"
 #include "zero/precision/convert.hpp"
@@ -34,18 +39,46 @@
 
 namespace zero::quant {
 
-// int8's largest code (int4 will have 7).
-inline constexpr int int8_levels = 127;
-
 ZERO_HOST_DEVICE constexpr std::size_t symmetric_blocks(std::size_t n, std::size_t block) {
   return (n + block - 1) / block;
 }
-// Bytes of the codes (padded so the scales after them are 4-byte aligned).
-ZERO_HOST_DEVICE constexpr std::size_t int8_code_bytes(std::size_t n) { return (n + 3) / 4 * 4; }
-// Bytes of the payload of n elements: codes, then one fp32 scale per block.
-ZERO_HOST_DEVICE constexpr std::size_t int8_payload_bytes(std::size_t n, std::size_t block) {
-  return int8_code_bytes(n) + 4 * symmetric_blocks(n, block);
-}
+
+// How a payload is coded: `bits` 8 or 4, one fp32 scale per `block`
+// elements (int4 blocks are even, so that each starts on a byte).
+struct Format {
+  int bits = 8;
+  std::size_t block = 256;
+
+  // The largest code.
+  ZERO_HOST_DEVICE constexpr int levels() const { return bits == 4 ? 7 : 127; }
+  ZERO_HOST_DEVICE constexpr std::size_t blocks(std::size_t n) const { return symmetric_blocks(n, block); }
+  // Bytes of the codes (padded so the scales after them are 4-byte aligned).
+  ZERO_HOST_DEVICE constexpr std::size_t code_bytes(std::size_t n) const {
+    return ((bits == 4 ? (n + 1) / 2 : n) + 3) / 4 * 4;
+  }
+  // Bytes of the payload of n elements: codes, then one fp32 scale per block.
+  ZERO_HOST_DEVICE constexpr std::size_t payload_bytes(std::size_t n) const { return code_bytes(n) + 4 * blocks(n); }
+  // The problem with this format, or nullptr: the callers say whose format it is.
+  constexpr const char* problem() const {
+    if (bits != 8 && bits != 4) return "the bits must be 8 (int8 codes) or 4 (int4 codes)";
+    if (block == 0) return "the block must hold at least one element";
+    if (bits == 4 && block % 2 != 0) return "an int4 block holds an even number of elements (two codes to a byte)";
+    return nullptr;
+  }
+};
+
+// `count` pieces of `elements` values each, piece k's values at k * stride
+// elements from the first piece's and its payload at k * payload_stride
+// bytes from the first payload: the strided runs qgZ's exchanges are made
+// of, without copying them into place first. One piece: {1, n, n, bytes}.
+struct Pieces {
+  std::size_t count = 1;
+  std::size_t elements = 0;
+  std::size_t stride = 0;          // elements between pieces' values
+  std::size_t payload_stride = 0;  // bytes between pieces' payloads
+
+  static Pieces one(std::size_t n, const Format& f) { return {1, n, n, f.payload_bytes(n)}; }
+};
 
 // The factor that maps a block of largest magnitude `absmax` onto the codes
 // (0 for a block of zeros, or one that is not finite: its codes are 0).
@@ -84,41 +117,112 @@ ZERO_HOST_DEVICE inline std::int32_t magnitude_bits(float x) {
 }
 ZERO_HOST_DEVICE inline float magnitude_of(std::int32_t bits) { return __builtin_bit_cast(float, bits); }
 
-// Host loops over a payload. quantize: x[0, n) of a storage type into
-// codes[0, n) and scales[0, blocks). dequantize: back into out[0, n) as T
-// (rounded to nearest even from the fp32 value).
+// int4 codes, two to a byte: the even element's in the low nibble.
+ZERO_HOST_DEVICE inline std::uint8_t pack_int4(std::int8_t even, std::int8_t odd) {
+  return static_cast<std::uint8_t>((static_cast<unsigned>(even) & 0xFu) | ((static_cast<unsigned>(odd) & 0xFu) << 4));
+}
+// Element i's code, of either width (sign-extended from its nibble for int4).
+ZERO_HOST_DEVICE inline std::int8_t code_at(const std::uint8_t* codes, std::size_t i, int bits) {
+  if (bits == 8) return static_cast<std::int8_t>(codes[i]);
+  const std::uint8_t b = codes[i / 2];
+  const std::uint8_t nibble = (i & 1) != 0 ? static_cast<std::uint8_t>(b >> 4) : static_cast<std::uint8_t>(b & 0xFu);
+  return static_cast<std::int8_t>(static_cast<std::int8_t>(nibble << 4) >> 4);
+}
+
+// One payload's parts in its bytes (Format::payload_bytes(n)).
+struct PayloadView {
+  std::uint8_t* codes;
+  float* scales;
+  ZERO_HOST_DEVICE static PayloadView at(void* bytes, std::size_t n, const Format& f) {
+    auto* p = static_cast<std::uint8_t*>(bytes);
+    return {p, reinterpret_cast<float*>(p + f.code_bytes(n))};
+  }
+};
+struct ConstPayloadView {
+  const std::uint8_t* codes;
+  const float* scales;
+  ZERO_HOST_DEVICE static ConstPayloadView at(const void* bytes, std::size_t n, const Format& f) {
+    const auto* p = static_cast<const std::uint8_t*>(bytes);
+    return {p, reinterpret_cast<const float*>(p + f.code_bytes(n))};
+  }
+};
+
+// The value quantized: x, plus the residual where error feedback keeps one.
 template <class T>
-void host_quantize_int8(const T* x, std::size_t n, std::size_t block, std::int8_t* codes, float* scales) {
-  for (std::size_t b = 0; b * block < n; ++b) {
-    const std::size_t begin = b * block, end = begin + block < n ? begin + block : n;
+ZERO_HOST_DEVICE inline float fed(const T* x, const float* residual, std::size_t i) {
+  return residual != nullptr ? to_float(x[i]) + residual[i] : to_float(x[i]);
+}
+
+// Host loops over one payload. quantize: x[0, n) of a storage type (plus
+// residual[0, n), replaced by the new error, where it is not null) into the
+// payload. dequantize: back into out[0, n) as T (rounded to nearest even
+// from the fp32 value). dequantize_sum: out[0, n) = the sum of `count`
+// payloads of n elements, payload_stride bytes apart, added in fp32 in
+// their order (the CUDA kernel's order).
+template <class T>
+void host_quantize(const T* x, float* residual, std::size_t n, const Format& f, void* payload) {
+  const PayloadView p = PayloadView::at(payload, n, f);
+  const int levels = f.levels();
+  for (std::size_t b = 0; b * f.block < n; ++b) {
+    const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
     std::int32_t largest = 0;
     for (std::size_t i = begin; i < end; ++i) {
-      const std::int32_t m = magnitude_bits(to_float(x[i]));
+      const std::int32_t m = magnitude_bits(fed(x, residual, i));
       largest = m > largest ? m : largest;
     }
     const float absmax = magnitude_of(largest);
-    const float inverse = symmetric_inverse(absmax, int8_levels);
-    for (std::size_t i = begin; i < end; ++i) codes[i] = symmetric_code(to_float(x[i]), inverse);
-    scales[b] = symmetric_scale(absmax, int8_levels);
+    const float inverse = symmetric_inverse(absmax, levels);
+    const float scale = symmetric_scale(absmax, levels);
+    if (f.bits == 8) {
+      for (std::size_t i = begin; i < end; ++i) {
+        const float y = fed(x, residual, i);
+        const std::int8_t q = symmetric_code(y, inverse);
+        p.codes[i] = static_cast<std::uint8_t>(q);
+        if (residual != nullptr) residual[i] = y - symmetric_value(q, scale);
+      }
+    } else {  // begin is even: the block's bytes are its own
+      for (std::size_t i = begin; i < end; i += 2) {
+        const bool pair = i + 1 < end;
+        const float y0 = fed(x, residual, i), y1 = pair ? fed(x, residual, i + 1) : 0.0f;
+        const std::int8_t q0 = symmetric_code(y0, inverse), q1 = symmetric_code(y1, inverse);
+        p.codes[i / 2] = pack_int4(q0, q1);
+        if (residual != nullptr) {
+          residual[i] = y0 - symmetric_value(q0, scale);
+          if (pair) residual[i + 1] = y1 - symmetric_value(q1, scale);
+        }
+      }
+    }
+    p.scales[b] = scale;
   }
 }
 template <class T>
-void host_dequantize_int8(const std::int8_t* codes, const float* scales, std::size_t n, std::size_t block, T* out) {
-  for (std::size_t b = 0; b * block < n; ++b) {
-    const std::size_t begin = b * block, end = begin + block < n ? begin + block : n;
-    const float scale = scales[b];
-    for (std::size_t i = begin; i < end; ++i) out[i] = from_float<T>(symmetric_value(codes[i], scale));
+void host_dequantize(const void* payload, std::size_t n, const Format& f, T* out) {
+  const ConstPayloadView p = ConstPayloadView::at(payload, n, f);
+  for (std::size_t b = 0; b * f.block < n; ++b) {
+    const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+    const float scale = p.scales[b];
+    if (f.bits == 8) {
+      for (std::size_t i = begin; i < end; ++i)
+        out[i] = from_float<T>(symmetric_value(static_cast<std::int8_t>(p.codes[i]), scale));
+    } else {
+      for (std::size_t i = begin; i < end; ++i) out[i] = from_float<T>(symmetric_value(code_at(p.codes, i, 4), scale));
+    }
   }
 }
-
-// The payload layout in one byte buffer (int8_payload_bytes(n, block)).
-struct Int8Payload {
-  std::int8_t* codes;
-  float* scales;
-  static Int8Payload at(void* bytes, std::size_t n) {
-    auto* p = static_cast<unsigned char*>(bytes);
-    return {reinterpret_cast<std::int8_t*>(p), reinterpret_cast<float*>(p + int8_code_bytes(n))};
+inline void host_dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                                const Format& f, float* out) {
+  for (std::size_t k = 0; k < count; ++k) {
+    const ConstPayloadView p = ConstPayloadView::at(static_cast<const std::uint8_t*>(payloads) + k * payload_stride,
+                                                    n, f);
+    for (std::size_t b = 0; b * f.block < n; ++b) {
+      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+      const float scale = p.scales[b];
+      for (std::size_t i = begin; i < end; ++i) {
+        const float v = symmetric_value(code_at(p.codes, i, f.bits), scale);
+        out[i] = k == 0 ? v : out[i] + v;
+      }
+    }
   }
-};
+}
 
 }  // namespace zero::quant

@@ -110,14 +110,9 @@ struct Config {
             "zero::Config: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits, but the "
             "precision is ", name(precision), ": use precision bf16, or master fp32 (\"master\" in a config file, "
             "--master on the command line)");
-    require(!options.hpz || stage == 3,
-            "zero::Config: hpz keeps a secondary copy of stage 3's gathered parameters inside each node, but the "
-            "stage is ", stage, ", whose parameters are whole on every rank: use stage 3, or turn hpz off (\"hpz\" "
-            "in a config file, --hpz on the command line)");
-    require(!options.qwz || stage == 3,
-            "zero::Config: qwz quantizes stage 3's parameter gathers, but the stage is ", stage,
-            ", which gathers no parameters before use: use stage 3, or turn qwz off (\"qwz\" in a config file, --qwz "
-            "on the command line)");
+    const std::string zeropp = zeropp_stage_problem(options.hpz, options.qwz, options.qgz, stage);
+    require(zeropp.empty(), "zero::Config: ", zeropp, " (\"hpz\", \"qwz\" and \"qgz\" in a config file, --hpz, --qwz "
+            "and --qgz on the command line)");
     require(!options.round_ties_away || precision == PrecisionChoice::bf16,
             "zero::Config: round_ties_away rounds bf16 parameter copies, but the precision is ", name(precision),
             ": clear it");

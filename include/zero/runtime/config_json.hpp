@@ -86,6 +86,10 @@ void config_keys(C& c, Visit& v) {
   v.field("hpz", o.hpz);
   v.field("qwz", o.qwz);
   v.field("qwz_block", o.qwz_block);
+  v.field("qgz", o.qgz);
+  v.field("qgz_bits", o.qgz_bits);
+  v.field("qgz_block", o.qgz_block);
+  v.field("qgz_error_feedback", o.qgz_error_feedback);
   v.field("offload_threads", o.offload_threads);
   v.field("require_pinned_memory", o.require_pinned_memory);
   v.field("pinned_piece_bytes", o.pinned_piece_bytes);
