@@ -339,13 +339,25 @@ double train_rank(zero::comm::AnyCommunicator& comm, const TrainArgs& args, cons
   const double total_tokens = tokens_per_step * static_cast<double>(steps_run);
   std::vector<std::uint8_t> prompt(corpus.validation(), corpus.validation() + std::min<std::size_t>(T / 2, 64));
   const std::string sample = generate(sum, comm.rank(), model, params, corpus, prompt, args.sample, args.seed);
+  // --report: also what all ranks sent, and sent across nodes, summed over
+  // the ranks (one more control all-reduce, after the report is taken): what
+  // a link between nodes carried, to hold against its own counters
+  // (bench/zeropp_link.sh).
+  const zero::CommReport comm_report = opt.comm_report();
+  double all_ranks[2] = {static_cast<double>(comm_report.counters.total_sent()),
+                         static_cast<double>(comm_report.counters.total_across())};
+  if (args.report) sum(all_ranks, 2);
   if (lead) {
     const double rate = train_seconds > 0.0 ? total_tokens / train_seconds : 0.0;
     std::printf("training: %.1f s, %.0f tokens/s%s, %.1f ms/step\n", train_seconds, rate, note(rate).c_str(),
                 1e3 * train_seconds / steps_run);
     std::printf("sample (prompt from the validation text, then %d generated characters):\n%s[%s]\n", args.sample,
                 corpus.decode(prompt.data(), prompt.size()).c_str(), sample.c_str());
-    if (args.report) std::printf("%s\n%s\n", opt.memory_report().to_json().c_str(), opt.comm_report().to_json().c_str());
+    if (args.report)
+      std::printf("%s\n%s\n{\"report\":\"communication_all_ranks\",\"ranks\":%d,\"sent_bytes\":%.0f,"
+                  "\"across_nodes_sent_bytes\":%.0f}\n",
+                  opt.memory_report().to_json().c_str(), comm_report.to_json().c_str(), ranks, all_ranks[0],
+                  all_ranks[1]);
     std::printf("validation loss %.4f nats/char, unigram entropy %.4f nats/char\n", val, entropy);
   }
   return val;

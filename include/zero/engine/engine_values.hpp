@@ -175,6 +175,7 @@ void Engine<P, O, B>::restore_progress(std::int64_t steps, DynamicLossScaler::St
   steps_ = steps;
   steps_at_reset_ = steps;
   control_.scaler().restore(scaler);
+  reducer_.forget_qgz_residuals();  // never saved: a loaded run starts without them, as a resumed one does
   publish_params();
 }
 

@@ -139,6 +139,8 @@ class GradientReducer {
                 comm::AnyCommunicator& node, comm::AnyCommunicator& across) {
     qgz_.bind(std::move(buffers), format, *layout_, node, across);
   }
+  // After a load: qgZ's error feedback starts again from nothing.
+  void forget_qgz_residuals() { qgz_.forget_residuals(); }
 
   G* accumulator() { return b_.accumulator.data(); }
   std::uint64_t accumulator_bytes() const { return b_.accumulator.bytes(); }

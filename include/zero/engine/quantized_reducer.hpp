@@ -83,8 +83,13 @@ class QuantizedReducer {
     const std::size_t needed = feedback ? (nodes > 1 ? offset : first) : 0;
     require(b_.residuals.size() == needed, "qgZ: the error feedback residuals hold ", b_.residuals.size(),
             " elements, the units need ", needed);
+    forget_residuals();  // (allocations are not zeroed)
   }
   bool bound() const { return node_ != nullptr; }
+  // Error feedback's residuals to zero (after a load: they are not saved).
+  void forget_residuals() {
+    if (b_.residuals.size() != 0) Ops::zero(b_.residuals.data(), b_.residuals.size());
+  }
   std::uint64_t bytes() const { return b_.payloads.bytes() + b_.sums.bytes() + b_.residuals.bytes(); }
 
   // Collective over every rank: unit `unit`'s gradient g[0, padded) on
