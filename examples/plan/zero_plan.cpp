@@ -161,9 +161,11 @@ void print_table(const plan::Plan& p) {
                   : "");
   if (c.nodes > 1)
     std::printf("  across nodes per step: %s sent by each node's last rank (its ring link leaves the node; the "
-                "node's other ranks send inside it), %s by all %d ranks together (what the links between nodes "
-                "carry), %s per rank on average\n",
-                bytes_text(p.comm.across_busiest_rank).c_str(), bytes_text(p.comm.across_all_ranks).c_str(), c.ranks(),
+                "node's other ranks' ring links stay inside it%s), %s by all %d ranks together (what the links "
+                "between nodes carry), %s per rank on average\n",
+                bytes_text(p.comm.across_busiest_rank).c_str(),
+                c.options.qgz ? "; with --qgz every rank also sends its node's partial sums across" : "",
+                bytes_text(p.comm.across_all_ranks).c_str(), c.ranks(),
                 bytes_text(p.comm.across_all_ranks / static_cast<std::uint64_t>(c.ranks())).c_str());
   if (c.offload == plan::Offload::cpu)
     std::printf("offload cpu: fp32 master and states in page-locked host memory, updated by the CPU; the owned "
