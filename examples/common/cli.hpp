@@ -139,6 +139,10 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
       "stage 3: keep a secondary copy of each gathered unit sharded inside the node, so backward's gathers never "
       "leave it (ZeRO++ hpZ; the same values bit for bit, 1/ranks-per-node of the parameters more memory)");
   app.add_flag_function(
+      "--hpz-int8", [&config](std::int64_t) { config.options.hpz_int8 = true; },
+      "with --hpz: keep the secondary copy as int8 blocks (half its memory and of the gathers inside the node; "
+      "backward's parameters within half a step of their block's scale)");
+  app.add_flag_function(
       "--qwz", [&config](std::int64_t) { config.options.qwz = true; },
       "stage 3: gather the parameters over every rank as int8 codes with one fp32 scale per block (ZeRO++ qwZ): "
       "about half the bytes of 16-bit parameters, values within half a step of their block's scale");

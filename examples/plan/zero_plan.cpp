@@ -357,6 +357,8 @@ int main(int argc, char** argv) {
   app.add_flag("--hpz", config.options.hpz,
                "Options::hpz (stage 3): backward's gathers inside the node from a secondary copy of 1/ranks-per-node "
                "of the parameters (ZeRO++ hpZ)");
+  app.add_flag("--hpz-int8", config.options.hpz_int8,
+               "Options::hpz_int8: hpZ's secondary copy as int8 blocks of Options::qwz_block (256) elements");
   app.add_flag("--qwz", config.options.qwz,
                "Options::qwz (stage 3): parameter gathers over every rank as int8 codes with one fp32 scale per block "
                "(ZeRO++ qwZ)");

@@ -862,6 +862,19 @@ void nccl_tests() {
         CHECK(nccl.counters().calls[static_cast<std::size_t>(zero::comm::Collective::all_to_all)] == 2 &&
                   nccl.counters().sent[static_cast<std::size_t>(zero::comm::Collective::all_to_all)] == 0,
               "one rank: all_to_all counted, no bytes");
+        // node() and across() of one rank: ncclCommSplit once each, one-rank
+        // communicators on the parent's stream (hpZ's and qgZ's).
+        zero::comm::Nccl& node = nccl.node();
+        zero::comm::Nccl& across = nccl.across();
+        CHECK(node.size() == 1 && node.rank() == 0 && across.size() == 1 && node.stream() == nccl.stream() &&
+                  &node == &nccl.node() && &across == &nccl.across(),
+              "one rank: node() and across() split once, on the parent's stream");
+        DeviceArray<double> gathered(4), moved(4);
+        node.all_gather(d.p, gathered.p, 4, zero::DType::f64, false);
+        across.all_to_all(gathered.p, moved.p, 4, zero::DType::f64);
+        node.wait();
+        across.wait();
+        CHECK(moved.get() == back, "one rank: a gather on node() and an all_to_all on across()");
         for (zero::DType t : {zero::DType::f32, zero::DType::f16, zero::DType::bf16}) {
           DeviceArray<float> f(64);
           nccl.all_reduce(f.p, 32, t, zero::comm::ReduceOp::max, false);

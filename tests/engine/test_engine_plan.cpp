@@ -194,6 +194,7 @@ struct Variant {
   std::size_t qwz_block = 0;  // stage 3 only: Options::qwz with blocks of this many elements (0: off)
   int qgz_bits = 0;           // stages 1-3: Options::qgz with codes of this many bits (0: off)
   bool qgz_feedback = false;  // Options::qgz_error_feedback
+  bool hpz_int8 = false;      // Options::hpz_int8
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -238,6 +239,8 @@ void check_plan_against_optimizers() {
        false, 0, zero::GradWrites::overwrite, 2, false, false, 0, 4, true},
       {"hpZ, qwZ and qgZ int8, gradients added: accumulate 2", 2, std::size_t{32} << 20, 1, ReduceDType::same_as_grad,
        false, 0, zero::GradWrites::accumulate, 2, false, true, 256, 8},
+      {"hpZ as int8 blocks of 64: accumulate 3, prefetch 2", 3, std::size_t{32} << 20, 2, ReduceDType::same_as_grad,
+       false, 0, zero::GradWrites::overwrite, 2, false, true, 0, 0, false, true},
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
@@ -262,6 +265,8 @@ void check_plan_against_optimizers() {
         constexpr bool bf16_params = std::is_same_v<typename O::param_type, zero::bf16>;
         if (bf16_params && v.remainder) options.master = zero::MasterWeights::remainder;
         options.hpz = v.hpz;
+        options.hpz_int8 = v.hpz_int8;
+        if (v.hpz_int8) options.qwz_block = 64;
         options.qwz = v.qwz_block != 0;
         if (options.qwz) options.qwz_block = v.qwz_block;
         options.qgz = v.qgz_bits != 0;
@@ -393,13 +398,15 @@ TEMPLATE_LIST_TEST_CASE("bytes across nodes: the planner's equal each rank's com
       }
       if constexpr (O::stage >= 1) {
         // qgZ, alone and (stage 3) with every combination of hpZ and qwZ, int4 and int8.
+        // (hpZ's copy in 16 bits with int4 codes, as int8 blocks with int8 codes.)
         for (int combination = 0; combination < (O::stage == 3 ? 8 : 2); ++combination) {
           config.options.qgz = true;
           config.options.qgz_bits = combination % 2 == 0 ? 4 : 8;
           config.options.hpz = (combination & 2) != 0;
+          config.options.hpz_int8 = config.options.hpz && config.options.qgz_bits == 8;
           config.options.qwz = (combination & 4) != 0;
           INFO("qgZ int" << config.options.qgz_bits << (config.options.hpz ? ", hpZ" : "")
-                         << (config.options.qwz ? ", qwZ" : ""));
+                         << (config.options.hpz_int8 ? " int8" : "") << (config.options.qwz ? ", qwZ" : ""));
           const plan::Plan q = plan::make_plan(config);
           check_across_nodes(q, measure<O>(config.model, ranks, config.options, 2, per_node), 2);
           CHECK(q.comm.across_all_ranks < p.comm.across_all_ranks);

@@ -240,7 +240,114 @@ void check_qwz_gathers(bool hpz) {
   if (hpz) CHECK(sent == over_all + inside);
 }
 
+// hpZ with the secondary copy as int8 blocks (Options::hpz_int8), 4 ranks
+// as 2 nodes of 2. Without qwZ: forward's gathers (over every rank, 16-bit)
+// are the parameters bit for bit; backward's (inside the node, from the int8
+// copy) are within half a step of each block of the node's parts, the same
+// on the node's ranks; the node's gathers send (2-1) payloads of a part.
+// With qwZ: the copy is forward's payloads of the part's shards, so
+// backward gets forward's values bit for bit.
+template <class P>
+void check_hpz_int8(bool qwz) {
+  using Opt = Stage3<P>;
+  using T = typename Opt::param_type;
+  constexpr int ranks = 4, per_node = 2;
+  const std::vector<std::size_t> sizes = {1, 7, 37, 4099, 10007};
+  constexpr std::size_t block = 64;
+  std::vector<std::vector<std::vector<T>>> forward(ranks), backward(ranks);  // per rank, unit
+  std::vector<std::vector<T>> exact(ranks);
+  std::vector<zero::CommReport> reports(ranks);
+  std::vector<std::size_t> padded(sizes.size()), offsets(sizes.size());
+  zero::comm::LocalGroup::Options group_options;
+  group_options.ranks_per_node = per_node;
+  zero::comm::LocalGroup group(ranks, group_options);
+  group.run([&](zero::comm::Local& c) {
+    zero::Options options;
+    options.hpz = options.hpz_int8 = true;
+    options.qwz = qwz;
+    options.qwz_block = block;
+    Opt opt(c, AdamW::Hyper{}, options);
+    std::vector<zero::UnitId> units;
+    std::vector<zero::ParamId> params;
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      units.push_back(opt.add_unit("u" + std::to_string(u)));
+      params.push_back(opt.add_param(units.back(), "w" + std::to_string(u), sizes[u]));
+    }
+    opt.finalize();
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist(0.0f, 0.05f);
+    for (std::size_t u = 0; u < sizes.size(); ++u) {
+      std::vector<float> v(sizes[u]);
+      for (auto& x : v) x = dist(rng);
+      opt.set_param(params[u], v.data());
+    }
+    const auto r = static_cast<std::size_t>(c.rank());
+    exact[r].resize(opt.layout().padded_total());
+    opt.gather_params(exact[r].data());
+    opt.reset_comm_counters();
+    forward[r].resize(sizes.size());
+    backward[r].resize(sizes.size());
+    for (int pass = 0; pass < 2; ++pass)
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        const std::size_t u = pass == 0 ? k : sizes.size() - 1 - k;
+        const T* unit = opt.acquire_unit(units[u]);
+        const auto& info = opt.layout().unit(units[u]);
+        (pass == 0 ? forward : backward)[r][u].assign(unit, unit + info.padded);
+        if (r == 0) {
+          padded[u] = info.padded;
+          offsets[u] = info.full_offset;
+        }
+        opt.release_unit(units[u]);
+      }
+    reports[r] = opt.comm_report();
+  });
+  std::uint64_t inside = 0, over_all = 0;
+  const zero::quant::Format format{8, block};
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    INFO("unit of " << sizes[u] << " elements, " << (qwz ? "with" : "without") << " qwZ");
+    const std::size_t part = padded[u] / per_node, shard = padded[u] / ranks;
+    inside += qwz ? part / shard * format.payload_bytes(shard) : format.payload_bytes(part);
+    over_all += qwz ? (ranks - 1) * format.payload_bytes(shard) : shard * (ranks - 1) * sizeof(T);
+    if (qwz) {
+      // Backward dequantizes forward's own payloads (forward's bounds: the qwZ test above).
+      for (int r = 0; r < ranks; ++r) REQUIRE(backward[r][u] == forward[r][u]);
+      continue;
+    }
+    for (int r = 0; r < ranks; ++r) {
+      REQUIRE(std::memcmp(forward[r][u].data(), exact[0].data() + offsets[u], padded[u] * sizeof(T)) == 0);
+      // The node's ranks dequantize the same payloads.
+      REQUIRE(std::memcmp(backward[r][u].data(), backward[r - r % per_node][u].data(), padded[u] * sizeof(T)) == 0);
+    }
+    std::size_t moved = 0;
+    for (std::size_t p = 0; p < per_node; ++p)
+      for (std::size_t b = 0; b * block < part; ++b) {
+        const std::size_t begin = p * part + b * block, end = std::min(p * part + part, begin + block);
+        double absmax = 0;
+        for (std::size_t i = begin; i < end; ++i)
+          absmax = std::max(absmax, std::fabs(double(zero::to_float(exact[0][offsets[u] + i]))));
+        for (std::size_t i = begin; i < end; ++i) {
+          const double x = zero::to_float(exact[0][offsets[u] + i]), v = zero::to_float(backward[0][u][i]);
+          const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(v), 1e-30)) -
+                                                 (std::is_same_v<T, float> ? 23 : std::is_same_v<T, bf16> ? 7 : 10));
+          REQUIRE(std::fabs(v - x) <= absmax / 127.0 / 2 * (1 + 1e-5) + ulp);
+          moved += v != x;
+        }
+      }
+    if (sizes[u] > 100) CHECK(moved > 0);  // quantized, not copied
+  }
+  // Bytes: forward over every rank (16-bit, or qwZ's payloads), backward
+  // inside the node as payloads of the parts.
+  const auto sent = reports[0].counters.sent[static_cast<std::size_t>(zero::comm::Collective::all_gather)];
+  CHECK(sent == over_all + (per_node - 1) * inside);
+}
+
 }  // namespace
+
+TEMPLATE_TEST_CASE("hpZ int8: the secondary copy as int8 blocks; forward exact, backward within half a step",
+                   "[engine][zeropp][hpz]", Full<float>, Mixed<bf16>, Mixed<fp16>) {
+  check_hpz_int8<TestType>(false);
+  check_hpz_int8<TestType>(true);
+}
 
 TEMPLATE_TEST_CASE("qwZ: stage 3 gathers int8 blocks; every rank gets the same parameters within half a step",
                    "[engine][zeropp][qwz]", Full<float>, Mixed<bf16>, Mixed<fp16>) {
@@ -427,4 +534,8 @@ TEST_CASE("qgZ is a stage 1-3 option: stage 0 refuses it by name", "[engine][zer
   options.qgz_bits = 4;
   options.qgz_block = 33;
   CHECK_THROWS_WITH(options.validate(), Catch::Contains("Options::qgz_block is 33; it must be even"));
+  zero::Options int8_alone;
+  int8_alone.hpz_int8 = true;
+  CHECK_THROWS_WITH(int8_alone.validate(), Catch::Contains("Options::hpz_int8 keeps hpZ's secondary copy as int8 "
+                                                           "blocks, but Options::hpz is off"));
 }

@@ -37,7 +37,7 @@ namespace {
   [[maybe_unused]] auto& [precision, optimizer, hyper, stage, offload, options] = c;
   [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, release_memory_pages, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
                           loss_scale, reduce_dtype, seed, stochastic_rounding, master, round_ties_away, states, state_block,
-                          state_fp32_below, hpz, qwz, qwz_block, qgz, qgz_bits, qgz_block, qgz_error_feedback,
+                          state_fp32_below, hpz, hpz_int8, qwz, qwz_block, qgz, qgz_bits, qgz_block, qgz_error_feedback,
                           offload_threads,
                           require_pinned_memory, pinned_piece_bytes, delayed_update, delayed_update_warmup, nvme] = c.options;
   [[maybe_unused]] auto& [initial_scale, growth_interval, growth_factor, backoff_factor, hysteresis, min_scale] =
@@ -72,6 +72,7 @@ Config every_setting_changed() {
   o.state_block = 256;
   o.state_fp32_below = 100;
   o.hpz = true;
+  o.hpz_int8 = true;
   o.qwz = true;
   o.qwz_block = 4096;
   o.qgz = true;
@@ -149,7 +150,7 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
                                      "live_buckets", "release_memory_pages", "prefetch_units",
                                      "grad_accumulation_steps", "clip_norm", "gradient_divisor", "loss_scale",
                                      "reduce_dtype", "seed", "stochastic_rounding", "master", "round_ties_away",
-                                     "states", "state_block", "state_fp32_below", "hpz", "qwz", "qwz_block", "qgz", "qgz_bits", "qgz_block", "qgz_error_feedback", "offload_threads",
+                                     "states", "state_block", "state_fp32_below", "hpz", "hpz_int8", "qwz", "qwz_block", "qgz", "qgz_bits", "qgz_block", "qgz_error_feedback", "offload_threads",
                                      "require_pinned_memory", "pinned_piece_bytes", "delayed_update",
                                      "delayed_update_warmup"});
 }

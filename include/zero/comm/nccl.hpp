@@ -150,6 +150,15 @@ class Nccl {
   const ByteCounters& counters() const { return s_->counters; }
   void reset_counters() { s_->counters = {}; }
 
+  // The GPUs of this rank's node (its rank there: topology().local_rank)
+  // and those at its place on every node (its rank there: its node), for
+  // hierarchical collectives (ZeRO++'s hpZ and qgZ): ncclCommSplit on the
+  // first call, which every rank makes, outside a group. They enqueue on
+  // this communicator's stream, so their collectives and this one's run in
+  // the order the engine calls them, and share its timeout.
+  Nccl& node() { return split(node_, s_->topology.node_of(s_->rank), s_->topology.local_rank(s_->rank), false); }
+  Nccl& across() { return split(across_, s_->topology.local_rank(s_->rank), s_->topology.node_of(s_->rank), true); }
+
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
     require(t != DType::u8, "comm::Nccl: ", detail::reduce_bytes_refused);
     const State::Call call(*s_, "all_reduce", count, t);
@@ -542,6 +551,7 @@ class Nccl {
     std::thread::id group_owner{};  // the thread whose NCCL group is open (NCCL's group state is per thread)
     bool aborted = false;
     std::string abort_message;
+    std::mutex mutex;  // held through every public call (Call), and Nccl::split
     float* scratch = nullptr;  // barrier()'s one element
     cudaEvent_t fork = nullptr;  // the caller's stream, before a collective
     bool caller_is_other = false;  // the collective being issued comes from another current stream,
@@ -644,7 +654,6 @@ class Nccl {
       group_callers.clear();
     }
 
-    std::mutex mutex;
     std::vector<Record> ring;
     std::size_t head = 0, pending = 0;
     std::uint64_t calls = 0;
@@ -656,7 +665,43 @@ class Nccl {
 
   explicit Nccl(std::unique_ptr<State> s) : s_(std::move(s)) {}
 
+  // node() (across = false) or across(): the ranks of one colour, ordered by
+  // key. Non-blocking, as every initialisation here: a rank that never makes
+  // the call is an error after Options::timeout, not a hang.
+  Nccl& split(std::unique_ptr<Nccl>& made, int color, int key, bool across) {
+    if (made) return *made;
+    ncclComm_t part = nullptr;
+    {
+      const std::lock_guard<std::mutex> lock(s_->mutex);
+      if (s_->aborted) throw CommError(s_->abort_message);
+      require(s_->group_depth == 0, "comm::Nccl::", across ? "across" : "node",
+              "() inside group_begin()/group_end(): split the communicator before the group");
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclResult_t r = ncclCommSplit(s_->comm, color, key, &part, &config);
+      if ((r == ncclSuccess || r == ncclInProgress) && part != nullptr) r = settle(part, s_->options.timeout);
+      if (r != ncclSuccess || part == nullptr) {
+        const char* last = part != nullptr ? ncclGetLastError(part) : "";
+        if (part != nullptr) ncclCommAbort(part);
+        throw CommError(zero::detail::concat(
+            "comm::Nccl rank ", s_->rank, " of ", s_->size, ": ncclCommSplit (", across ? "across()" : "node()",
+            ") ", r == ncclInProgress ? "did not complete within the timeout: every rank must call it" : "failed: ",
+            r == ncclInProgress ? "" : ncclGetErrorString(r), " ", last != nullptr ? last : ""));
+      }
+    }
+    Options o = s_->options;
+    o.ranks_per_node = across ? 1 : 0;  // across: each rank on a node of its own; node(): one node
+    try {
+      made.reset(new Nccl(std::make_unique<State>(part, s_->stream, o, true, false)));
+    } catch (...) {
+      ncclCommDestroy(part);
+      throw;
+    }
+    return *made;
+  }
+
   std::unique_ptr<State> s_;
+  std::unique_ptr<Nccl> node_, across_;  // node(), across(): destroyed first, on the shared stream
 };
 
 // ---- bootstrap -----------------------------------------------------------------

@@ -185,6 +185,11 @@ struct BufferSizes {
   std::size_t gather_slots = 0;    // stage 3, parameter type: the arena of the (prefetch + 1) largest units
   std::size_t gather_slot_count = 0;  // units the arena holds at once (prefetch + 1)
   std::size_t hpz_secondary = 0;   // stage 3 with Options::hpz, parameter type: every unit's hpz_part
+  // Options::hpz_int8 instead, bytes: every unit's part as an int8 payload,
+  // and the node's payloads of the largest part (what a gather inside the
+  // node receives).
+  std::size_t hpz_int8_secondary = 0;
+  std::size_t hpz_int8_staging = 0;
   std::size_t qwz_staging = 0;     // stage 3 with Options::qwz, bytes: every rank's int8 payload of the largest shard
   // Options::qgz (engine/quantized_reducer.hpp): bytes of the payloads sent
   // and received (twice every rank's payload of the largest shard); fp32
@@ -257,8 +262,20 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
   if (spec.stage.params_sharded) {
     s.gather_slot_count = static_cast<std::size_t>(options.prefetch_units) + 1;
     s.gather_slots = gather_arena_elements(layout, s.gather_slot_count);
-    if (options.hpz)
-      for (const auto& u : layout.units()) s.hpz_secondary += hpz_part(u.padded, spec.ranks_per_node, layout.ranks());
+    std::size_t largest_part = 0;  // bytes, with hpz_int8
+    for (const auto& u : layout.units()) {
+      const std::size_t part = options.hpz ? hpz_part(u.padded, spec.ranks_per_node, layout.ranks()) : 0;
+      if (options.hpz && !options.hpz_int8) s.hpz_secondary += part;
+      if (options.hpz && options.hpz_int8) {
+        const std::size_t bytes = hpz_int8_part_bytes(part, u.shard, options.qwz_block, options.qwz);
+        s.hpz_int8_secondary += bytes;
+        largest_part = std::max(largest_part, bytes);
+      }
+    }
+    if (options.hpz && options.hpz_int8)
+      s.hpz_int8_staging =
+          checked_mul(static_cast<std::size_t>(spec.ranks_per_node == 0 ? layout.ranks() : spec.ranks_per_node),
+                      largest_part, "finalize(): hpZ's int8 staging");
     if (options.qwz)
       s.qwz_staging = checked_mul(static_cast<std::size_t>(layout.ranks()),
                                   quant::Format{8, options.qwz_block}.payload_bytes(s.max_shard), "finalize(): qwZ's payloads");

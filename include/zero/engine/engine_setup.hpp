@@ -134,16 +134,24 @@ void Engine<P, O, B>::finalize() {
                                         "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
                                         "largest units), or split the largest units"),
                    sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event());
-    if (options_.hpz)
-      gatherer_.bind_hpz(allocate<param_type>(sizes.hpz_secondary, "hpZ secondary copy of the parameters",
-                                              "turn Options::hpz off, or put more ranks on each node (the copy is "
-                                              "1/ranks_per_node of the parameters)"),
-                         comm_->node());
-    if (options_.qwz)
+    if (options_.qwz)  // (before hpZ: an int8 copy keeps qwZ's payloads)
       gatherer_.bind_qwz(allocate<std::uint8_t>(sizes.qwz_staging, "qwZ payloads (every rank's int8 shard)",
                                                 "turn Options::qwz off, or lower Options::qwz_block's overhead by "
                                                 "splitting the largest unit"),
                          options_.qwz_block);
+    if (options_.hpz && options_.hpz_int8)
+      gatherer_.bind_hpz_int8(
+          allocate<std::uint8_t>(sizes.hpz_int8_secondary, "hpZ secondary copy as int8 blocks",
+                                 "turn Options::hpz off, or put more ranks on each node (the copy is 1/ranks_per_node "
+                                 "of the parameters)"),
+          allocate<std::uint8_t>(sizes.hpz_int8_staging, "hpZ int8 staging (the node's payloads of a part)",
+                                 "split the largest unit"),
+          options_.qwz_block, comm_->node());
+    else if (options_.hpz)
+      gatherer_.bind_hpz(allocate<param_type>(sizes.hpz_secondary, "hpZ secondary copy of the parameters",
+                                              "turn Options::hpz off, or put more ranks on each node (the copy is "
+                                              "1/ranks_per_node of the parameters)"),
+                         comm_->node());
   }
   control_.bind(sizes.control, comm_);
   require(!options_.release_memory_pages || !B::device,

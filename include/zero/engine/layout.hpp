@@ -21,6 +21,7 @@
 #include "zero/engine/agreement.hpp"
 #include "zero/error.hpp"
 #include "zero/names.hpp"
+#include "zero/quant/symmetric.hpp"
 #include "zero/shape.hpp"
 
 namespace zero {
@@ -195,6 +196,14 @@ class Layout {
 // shards: ranks_per_node divides the rank count, which divides `padded`).
 inline std::size_t hpz_part(std::size_t padded, int ranks_per_node, int ranks) {
   return padded / static_cast<std::size_t>(ranks_per_node == 0 ? ranks : ranks_per_node);
+}
+
+// Options::hpz_int8: the bytes of one rank's part of `part` elements (whole
+// shards of `shard`): with qwZ the forward gather's payloads of those
+// shards, else the part's own payload; int8 blocks of `block` elements.
+inline std::size_t hpz_int8_part_bytes(std::size_t part, std::size_t shard, std::size_t block, bool qwz) {
+  const quant::Format format{8, block};
+  return qwz ? part / shard * format.payload_bytes(shard) : format.payload_bytes(part);
 }
 
 }  // namespace zero

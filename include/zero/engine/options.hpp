@@ -205,6 +205,12 @@ struct Options {
   // bit for bit; costs the parameters / ranks_per_node more memory. Never
   // saved: rebuilt after a load.
   bool hpz = false;
+  // hpZ's secondary copy as int8 blocks of qwz_block elements (one fp32
+  // scale each) instead of parameters: about half the copy's memory for
+  // 16-bit parameters (a quarter for fp32) and half of the gathers inside the
+  // node; backward then computes with parameters within half a step of their
+  // block's scale (forward's are exact without qwz). Needs hpz.
+  bool hpz_int8 = false;
   // Stage 3, ZeRO++'s qwZ: every gather over all ranks (forward's, and
   // backward's without hpz) sends the shards as int8 codes with one fp32
   // scale per block of qwz_block elements (quant/symmetric.hpp): a little
@@ -272,6 +278,8 @@ struct Options {
     require(qwz_block >= 32 && qwz_block <= (std::size_t{1} << 20), "Options::qwz_block is ", qwz_block,
             "; it must be in [32, 1048576] (elements per int8 block of qwZ's gathers, each with one fp32 scale; "
             "256 is the default)");
+    require(!hpz_int8 || hpz, "Options::hpz_int8 keeps hpZ's secondary copy as int8 blocks, but Options::hpz is off: "
+            "turn hpz on, or hpz_int8 off");
     require(qgz_bits == 4 || qgz_bits == 8, "Options::qgz_bits is ", qgz_bits,
             "; qgZ's gradient codes are 4 bits (int4, the default) or 8 (int8)");
     require(qgz_block >= 32 && qgz_block <= (std::size_t{1} << 20) && qgz_block % 2 == 0, "Options::qgz_block is ",

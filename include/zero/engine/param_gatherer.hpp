@@ -16,6 +16,12 @@
 // parts inside the node (the communicator's node()), which nothing crosses.
 // The parts are copies of the same values, so the unit is the same bit for
 // bit; the copies go stale exactly when a gathered copy does (drop_all, drop).
+// With Options::hpz_int8 each part is kept as int8 payloads instead
+// (quant/symmetric.hpp), gathered inside the node as payloads and
+// dequantized: half the memory and bytes. With qwZ too the part is the
+// forward gather's own payloads of its shards, so backward dequantizes
+// exactly what forward did; without it, the part quantized on its own
+// (values within half a step of the parameters).
 //
 // Options::qwz (ZeRO++'s quantized weights): a gather over every rank sends
 // each shard as its int8 payload (quant/symmetric.hpp: codes and one fp32
@@ -79,25 +85,28 @@ class ParamGatherer {
   // unit order: engine/layout.hpp's hpz_part) and the node's ranks.
   void bind_hpz(Buffer<T> secondary, comm::AnyCommunicator& node) {
     secondary_ = std::move(secondary);
-    node_ = &node;
-    secondary_offset_.assign(layout_->units().size(), 0);
-    secondary_valid_.assign(layout_->units().size(), false);
-    std::size_t offset = 0;
-    for (std::size_t u = 0; u < secondary_offset_.size(); ++u) {
-      secondary_offset_[u] = offset;
-      offset += hpz_part_of(u);
-    }
-    require(offset == secondary_.size(), "ParamGatherer: the hpZ copy holds ", secondary_.size(), " elements, the "
-            "units' parts ", offset);
+    bind_parts(node, secondary_.size(), [&](std::size_t unit) { return hpz_part_of(unit); });
   }
-  std::uint64_t secondary_bytes() const { return secondary_.bytes(); }
+  // Options::hpz_int8 instead: the parts as int8 payloads of blocks of
+  // `block` (in unit order), and room for the node's payloads of the largest.
+  // (After bind_qwz, where qwZ is on.)
+  void bind_hpz_int8(Buffer<std::uint8_t> secondary, Buffer<std::uint8_t> node_payloads, std::size_t block,
+                     comm::AnyCommunicator& node) {
+    secondary_int8_ = std::move(secondary);
+    node_payloads_ = std::move(node_payloads);
+    hpz_block_ = block;
+    bind_parts(node, secondary_int8_.size(), [&](std::size_t unit) {
+      return hpz_int8_part_bytes(hpz_part_of(unit), layout_->units()[unit].shard, block, qwz_block_ != 0);
+    });
+  }
+  std::uint64_t secondary_bytes() const { return secondary_.bytes() + secondary_int8_.bytes(); }
   // Options::qwz, after bind(): room for every rank's payload of the
   // largest shard, and the elements per scale.
   void bind_qwz(Buffer<std::uint8_t> payloads, std::size_t block) {
     payloads_ = std::move(payloads);
     qwz_block_ = block;
   }
-  std::uint64_t payload_bytes() const { return payloads_.bytes(); }
+  std::uint64_t payload_bytes() const { return payloads_.bytes() + node_payloads_.bytes(); }
 
   // Collective: unit u whole, gathered now unless held already, and the next
   // prefetch_units units in the pass's direction (backward: downwards)
@@ -161,6 +170,19 @@ class ParamGatherer {
     const UnitInfo& u = layout_->units()[unit];
     if (node_ != nullptr && secondary_valid_[unit]) {
       const std::size_t part = hpz_part_of(unit);
+      if (hpz_block_ != 0) {
+        // With qwZ the node's parts are every shard's payload, in rank order.
+        const quant::Format format{8, hpz_block_};
+        const bool qwz = qwz_block_ != 0;
+        const std::size_t piece = qwz ? u.shard : part;
+        const std::size_t pieces = qwz ? static_cast<std::size_t>(channel_->size())
+                                       : static_cast<std::size_t>(node_->size());
+        const std::size_t payload = format.payload_bytes(piece);
+        node_->all_gather(secondary_int8_.data() + secondary_offset_[unit], node_payloads_.data(),
+                          payload * pieces / static_cast<std::size_t>(node_->size()), DType::u8, false);
+        Ops::dequantize(node_payloads_.data(), quant::Pieces{pieces, piece, piece, payload}, format, dst);
+        return;
+      }
       T* mine = dst + static_cast<std::size_t>(node_->rank()) * part;
       Ops::copy(mine, secondary_.data() + secondary_offset_[unit], part);
       node_->all_gather(mine, dst, part, dtype_traits<T>::dtype, false);
@@ -183,8 +205,20 @@ class ParamGatherer {
     }
     if (node_ != nullptr) {
       const std::size_t part = hpz_part_of(unit);
-      Ops::copy(secondary_.data() + secondary_offset_[unit], dst + static_cast<std::size_t>(node_->rank()) * part,
-                part);
+      const T* mine = dst + static_cast<std::size_t>(node_->rank()) * part;
+      if (hpz_block_ != 0 && qwz_block_ != 0) {
+        // The payloads of this rank's part's shards, as forward's gather moved them.
+        const std::size_t payload = quant::Format{8, qwz_block_}.payload_bytes(u.shard);
+        const std::size_t shards = part / u.shard;
+        Ops::copy(secondary_int8_.data() + secondary_offset_[unit],
+                  payloads_.data() + static_cast<std::size_t>(node_->rank()) * shards * payload, shards * payload);
+      } else if (hpz_block_ != 0) {
+        const quant::Format format{8, hpz_block_};
+        Ops::quantize(mine, nullptr, quant::Pieces::one(part, format), format,
+                      secondary_int8_.data() + secondary_offset_[unit]);
+      } else {
+        Ops::copy(secondary_.data() + secondary_offset_[unit], mine, part);
+      }
       secondary_valid_[unit] = true;
     }
   }
@@ -209,6 +243,21 @@ class ParamGatherer {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   static constexpr int none = -1;  // slot_prefetched_: acquired (or empty) since its gather
+
+  // Where each unit's part of the secondary copy starts (`size(unit)`: its
+  // part's elements or bytes), checked against the copy's `total`.
+  template <class Size>
+  void bind_parts(comm::AnyCommunicator& node, std::size_t total, Size&& size) {
+    node_ = &node;
+    secondary_offset_.assign(layout_->units().size(), 0);
+    secondary_valid_.assign(layout_->units().size(), false);
+    std::size_t offset = 0;
+    for (std::size_t u = 0; u < secondary_offset_.size(); ++u) {
+      secondary_offset_[u] = offset;
+      offset += size(u);
+    }
+    require(offset == total, "ParamGatherer: the hpZ copy holds ", total, ", the units' parts ", offset);
+  }
 
   std::size_t hpz_part_of(std::size_t unit) const {
     return hpz_part(layout_->units()[unit].padded, node_->size(), layout_->ranks());
@@ -318,7 +367,11 @@ class ParamGatherer {
   // Options::hpz (bind_hpz): none without it.
   Buffer<T> secondary_;
   comm::AnyCommunicator* node_ = nullptr;
-  std::vector<std::size_t> secondary_offset_;  // per unit: its part in secondary_
+  std::vector<std::size_t> secondary_offset_;  // per unit: its part in secondary_ (elements) or secondary_int8_ (bytes)
+  // Options::hpz_int8 (bind_hpz_int8): hpz_block_ 0 without it.
+  Buffer<std::uint8_t> secondary_int8_;
+  Buffer<std::uint8_t> node_payloads_;
+  std::size_t hpz_block_ = 0;
   std::vector<bool> secondary_valid_;          // per unit: the part holds the current values
   // Options::qwz (bind_qwz): every rank's payload; qwz_block_ 0 without qwZ.
   Buffer<std::uint8_t> payloads_;

@@ -203,7 +203,8 @@ struct CommVolume {
 inline constexpr const char* model_state_lines[] = {"params", "grads", "master", "optimizer_states"};
 inline constexpr const char* buffer_lines[] = {
     "gradient_staging", "reduce_staging_fp32", "shard_staging", "gather_slots", "qwz_staging",  "qgz_payloads",
-    "qgz_sums",         "qgz_residuals",       "param_staging", "nvme_window",  "control",      "swap_padding"};
+    "qgz_sums",         "qgz_residuals",       "hpz_int8_staging", "param_staging", "nvme_window", "control",
+    "swap_padding"};
 
 struct Plan {
   Config config;
@@ -389,6 +390,7 @@ inline std::string to_json(const Plan& p) {
     << "\",\"delayed_update\":" << (c.options.delayed_update ? "true" : "false")
     << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << ",\"master\":\"" << name(c.options.master)
     << "\",\"states\":\"" << name(c.options.states) << "\",\"hpz\":" << (c.options.hpz ? "true" : "false")
+    << ",\"hpz_int8\":" << (c.options.hpz_int8 ? "true" : "false")
     << ",\"qwz\":" << (c.options.qwz ? "true" : "false") << ",\"qwz_block\":" << c.options.qwz_block
     << ",\"qgz\":" << (c.options.qgz ? "true" : "false") << ",\"qgz_bits\":" << c.options.qgz_bits
     << ",\"qgz_block\":" << c.options.qgz_block

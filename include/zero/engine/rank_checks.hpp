@@ -89,6 +89,7 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::state_block", static_cast<std::uint64_t>(options.state_block), number},
       {"Options::state_fp32_below", static_cast<std::uint64_t>(options.state_fp32_below), number},
       {"Options::hpz", options.hpz ? 1u : 0u, flag},
+      {"Options::hpz_int8", options.hpz_int8 ? 1u : 0u, flag},
       {"Options::qwz", options.qwz ? 1u : 0u, flag},
       {"Options::qwz_block", static_cast<std::uint64_t>(options.qwz_block), number},
       {"Options::qgz", options.qgz ? 1u : 0u, flag},

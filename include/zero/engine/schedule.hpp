@@ -278,6 +278,10 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   add("stage-3 gather arena", "gather_slots", ReportedAs::communication_buffers, backend, z.gather_slots, eb);
   add("hpZ secondary copy (1/ranks_per_node of every unit)", "params", ReportedAs::params, backend,
       z.hpz_secondary, eb);
+  add("hpZ secondary copy as int8 blocks (1/ranks_per_node of every unit)", "params", ReportedAs::params, backend,
+      z.hpz_int8_secondary, 1);
+  add("hpZ int8 staging (the node's payloads of a part)", "hpz_int8_staging", ReportedAs::communication_buffers,
+      backend, z.hpz_int8_staging, 1);
   add("qwZ payloads (every rank's int8 codes and scales of a shard)", "qwz_staging",
       ReportedAs::communication_buffers, backend, z.qwz_staging, 1);
   add("qgZ payloads (every rank's codes and scales of a shard, sent and received)", "qgz_payloads",
@@ -310,19 +314,23 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   const std::uint64_t reduce_bytes = options.reduce_dtype == ReduceDType::fp32 ? 4 : eb;
   // `times` calls per unit and step, each moving the whole padded unit
   // (`passes`: 2 for an all-reduce, which reduces and then distributes).
-  // `group`: over which ranks (RankGroup); `qwz`: the unit travels as every
-  // rank's int8 payload of its shard (quant/symmetric.hpp).
+  // `group`: over which ranks (RankGroup); `int8`: the unit travels as every
+  // rank's int8 payload of its part (its shard over every rank, hpZ's part
+  // inside the node; quant/symmetric.hpp, blocks of qwz_block).
   auto per_unit = [&](const char* name, comm::Collective kind, std::uint64_t times, std::uint64_t element_bytes,
-                      std::uint64_t passes, RankGroup group = RankGroup::all, bool qwz = false) {
+                      std::uint64_t passes, RankGroup group = RankGroup::all, bool int8 = false) {
     const int ranks = group == RankGroup::node ? topology.ranks_per_node
                       : group == RankGroup::across ? topology.nodes()
                                                    : n;
     ScheduledCollective c{name, kind};
     c.group = group;
     for (const auto& u : layout.units()) {
-      const std::uint64_t bytes = qwz ? static_cast<std::uint64_t>(ranks) *
-                                            quant::Format{8, options.qwz_block}.payload_bytes(u.shard)
-                                      : u.padded * element_bytes;
+      // (hpZ's int8 parts with qwZ are their shards' payloads: engine/layout.hpp.)
+      const std::size_t part = u.padded / static_cast<std::size_t>(ranks);
+      const std::uint64_t bytes =
+          int8 ? static_cast<std::uint64_t>(ranks) *
+                     hpz_int8_part_bytes(part, u.shard, options.qwz_block, options.qwz || group == RankGroup::all)
+               : u.padded * element_bytes;
       c.calls += times;
       c.elements += times * passes * comm::ByteCounters::ring_share(u.padded, ranks);
       c.bytes += times * passes * comm::ByteCounters::ring_share(bytes, ranks);
@@ -342,8 +350,11 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
                          : "parameter all-gather at a unit's first acquire_unit after a step, keeping hpZ's "
                            "secondary copy",
              Collective::all_gather, 1, eb, 1, RankGroup::all, options.qwz);
-    per_unit("hpZ all-gather inside the node at every later acquire_unit (backward, further micro-batches)",
-             Collective::all_gather, gathers - 1, eb, 1, RankGroup::node);
+    per_unit(options.hpz_int8 ? "hpZ all-gather inside the node of int8 codes and scales at every later "
+                                "acquire_unit (backward, further micro-batches)"
+                              : "hpZ all-gather inside the node at every later acquire_unit (backward, further "
+                                "micro-batches)",
+             Collective::all_gather, gathers - 1, eb, 1, RankGroup::node, options.hpz_int8);
   }
   if (stage.all_reduce_on_flush)
     per_unit("gradient all-reduce on the last micro-batch", Collective::all_reduce, 1, reduce_bytes, 2);

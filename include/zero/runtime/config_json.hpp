@@ -84,6 +84,7 @@ void config_keys(C& c, Visit& v) {
   v.field("state_block", o.state_block);
   v.field("state_fp32_below", o.state_fp32_below);
   v.field("hpz", o.hpz);
+  v.field("hpz_int8", o.hpz_int8);
   v.field("qwz", o.qwz);
   v.field("qwz_block", o.qwz_block);
   v.field("qgz", o.qgz);
