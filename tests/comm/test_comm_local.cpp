@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/any_communicator.hpp"
@@ -549,24 +550,26 @@ void put_element(DType t, unsigned char* p, int sender, int to, std::size_t i) {
   }
 }
 
+// `ranks` blocks of `count` elements, block k holding the pattern that
+// put_element gives from sender pair(k).first to receiver pair(k).second.
+template <class Pair>
+std::vector<unsigned char> pattern_blocks(DType t, std::size_t count, int ranks, Pair pair) {
+  const std::size_t b = zero::dtype_bytes(t);
+  std::vector<unsigned char> blocks(static_cast<std::size_t>(ranks) * count * b);
+  for (int k = 0; k < ranks; ++k)
+    for (std::size_t i = 0; i < count; ++i)
+      put_element(t, blocks.data() + (static_cast<std::size_t>(k) * count + i) * b, pair(k).first, pair(k).second, i);
+  return blocks;
+}
+
 // Rank `rank`'s send buffer of an all_to_all of `count` elements over `ranks`.
 std::vector<unsigned char> all_to_all_send(DType t, std::size_t count, int rank, int ranks) {
-  const std::size_t b = zero::dtype_bytes(t);
-  std::vector<unsigned char> send(static_cast<std::size_t>(ranks) * count * b);
-  for (int j = 0; j < ranks; ++j)
-    for (std::size_t i = 0; i < count; ++i)
-      put_element(t, send.data() + (static_cast<std::size_t>(j) * count + i) * b, rank, j, i);
-  return send;
+  return pattern_blocks(t, count, ranks, [rank](int j) { return std::pair{rank, j}; });
 }
 
 // What rank `rank` must receive: block i from rank i, that rank's block `rank`.
 std::vector<unsigned char> all_to_all_want(DType t, std::size_t count, int rank, int ranks) {
-  const std::size_t b = zero::dtype_bytes(t);
-  std::vector<unsigned char> want(static_cast<std::size_t>(ranks) * count * b);
-  for (int s = 0; s < ranks; ++s)
-    for (std::size_t i = 0; i < count; ++i)
-      put_element(t, want.data() + (static_cast<std::size_t>(s) * count + i) * b, s, rank, i);
-  return want;
+  return pattern_blocks(t, count, ranks, [rank](int s) { return std::pair{s, rank}; });
 }
 
 constexpr auto a2a = static_cast<std::size_t>(zero::comm::Collective::all_to_all);

@@ -150,6 +150,54 @@ TEST_CASE("hpZ is a stage-3 option: other stages refuse it by name", "[engine][z
 
 namespace {
 
+// One unit of one parameter per size, finalized, with values drawn from
+// normal(0, 0.05) by `seed` (the same on every rank); `marked`: each unit's
+// first value +-0.3, so that blocks differ in scale.
+template <class Opt>
+std::vector<zero::UnitId> units_with_values(Opt& opt, const std::vector<std::size_t>& sizes, unsigned seed,
+                                            bool marked) {
+  std::vector<zero::UnitId> units;
+  std::vector<zero::ParamId> params;
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    units.push_back(opt.add_unit("u" + std::to_string(u)));
+    params.push_back(opt.add_param(units.back(), "w" + std::to_string(u), sizes[u]));
+  }
+  opt.finalize();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    std::vector<float> v(sizes[u]);
+    for (auto& x : v) x = dist(rng);
+    if (marked) v[0] = u % 2 == 0 ? 0.3f : -0.3f;
+    opt.set_param(params[u], v.data());
+  }
+  return units;
+}
+
+// `pieces` runs of `piece` elements of exact[] came back as got(i) through
+// int8 blocks of `block` counted from each run's start: each value within
+// half a step of its block (absmax / 127 / 2) and T's rounding. Returns how
+// many moved.
+template <class T, class Got>
+std::size_t require_within_half_step(const T* exact, Got got, std::size_t pieces, std::size_t piece,
+                                     std::size_t block) {
+  std::size_t moved = 0;
+  for (std::size_t p = 0; p < pieces; ++p)
+    for (std::size_t b = 0; b * block < piece; ++b) {
+      const std::size_t begin = p * piece + b * block, end = std::min(p * piece + piece, begin + block);
+      double absmax = 0;
+      for (std::size_t i = begin; i < end; ++i) absmax = std::max(absmax, std::fabs(double(zero::to_float(exact[i]))));
+      for (std::size_t i = begin; i < end; ++i) {
+        const double x = zero::to_float(exact[i]), v = got(i);
+        const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(v), 1e-30)) -
+                                               (std::is_same_v<T, float> ? 23 : std::is_same_v<T, bf16> ? 7 : 10));
+        REQUIRE(std::fabs(v - x) <= absmax / 127.0 / 2 * (1 + 1e-5) + ulp);
+        moved += v != x;
+      }
+    }
+  return moved;
+}
+
 // Stage 3 with qwZ on 4 ranks (2 nodes of 2), with or without hpZ: every
 // acquired unit is each rank's shard through the int8 blocks (within half
 // a step of its block's scale, and the same on every rank), and each gather
@@ -174,21 +222,7 @@ void check_qwz_gathers(bool hpz) {
     options.qwz_block = block;
     options.hpz = hpz;
     Opt opt(c, AdamW::Hyper{}, options);
-    std::vector<zero::UnitId> units;
-    std::vector<zero::ParamId> params;
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      units.push_back(opt.add_unit("u" + std::to_string(u)));
-      params.push_back(opt.add_param(units.back(), "w" + std::to_string(u), sizes[u]));
-    }
-    opt.finalize();
-    std::mt19937 rng(7);
-    std::normal_distribution<float> dist(0.0f, 0.05f);
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      std::vector<float> v(sizes[u]);
-      for (auto& x : v) x = dist(rng);
-      v[0] = u % 2 == 0 ? 0.3f : -0.3f;  // (the same on every rank: one seed)
-      opt.set_param(params[u], v.data());
-    }
+    const std::vector<zero::UnitId> units = units_with_values(opt, sizes, 7, true);
     const auto r = static_cast<std::size_t>(c.rank());
     exact[r].resize(opt.layout().padded_total());
     opt.gather_params(exact[r].data());
@@ -213,19 +247,9 @@ void check_qwz_gathers(bool hpz) {
     INFO("unit of " << sizes[u] << " elements, " << (hpz ? "with" : "without") << " hpZ");
     const std::size_t shard = shards[u], padded = shard * ranks;
     for (int r = 1; r < ranks; ++r) REQUIRE(acquired[r][u] == acquired[0][u]);  // every rank the same values
-    for (std::size_t s = 0; s < ranks; ++s)
-      for (std::size_t b = 0; b * block < shard; ++b) {
-        const std::size_t begin = s * shard + b * block, end = std::min(s * shard + shard, begin + block);
-        double absmax = 0;
-        for (std::size_t i = begin; i < end; ++i)
-          absmax = std::max(absmax, std::fabs(double(zero::to_float(exact[0][offset + i]))));
-        for (std::size_t i = begin; i < end; ++i) {
-          const double x = zero::to_float(exact[0][offset + i]), v = acquired[0][u][i];
-          const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(v), 1e-30)) -
-                                                 (std::is_same_v<T, float> ? 23 : std::is_same_v<T, bf16> ? 7 : 10));
-          REQUIRE(std::fabs(v - x) <= absmax / 127.0 / 2 * (1 + 1e-5) + ulp);
-        }
-      }
+    const std::vector<float>& got = acquired[0][u];
+    require_within_half_step(exact[0].data() + offset, [&](std::size_t i) { return double(got[i]); }, ranks, shard,
+                             block);
     offset += padded;
   }
   // Bytes: each gather over every rank sends (N-1) payloads of the shard.
@@ -267,20 +291,7 @@ void check_hpz_int8(bool qwz) {
     options.qwz = qwz;
     options.qwz_block = block;
     Opt opt(c, AdamW::Hyper{}, options);
-    std::vector<zero::UnitId> units;
-    std::vector<zero::ParamId> params;
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      units.push_back(opt.add_unit("u" + std::to_string(u)));
-      params.push_back(opt.add_param(units.back(), "w" + std::to_string(u), sizes[u]));
-    }
-    opt.finalize();
-    std::mt19937 rng(11);
-    std::normal_distribution<float> dist(0.0f, 0.05f);
-    for (std::size_t u = 0; u < sizes.size(); ++u) {
-      std::vector<float> v(sizes[u]);
-      for (auto& x : v) x = dist(rng);
-      opt.set_param(params[u], v.data());
-    }
+    const std::vector<zero::UnitId> units = units_with_values(opt, sizes, 11, false);
     const auto r = static_cast<std::size_t>(c.rank());
     exact[r].resize(opt.layout().padded_total());
     opt.gather_params(exact[r].data());
@@ -318,21 +329,10 @@ void check_hpz_int8(bool qwz) {
       // The node's ranks dequantize the same payloads.
       REQUIRE(std::memcmp(backward[r][u].data(), backward[r - r % per_node][u].data(), padded[u] * sizeof(T)) == 0);
     }
-    std::size_t moved = 0;
-    for (std::size_t p = 0; p < per_node; ++p)
-      for (std::size_t b = 0; b * block < part; ++b) {
-        const std::size_t begin = p * part + b * block, end = std::min(p * part + part, begin + block);
-        double absmax = 0;
-        for (std::size_t i = begin; i < end; ++i)
-          absmax = std::max(absmax, std::fabs(double(zero::to_float(exact[0][offsets[u] + i]))));
-        for (std::size_t i = begin; i < end; ++i) {
-          const double x = zero::to_float(exact[0][offsets[u] + i]), v = zero::to_float(backward[0][u][i]);
-          const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(v), 1e-30)) -
-                                                 (std::is_same_v<T, float> ? 23 : std::is_same_v<T, bf16> ? 7 : 10));
-          REQUIRE(std::fabs(v - x) <= absmax / 127.0 / 2 * (1 + 1e-5) + ulp);
-          moved += v != x;
-        }
-      }
+    const std::vector<T>& got = backward[0][u];
+    const std::size_t moved = require_within_half_step(
+        exact[0].data() + offsets[u], [&](std::size_t i) { return double(zero::to_float(got[i])); }, per_node, part,
+        block);
     if (sizes[u] > 100) CHECK(moved > 0);  // quantized, not copied
   }
   // Bytes: forward over every rank (16-bit, or qwZ's payloads), backward
