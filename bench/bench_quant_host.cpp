@@ -6,8 +6,14 @@
 // thread as the engine's gather calls it, timed interleaved with the real
 // loop in this run, fastest of the repetitions; the figure is the ratio.
 //
+// And the 8-bit optimizer states' code lookups (zero/simd/code_lookup.hpp,
+// the dynamic code of quant/dynamic_code.hpp): decoding and encoding a
+// block of 2048 in L1, one thread, per instruction set, each figure as a
+// ratio to AVX2's gathers measured in the same run.
+//
 //   bench_quant_host [--n N (K/M/G suffixes)] [--reps R] [--json]
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +24,8 @@
 #include "bench_args.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/quant/symmetric.hpp"
+#include "zero/simd/code_lookup.hpp"
+#include "zero/simd/dispatch.hpp"
 
 namespace {
 
@@ -81,6 +89,67 @@ void run(const char* label, std::size_t n, std::size_t block, int reps, bool jso
   std::fflush(stdout);
 }
 
+#if ZERO_HOST_SIMD_X86
+// One block of Adam's first moment (the signed table), decoded or encoded
+// `times` times.
+struct DecodeBody {
+  template <class Isa>
+  static void run(const std::uint8_t* q, std::size_t n, float* out, std::size_t times) {
+    for (std::size_t t = 0; t < times; ++t) zero::simd::decode_codes<Isa>(q, n, zero::quant::dynamic_code_signed.data(), 0.5f, out);
+  }
+};
+struct EncodeBody {
+  template <class Isa>
+  static void run(const float* x, std::size_t n, std::uint8_t* q, std::size_t times) {
+    for (std::size_t t = 0; t < times; ++t)
+      zero::simd::encode_codes<Isa>(x, n, 1.0f, zero::quant::nearest_code_signed(), zero::quant::code_segments_for(zero::quant::dynamic_code_signed.data()), q);
+  }
+};
+
+void run_codes(std::size_t n, int reps, bool json) {
+  constexpr std::size_t block = 2048;
+  const std::size_t times = n / block > 0 ? n / block : 1;
+  std::vector<std::uint8_t> q(block);
+  std::vector<float> x(block), out(block);
+  std::uint32_t state = 12345;
+  for (std::size_t i = 0; i < block; ++i) {  // states over six decades, both signs; the largest is the absmax
+    state = state * 1664525u + 1013904223u;
+    const float v = std::ldexp(static_cast<float>(state % 1000 + 1) * 1e-3f, -static_cast<int>((state >> 10) % 20));
+    x[i] = (state >> 31) ? -v : v;
+    q[i] = static_cast<std::uint8_t>(state >> 16);
+  }
+  x[0] = 1.0f;
+  const auto isas = zero::simd::supported_isas();
+  if (isas.back() == zero::simd::IsaLevel::portable) return;
+  struct Times {
+    double decode = 1e30, encode = 1e30;
+  };
+  std::vector<Times> best(isas.size());
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t k = 0; k < isas.size(); ++k) {
+      best[k].decode = std::min(best[k].decode, seconds([&] { zero::simd::dispatch<DecodeBody>(isas[k], q.data(), block, out.data(), times); }));
+      best[k].encode = std::min(best[k].encode, seconds([&] { zero::simd::dispatch<EncodeBody>(isas[k], x.data(), block, q.data(), times); }));
+    }
+  const std::size_t avx2 = 1;  // supported_isas() lists portable, avx2, avx512
+  const double values = static_cast<double>(times * block);
+  for (std::size_t k = 0; k < isas.size(); ++k) {
+    const char* name = zero::simd::isa_name(isas[k]);
+    for (const bool encode : {false, true}) {
+      const double t = encode ? best[k].encode : best[k].decode;
+      const double peer = avx2 < isas.size() ? (encode ? best[avx2].encode : best[avx2].decode) : t;
+      if (json)
+        std::printf("{\"bench\":\"quant_host\",\"config\":\"dynamic8_%s_%s\",\"values\":%.0f,\"seconds\":%.6f,"
+                    "\"ns_per_value\":%.4f,\"speedup_over_avx2_gathers\":%.3f}\n",
+                    encode ? "encode" : "decode", name, values, t, t / values * 1e9, peer / t);
+      else
+        std::printf("dynamic8 %-6s %-8s %.3f ns/value  %.2fx avx2's gathers\n", encode ? "encode" : "decode", name,
+                    t / values * 1e9, peer / t);
+    }
+  }
+  std::fflush(stdout);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,5 +170,8 @@ int main(int argc, char** argv) {
   run<zero::bf16>("bf16", n, 256, reps, json);
   run<zero::fp16>("fp16", n, 256, reps, json);
   run<float>("fp32", n, 256, reps, json);
+#if ZERO_HOST_SIMD_X86
+  run_codes(n, reps, json);
+#endif
   return 0;
 }

@@ -201,6 +201,16 @@ TEST_CASE("The host fused step with a remainder master matches the scalar body a
 
 namespace {
 
+// The hyper-parameters of the state-format tests' step (SGD with momentum,
+// which keeps its buffer unchanged without).
+template <class Opt>
+typename Opt::Hyper step_hyper() {
+  typename Opt::Hyper hyper;
+  hyper.lr = 1e-2;
+  if constexpr (requires { hyper.momentum; }) hyper.momentum = 0.9;
+  return hyper;
+}
+
 // bf16 state (Options::states): the SIMD paths give the scalar body's bits,
 // rounded to nearest even or stochastically, beside an fp32 or remainder
 // master.
@@ -225,14 +235,11 @@ void check_bf16_states_step(std::size_t n, std::size_t misalign, bool stochastic
   auto copy_ref = copy;
   auto rest_ref = rest;
   auto state_ref = state;
-  typename Opt::Hyper hyper;
-  hyper.lr = 1e-2;
-  if constexpr (requires { hyper.momentum; }) hyper.momentum = 0.9;  // SGD keeps its buffer unchanged without
   zero::kernels::FusedStepArgs<Opt, Grad, Param> args, ref;
   args.grad = grad.data() + misalign;
   args.n = n;
   args.grad_scale = 0.5f;
-  args.scalars = Opt::prepare(hyper, 3);
+  args.scalars = Opt::prepare(step_hyper<Opt>(), 3);
   args.state_rounding = zero::StochasticRounding{stochastic, 99, 3};
   args.global_offset = 1000;
   ref = args;
@@ -280,3 +287,208 @@ TEST_CASE("The host fused step with bf16 states matches the scalar body", "[kern
   }
   zero::simd::force_isa(zero::simd::detect_isa_from_cpu());
 }
+
+namespace {
+
+// 8-bit block-wise states (Options::states = blockwise8): the SIMD paths
+// (AVX-512: tables in registers and the segments' arithmetic; AVX2: gathers)
+// give the scalar block body's codes, absmax, master and copies bit for bit,
+// with the built-in tables and with a table of the user's own (the same
+// values at another address: no lookups, the scalar body).
+template <class Opt, class Grad, class Param>
+void check_blockwise8_step(std::size_t n, std::uint32_t block, std::uint32_t phase, bool remainder, bool own_tables) {
+  INFO("n " << n << ", block " << block << ", phase " << phase << ", " << Opt::name << ", remainder " << remainder
+            << ", own tables " << own_tables << ", isa " << zero::simd::isa_name(zero::simd::active_isa()));
+  constexpr int S = Opt::state_slots;
+  namespace q = zero::quant;
+  static const q::CodeTable own_signed = q::dynamic_code_signed, own_unsigned = q::dynamic_code_unsigned;
+  zero::kernels::FusedStepArgs<Opt, Grad, Param> args;
+  args.n = n;
+  args.block = block;
+  args.block_phase = phase;
+  const std::size_t blocks = args.block_count();
+  std::vector<float> master(n);
+  std::vector<Grad> grad(n);
+  std::vector<Param> copy(n);
+  std::vector<std::uint16_t> rest(n);
+  std::vector<std::vector<std::uint8_t>> codes(S, std::vector<std::uint8_t>(n));
+  std::vector<std::vector<float>> absmax(S, std::vector<float>(blocks));
+  std::uint64_t state = 0x243f6a8885a308d3ull;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<std::uint32_t>(state >> 32);
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    master[i] = static_cast<float>(static_cast<int>(next() % 2001) - 1000) * 1e-3f;
+    if constexpr (std::is_same_v<Param, zero::bf16>) zero::split_master(master[i], copy[i], rest[i]);
+    // Gradients over six decades, so the states' codes use every level.
+    const float magnitude = std::ldexp(static_cast<float>(next() % 1000 + 1) * 1e-3f, -static_cast<int>(next() % 20));
+    grad[i] = zero::from_float<Grad>((next() & 1u) ? -magnitude : magnitude);
+    for (int k = 0; k < S; ++k) codes[k][i] = static_cast<std::uint8_t>(next());
+  }
+  for (int k = 0; k < S; ++k) {
+    const bool non_negative = zero::optim::state_values<Opt>(k) == zero::optim::StateValues::non_negative;
+    for (std::size_t b = 0; b < blocks; ++b) absmax[k][b] = static_cast<float>(next() % 100 + 1) * 1e-3f;
+    args.code[k] = own_tables ? (non_negative ? own_unsigned.data() : own_signed.data()) : q::code_for(non_negative);
+  }
+  auto master_ref = master;
+  auto copy_ref = copy;
+  auto rest_ref = rest;
+  auto codes_ref = codes;
+  auto absmax_ref = absmax;
+  args.grad = grad.data();
+  args.grad_scale = 0.5f;
+  args.scalars = Opt::prepare(step_hyper<Opt>(), 3);
+  auto ref = args;
+  auto aim = [&](auto& a, std::vector<float>& m, std::vector<Param>& c, std::vector<std::uint16_t>& r,
+                 std::vector<std::vector<std::uint8_t>>& st, std::vector<std::vector<float>>& am) {
+    a.master = m.data();
+    a.param = c.data();
+    if constexpr (std::is_same_v<Param, zero::bf16>)
+      if (remainder) {
+        a.master = nullptr;
+        a.remainder = r.data();
+      }
+    for (int k = 0; k < S; ++k) {
+      a.state8[k] = st[k].data();
+      a.absmax[k] = am[k].data();
+    }
+  };
+  aim(args, master, copy, rest, codes, absmax);
+  aim(ref, master_ref, copy_ref, rest_ref, codes_ref, absmax_ref);
+  zero::kernels::host_fused_step(args);
+  std::vector<float> scratch(static_cast<std::size_t>(S) * block);
+  for (std::size_t b = 0; b < blocks; ++b) zero::kernels::fused_step_block(ref, b, scratch.data());
+  CHECK(std::memcmp(master.data(), master_ref.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(copy.data(), copy_ref.data(), n * sizeof(Param)) == 0);
+  CHECK(std::memcmp(rest.data(), rest_ref.data(), n * sizeof(std::uint16_t)) == 0);
+  std::size_t changed = 0;
+  for (int k = 0; k < S; ++k) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (codes[k][i] != codes_ref[k][i]) {
+        FAIL_CHECK("slot " << k << " element " << i << ": code " << int(codes[k][i]) << ", scalar "
+                           << int(codes_ref[k][i]));
+        break;
+      }
+    }
+    CHECK(std::memcmp(absmax[k].data(), absmax_ref[k].data(), blocks * sizeof(float)) == 0);
+    for (std::size_t b = 0; b < blocks; ++b) changed += absmax[k][b] != static_cast<float>(0);
+  }
+  CHECK(changed > 0);
+}
+
+}  // namespace
+
+TEST_CASE("The host fused step with 8-bit states matches the scalar block body", "[kernels][states]") {
+  struct Case {
+    std::size_t n;
+    std::uint32_t block, phase;
+  };
+  const Case cases[] = {{1, 64, 0}, {100, 64, 17}, {5000, 2048, 0}, {(std::size_t{1} << 16) + 37, 2048, 1000},
+                        {(std::size_t{1} << 16), 256, 3}};
+  for (const auto isa : zero::simd::supported_isas()) {
+    zero::simd::force_isa(isa);
+    for (const Case& c : cases)
+      for (const bool own_tables : {false, true}) {
+        check_blockwise8_step<zero::optim::AdamW, zero::bf16, zero::bf16>(c.n, c.block, c.phase, true, own_tables);
+        check_blockwise8_step<zero::optim::AdamW, zero::bf16, zero::bf16>(c.n, c.block, c.phase, false, own_tables);
+        check_blockwise8_step<zero::optim::Adam, float, float>(c.n, c.block, c.phase, false, own_tables);
+        check_blockwise8_step<zero::optim::Sgd, zero::fp16, zero::fp16>(c.n, c.block, c.phase, false, own_tables);
+      }
+  }
+  zero::simd::force_isa(zero::simd::detect_isa_from_cpu());
+}
+
+// The segments' arithmetic (quant::CodeSegments, what AVX-512 encodes with)
+// gives quantize()'s index wherever it does not defer, and defers rarely.
+TEST_CASE("The code segments find quantize()'s index without a table read", "[quant][kernels]") {
+  namespace q = zero::quant;
+  for (const bool non_negative : {false, true}) {
+    INFO((non_negative ? "unsigned" : "signed") << " table");
+    const float* code = q::code_for(non_negative);
+    const q::CodeSegments segments(code);
+    REQUIRE(segments.usable());
+    CHECK(segments.segments() == (non_negative ? 9 : 14));  // the levels (0 and the lowest merged), and 1.0
+    std::size_t checked = 0, deferred = 0, wrong = 0;
+    auto check = [&](float y) {
+      if (!(y >= -1.0f && y <= 1.0f)) return;
+      ++checked;
+      const int index = segments.index_or_defer(y);
+      if (index < 0) {
+        ++deferred;
+      } else if (index != q::quantize(y, code) && ++wrong < 5) {
+        FAIL_CHECK("y = " << y << ": segments " << index << ", quantize " << int(q::quantize(y, code)));
+      }
+    };
+    auto around = [&](float v) {
+      const auto bits = std::bit_cast<std::uint32_t>(v);
+      for (int d = -8; d <= 8; ++d) check(std::bit_cast<float>(bits + static_cast<std::uint32_t>(d)));
+    };
+    for (int j = 0; j < q::code_size; ++j) {
+      around(code[j]);
+      if (j + 1 < q::code_size) around((code[j] + code[j + 1]) * 0.5f);
+    }
+    const std::size_t edges = checked;
+    // Every 61st float of [-1, 1].
+    for (std::uint32_t bits = 0; bits <= 0x3f800000u; bits += 61) {
+      check(std::bit_cast<float>(bits));
+      check(-std::bit_cast<float>(bits));
+    }
+    CHECK(wrong == 0);
+    CHECK(checked > edges + 34000000);  // both signs
+    CHECK(deferred < (checked - edges) / 500);  // under 0.2% of values off the edges
+  }
+  // A table without the structure: unusable (the step keeps its gathers).
+  q::CodeTable linear{};
+  for (int j = 0; j < q::code_size; ++j) linear[j] = static_cast<float>(j * j) / (255.0f * 255.0f);
+  CHECK_FALSE(q::CodeSegments(linear.data()).usable());
+}
+
+#if ZERO_HOST_SIMD_X86
+namespace {
+
+struct EncodeBody {
+  template <class Isa>
+  static void run(const std::vector<float>& x, const float* code, std::vector<std::uint8_t>& q) {
+    zero::simd::encode_codes<Isa>(x.data(), x.size(), 1.0f, *zero::quant::nearest_code_for(code),
+                                  zero::quant::code_segments_for(code), q.data());
+  }
+};
+struct DecodeBody {
+  template <class Isa>
+  static void run(const std::vector<std::uint8_t>& q, const float* code, float scale, std::vector<float>& x) {
+    zero::simd::decode_codes<Isa>(q.data(), q.size(), code, scale, x.data());
+  }
+};
+
+}  // namespace
+
+// Where the segments' arithmetic is least sure (every midpoint, where a
+// value rounds either way, and its neighbours) the SIMD encoders defer to
+// the exact lookup and give quantize()'s index; the decoders give every code.
+TEST_CASE("The SIMD code lookups give quantize() and dequantize() on every edge", "[quant][kernels]") {
+  namespace q = zero::quant;
+  for (const bool non_negative : {false, true}) {
+    const float* code = q::code_for(non_negative);
+    std::vector<float> x;
+    for (int j = 0; j + 1 < q::code_size; ++j) {
+      const auto bits = std::bit_cast<std::uint32_t>((code[j] + code[j + 1]) * 0.5f);
+      for (int d = -3; d <= 3; ++d) x.push_back(std::bit_cast<float>(bits + static_cast<std::uint32_t>(d)));
+    }
+    x.push_back(1.0f);
+    std::vector<std::uint8_t> all(q::code_size);
+    for (int j = 0; j < q::code_size; ++j) all[j] = static_cast<std::uint8_t>(j * 37 + 11);  // every code, shuffled
+    for (const auto isa : zero::simd::supported_isas()) {
+      INFO((non_negative ? "unsigned" : "signed") << " table, isa " << zero::simd::isa_name(isa));
+      std::vector<std::uint8_t> codes(x.size());
+      zero::simd::dispatch<EncodeBody>(isa, x, code, codes);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) wrong += codes[i] != q::quantize(x[i], code);
+      CHECK(wrong == 0);
+      std::vector<float> back(all.size());
+      zero::simd::dispatch<DecodeBody>(isa, all, code, 0.75f, back);
+      for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(back[i] == q::dequantize(all[i], code, 0.75f));
+    }
+  }
+}
+#endif

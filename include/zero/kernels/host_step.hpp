@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "zero/kernels/fused_step.hpp"
+#include "zero/quant/code_segments.hpp"
 #include "zero/quant/dynamic_code.hpp"
+#include "zero/simd/code_lookup.hpp"
 #include "zero/simd/dispatch.hpp"
 #include "zero/simd/pack.hpp"
 
@@ -167,32 +169,41 @@ struct HostStepBody {
   }
 };
 
+// The lookups of a step's code tables, per slot: the exact bucket lookup
+// (quant::NearestCode; null for a table that is not built in, which then
+// goes through quant::quantize()) and, where the table has the dynamic
+// code's structure, its segments (quant::CodeSegments: AVX-512 encodes
+// without table reads).
+struct CodeLookups {
+  static constexpr int max_slots = 4;
+  const quant::NearestCode* exact[max_slots] = {};
+  const quant::CodeSegments* segments[max_slots] = {};
+};
+
 // The 8-bit state step (FusedStepArgs::state8), a thread's blocks at a time:
-// each block's update into a scratch of fp32 states, then each slot
-// quantized with the block's new absmax. With SIMD the codes are read
-// through gathers from the code tables and written through the tables'
-// bucket lookup (quant::NearestCode: two gathers per value instead of an
-// eight-step search); `nearest` holds it per slot (null: a table that is not
-// built in, quantized by quant::quantize()).
+// each slot's codes decoded into a scratch of fp32 states, the block's update
+// on them, then each slot quantized with the block's new absmax. A slot at a
+// time, so that each decoding and encoding loop keeps its table in registers
+// (zero/simd/code_lookup.hpp).
 template <optim::Policy Opt, class Grad, class Param>
 struct HostBlockStepBody {
   using Args = FusedStepArgs<Opt, Grad, Param>;
   static constexpr int S = Opt::state_slots;
+  static_assert(S <= CodeLookups::max_slots, "an 8-bit state step for more state slots than CodeLookups holds");
 
   template <class Isa>
-  static void run(const Args& a, const quant::NearestCode* const* nearest, int /*thread*/, std::size_t first,
-                  std::size_t last) {
-    // Room for one block's updated states (slots x block fp32, 32 KiB for
-    // Adam at the paper's 2048): kept per thread across steps.
+  static void run(const Args& a, const CodeLookups& lookups, int /*thread*/, std::size_t first, std::size_t last) {
+    // Room for one block's states (slots x block fp32, 16 KiB for Adam at
+    // the paper's 2048): kept per thread across steps.
     thread_local std::vector<float> scratch;
     if (scratch.size() < static_cast<std::size_t>(S) * a.block) scratch.resize(static_cast<std::size_t>(S) * a.block);
-    bool lookups = true;
-    for (int k = 0; k < S; ++k) lookups = lookups && nearest[k] != nullptr;
+    bool built_in = true;
+    for (int k = 0; k < S; ++k) built_in = built_in && lookups.exact[k] != nullptr;
     for (std::size_t b = first; b < last; ++b) {
 #if ZERO_HOST_SIMD_X86
       if constexpr (Isa::width > 1) {
-        if (lookups) {
-          block<Isa>(a, nearest, b, scratch.data());
+        if (built_in) {
+          block<Isa>(a, lookups, b, scratch.data());
           continue;
         }
       }
@@ -203,38 +214,33 @@ struct HostBlockStepBody {
 
 #if ZERO_HOST_SIMD_X86
   template <class Isa>
-  static void block(const Args& a, const quant::NearestCode* const* nearest, std::size_t b, float* scratch) {
+  static void block(const Args& a, const CodeLookups& lookups, std::size_t b, float* scratch) {
     using P = simd::Pack<Isa>;
-    using U = typename Isa::U;
-    using F = typename Isa::F;
     constexpr int W = Isa::width;
-    const std::size_t begin = a.block_begin(b), end = a.block_end(b);
-    std::size_t i = begin;
-    float scale[S > 0 ? S : 1];
-    for (int k = 0; k < S; ++k) scale[k] = a.absmax[k][b];
-    // Pass 1: dequantize, update, keep the new states. The block's streams
-    // stop while pass 2 runs, so the hardware prefetchers lose them; each
-    // array is prefetched 1024 elements ahead (into the next block), a line
-    // of the 16-bit arrays every 32 elements: 1.5x the step on a 2-core EPYC
-    // VM. The gathers that read the code tables are most of what is left
-    // (about 24 cycles per 16 values each on that Zen 4).
+    const std::size_t begin = a.block_begin(b), end = a.block_end(b), n = end - begin;
+    // Pass 1: each slot's states, decoded.
+    for (int k = 0; k < S; ++k)
+      simd::decode_codes<Isa>(a.state8[k] + begin, n, a.code[k], a.absmax[k][b],
+                              scratch + static_cast<std::size_t>(k) * a.block);
+    // Pass 2: the update, the new states back into the scratch. The block's
+    // streams stop while passes 1 and 3 run, so the hardware prefetchers
+    // lose them; each array is prefetched 1024 elements ahead (into the next
+    // block), a line of the 16-bit arrays every 32 elements: 1.5x the step
+    // on a 2-core EPYC VM.
     constexpr std::size_t ahead = 1024;
     // Locals, not reads through `a`: the byte and 16-bit stores may alias
     // anything, so g++ reloads every field after each of them otherwise.
     const auto scalars = a.scalars;
     const float grad_scale = a.grad_scale;
     const std::uint8_t* codes[S > 0 ? S : 1] = {};
-    const float* tables[S > 0 ? S : 1] = {};
-    for (int k = 0; k < S; ++k) {
-      codes[k] = a.state8[k];
-      tables[k] = a.code[k];
-    }
+    for (int k = 0; k < S; ++k) codes[k] = a.state8[k];
     Param* const param = a.param;
     float* const master = a.master;
     const Grad* const grad = a.grad;
     std::uint16_t* rest = nullptr;
     if constexpr (Args::can_split_master) rest = a.remainder;
     const bool split = rest != nullptr;
+    std::size_t i = begin;
     for (; i + W <= end; i += W) {
       if ((i & 31) == 0) {
         const std::size_t p = i + ahead;
@@ -253,13 +259,7 @@ struct HostBlockStepBody {
       else
         w = simd::load<Isa>(master + i);
       P st[S > 0 ? S : 1];
-      for (int k = 0; k < S; ++k) {
-        U q;
-        simd::load_u8_widened<Isa>(q, codes[k] + i);
-        P c;
-        Isa::gather(c.v, tables[k], q);
-        st[k] = c * scale[k];
-      }
+      for (int k = 0; k < S; ++k) st[k] = simd::load<Isa>(scratch + static_cast<std::size_t>(k) * a.block + (i - begin));
       Opt::update(scalars, w, simd::load<Isa>(grad + i) * grad_scale, st);
       for (int k = 0; k < S; ++k) simd::store(scratch + static_cast<std::size_t>(k) * a.block + (i - begin), st[k]);
       if (split) {
@@ -270,12 +270,12 @@ struct HostBlockStepBody {
       if constexpr (!std::is_same_v<Param, float>)
         store_copy<Isa>(param, i, w, a.rounding, a.ties_away, a.global_offset);
     }
-    for (; i < end; ++i) blockwise_update_element(a, b, i, scratch);
-    // Pass 2: each slot's absmax, then its codes.
-    const std::size_t n = end - begin;
+    for (; i < end; ++i) blockwise_update_element(a, b, i, scratch);  // reads the codes, not yet rewritten
+    // Pass 3: each slot's absmax, then its codes.
     for (int k = 0; k < S; ++k) {
       const float* x = scratch + static_cast<std::size_t>(k) * a.block;
       std::uint8_t* q = a.state8[k] + begin;
+      using U = typename Isa::U;
       P most{};
       U exponent_all_ones{};
       std::size_t j = 0;
@@ -300,24 +300,7 @@ struct HostBlockStepBody {
         continue;
       }
       a.absmax[k][b] = absmax;
-      const quant::NearestCode& table = *nearest[k];
-      const F divisor = F{} + absmax;
-      for (j = 0; j + W <= n; j += W) {
-        const P v = simd::load<Isa>(x + j);
-        const F y = v.v / divisor;  // correctly rounded, as quant::quantize_block
-        const U bits = (U)y;
-        const U key = (bits & 0x7fffffffu) >> (23 - quant::NearestCode::mantissa_bits);
-        U t = key > quant::NearestCode::bucket_base ? key - quant::NearestCode::bucket_base : U{};
-        t = t < quant::NearestCode::per_sign ? t : U{} + (quant::NearestCode::per_sign - 1);
-        t += (bits >> 31) * quant::NearestCode::per_sign;
-        U c;
-        Isa::gather_bytes(c, table.counts(), t);
-        F m;
-        Isa::gather(m, table.midpoints(), c);
-        const U up = (U)(y > m) | ((U)(y == m) & (U)((c & 1u) != 0));
-        simd::store_u8_narrowed<Isa>(q + j, c + (up & 1u));
-      }
-      for (; j < n; ++j) q[j] = table(zero::math::div(x[j], absmax));
+      simd::encode_codes<Isa>(x, n, absmax, *lookups.exact[k], lookups.segments[k], q);
     }
   }
 #endif
@@ -368,9 +351,11 @@ struct HostGradStatsBody {
 template <optim::Policy Opt, StorageType Grad, StorageType Param>
 void host_fused_step(const FusedStepArgs<Opt, Grad, Param>& args) {
   if (args.states_blockwise()) {
-    const quant::NearestCode* nearest[Opt::state_slots > 0 ? Opt::state_slots : 1] = {};
-    for (int k = 0; k < Opt::state_slots; ++k) nearest[k] = quant::nearest_code_for(args.code[k]);
-    const quant::NearestCode* const* lookups = nearest;
+    detail::CodeLookups lookups;
+    for (int k = 0; k < Opt::state_slots; ++k) {
+      lookups.exact[k] = quant::nearest_code_for(args.code[k]);
+      lookups.segments[k] = quant::code_segments_for(args.code[k]);
+    }
     simd::parallel_dispatch_grains<detail::HostBlockStepBody<Opt, Grad, Param>>(args.block_count(), 1, args.n, args,
                                                                                lookups);
     return;

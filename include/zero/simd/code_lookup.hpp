@@ -1,0 +1,187 @@
+// Why: the 8-bit state step (kernels/host_step.hpp) reads each state code
+// back through its 256-entry table and writes it as the index of the nearest
+// code. With gathers that was six per 16 values for Adam, about 24 cycles
+// each on a Zen 4: most of the step (bench/results/2026-12-03-8bit-states.md).
+// Here a block's codes are decoded and encoded a slot at a time, so that on
+// AVX-512 the tables live in registers for the whole loop: decoding is eight
+// two-register permutes and a blend tree (any table), encoding is the
+// arithmetic of quant::CodeSegments (tables with the dynamic code's
+// structure; the rare value near a cell edge goes to the exact lookup). AVX2
+// keeps the gathers (eight lanes; its table would not fit its 16 registers).
+// Each function gives quant::dequantize's and quant::quantize's values bit
+// for bit, on every instruction set.
+#pragma once
+
+#include "zero/config.hpp"
+
+#if ZERO_HOST_SIMD_X86
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "zero/math.hpp"
+#include "zero/quant/code_segments.hpp"
+#include "zero/quant/dynamic_code.hpp"
+#include "zero/simd/pack.hpp"
+
+namespace zero::simd {
+
+namespace detail {
+
+#define ZERO_AVX512_CODES __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+
+// Every lane. The intrinsics are called in their zero-masked forms with it:
+// the plain forms' undefined sources trip g++ 12's -Wmaybe-uninitialized.
+inline constexpr __mmask16 all = 0xffff;
+
+// out[i] = code[q[i]] * scale, i < n: the table in sixteen registers.
+ZERO_AVX512_CODES inline void decode_codes_avx512(const std::uint8_t* q, std::size_t n, const float* code, float scale,
+                                                  float* out) {
+  __m512 t[16];
+  for (int r = 0; r < 16; ++r) t[r] = _mm512_loadu_ps(code + 16 * r);
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64), bit7 = _mm512_set1_epi32(128);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i idx = _mm512_maskz_cvtepu8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    // Entries 32p .. 32p + 31 by the index's low 5 bits, then bits 5, 6, 7 choose.
+    const __mmask16 b5 = _mm512_test_epi32_mask(idx, bit5), b6 = _mm512_test_epi32_mask(idx, bit6),
+                    b7 = _mm512_test_epi32_mask(idx, bit7);
+    const __m512 r0 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t[0], idx, t[1]),
+                                           _mm512_permutex2var_ps(t[2], idx, t[3]));
+    const __m512 r1 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t[4], idx, t[5]),
+                                           _mm512_permutex2var_ps(t[6], idx, t[7]));
+    const __m512 r2 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t[8], idx, t[9]),
+                                           _mm512_permutex2var_ps(t[10], idx, t[11]));
+    const __m512 r3 = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t[12], idx, t[13]),
+                                           _mm512_permutex2var_ps(t[14], idx, t[15]));
+    const __m512 v = _mm512_mask_blend_ps(b7, _mm512_mask_blend_ps(b6, r0, r1), _mm512_mask_blend_ps(b6, r2, r3));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(v, s));  // one rounding, as math::mul (stored: nothing to fuse with)
+  }
+  for (; i < n; ++i) out[i] = zero::math::mul(code[q[i]], scale);
+}
+
+// q[j] = quantize(x[j] / absmax), j < n, through the segments' arithmetic;
+// lanes it defers (t near an inner edge, or y on a segment bound) and the
+// tail go to the exact lookup.
+ZERO_AVX512_CODES inline void encode_codes_avx512(const float* x, std::size_t n, float absmax,
+                                                  const quant::NearestCode& exact, const quant::CodeSegments& seg,
+                                                  std::uint8_t* q) {
+  const __m512 bound_pos0 = _mm512_load_ps(seg.bounds(0)), bound_pos1 = _mm512_load_ps(seg.bounds(0) + 16);
+  const __m512 bound_neg0 = _mm512_load_ps(seg.bounds(1)), bound_neg1 = _mm512_load_ps(seg.bounds(1) + 16);
+  const __m512i first_pos0 = _mm512_load_si512(seg.firsts(0)), first_pos1 = _mm512_load_si512(seg.firsts(0) + 16);
+  const __m512i first_neg0 = _mm512_load_si512(seg.firsts(1)), first_neg1 = _mm512_load_si512(seg.firsts(1) + 16);
+  const __m512 slope = _mm512_load_ps(seg.slopes()), offset = _mm512_load_ps(seg.offsets());
+  const __m512 top = _mm512_load_ps(seg.tops());
+  const __m512i base = _mm512_load_si512(seg.bases());
+  const __m512i lowest = _mm512_set1_epi32(static_cast<int>(quant::CodeSegments::lowest_exponent));
+  const __m512 divisor = _mm512_set1_ps(absmax), zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  const __m512 near = _mm512_set1_ps(quant::CodeSegments::near);
+  std::size_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + j), divisor);  // correctly rounded, as quantize_block
+    const __m512i bits = _mm512_castps_si512(y);
+    // The bucket: sign, and the exponent from 2^-31 (below: the lowest) up.
+    const __m512i e = _mm512_and_si512(_mm512_maskz_srli_epi32(all, bits, 23), _mm512_set1_epi32(0xff));
+    const __m512i b = _mm512_sub_epi32(_mm512_maskz_max_epi32(all, e, lowest), lowest);
+    const __mmask16 negative = _mm512_movepi32_mask(bits);
+    const __m512 bound = _mm512_mask_blend_ps(negative, _mm512_permutex2var_ps(bound_pos0, b, bound_pos1),
+                                              _mm512_permutex2var_ps(bound_neg0, b, bound_neg1));
+    const __m512i first = _mm512_mask_blend_epi32(negative, _mm512_permutex2var_epi32(first_pos0, b, first_pos1),
+                                                  _mm512_permutex2var_epi32(first_neg0, b, first_neg1));
+    const __mmask16 above = _mm512_cmp_ps_mask(bound, y, _CMP_LT_OQ);
+    __mmask16 defer = _mm512_cmp_ps_mask(bound, y, _CMP_EQ_OQ);
+    const __m512i s = _mm512_mask_add_epi32(first, above, first, _mm512_set1_epi32(1));
+    // Within the segment: t = fma(y, slope, offset); floor(t) cut to its codes.
+    const __m512 last = _mm512_maskz_permutexvar_ps(all, s, top);
+    const __m512 t = _mm512_fmadd_ps(y, _mm512_maskz_permutexvar_ps(all, s, slope), _mm512_maskz_permutexvar_ps(all, s, offset));
+    const __m512 edge = _mm512_maskz_roundscale_ps(all, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 distance = _mm512_abs_ps(_mm512_sub_ps(t, edge));
+    defer |= _mm512_cmp_ps_mask(distance, near, _CMP_LT_OQ) & _mm512_cmp_ps_mask(edge, one, _CMP_GE_OQ) &
+             _mm512_cmp_ps_mask(edge, last, _CMP_LE_OQ);
+    const __m512 k = _mm512_maskz_min_ps(all, 
+        _mm512_maskz_max_ps(all, _mm512_maskz_roundscale_ps(all, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC), zero), last);
+    const __m512i index = _mm512_add_epi32(_mm512_maskz_cvttps_epi32(all, k), _mm512_maskz_permutexvar_epi32(all, s, base));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm512_maskz_cvtepi32_epi8(all, index));
+    if (defer != 0) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, y);
+      for (int l = 0; l < 16; ++l)
+        if ((defer >> l) & 1u) q[j + static_cast<std::size_t>(l)] = exact(lanes[l]);
+    }
+  }
+  for (; j < n; ++j) q[j] = exact(zero::math::div(x[j], absmax));
+}
+
+#undef ZERO_AVX512_CODES
+
+}  // namespace detail
+
+// out[i] = quant::dequantize(q[i], code, scale) for i < n.
+template <class Isa>
+ZERO_FORCE_INLINE void decode_codes(const std::uint8_t* q, std::size_t n, const float* code, float scale, float* out) {
+  if constexpr (std::is_same_v<Isa, Avx512>) {
+    detail::decode_codes_avx512(q, n, code, scale, out);
+  } else {
+    std::size_t i = 0;
+    if constexpr (Isa::width > 1) {
+      using P = Pack<Isa>;
+      const P s = broadcast<Isa>(scale);
+      for (; i + Isa::width <= n; i += Isa::width) {
+        typename Isa::U idx;
+        load_u8_widened<Isa>(idx, q + i);
+        P c;
+        Isa::gather(c.v, code, idx);
+        store(out + i, c * s);
+      }
+    }
+    for (; i < n; ++i) out[i] = zero::math::mul(code[q[i]], scale);
+  }
+}
+
+// q[j] = quant::quantize(x[j] / absmax, code) for j < n, where `exact` is
+// the code's NearestCode and `segments` its CodeSegments (null: a table
+// without their structure).
+template <class Isa>
+ZERO_FORCE_INLINE void encode_codes(const float* x, std::size_t n, float absmax, const quant::NearestCode& exact,
+                                    const quant::CodeSegments* segments, std::uint8_t* q) {
+  if constexpr (std::is_same_v<Isa, Avx512>) {
+    if (segments != nullptr) {
+      detail::encode_codes_avx512(x, n, absmax, exact, *segments, q);
+      return;
+    }
+  }
+  std::size_t j = 0;
+  if constexpr (Isa::width > 1) {
+    // The bucket of y, the count of midpoints below the bucket, then one
+    // comparison with the next midpoint (quant::NearestCode), by gathers.
+    using P = Pack<Isa>;
+    using U = typename Isa::U;
+    using F = typename Isa::F;
+    using NC = quant::NearestCode;
+    const F divisor = F{} + absmax;
+    for (; j + Isa::width <= n; j += Isa::width) {
+      const P v = load<Isa>(x + j);
+      const F y = v.v / divisor;  // correctly rounded, as quant::quantize_block
+      const U bits = (U)y;
+      const U key = (bits & 0x7fffffffu) >> (23 - NC::mantissa_bits);
+      U t = key > NC::bucket_base ? key - NC::bucket_base : U{};
+      t = t < NC::per_sign ? t : U{} + (NC::per_sign - 1);
+      t += (bits >> 31) * NC::per_sign;
+      U c;
+      Isa::gather_bytes(c, exact.counts(), t);
+      F m;
+      Isa::gather(m, exact.midpoints(), c);
+      const U up = (U)(y > m) | ((U)(y == m) & (U)((c & 1u) != 0));
+      store_u8_narrowed<Isa>(q + j, c + (up & 1u));
+    }
+  }
+  for (; j < n; ++j) q[j] = exact(zero::math::div(x[j], absmax));
+}
+
+}  // namespace zero::simd
+
+#endif  // ZERO_HOST_SIMD_X86
