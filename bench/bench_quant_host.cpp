@@ -23,6 +23,7 @@
 
 #include "bench_args.hpp"
 #include "zero/precision/convert.hpp"
+#include "zero/kernels/host_quantize.hpp"
 #include "zero/quant/symmetric.hpp"
 #include "zero/simd/code_lookup.hpp"
 #include "zero/simd/dispatch.hpp"

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "zero/backend/host.hpp"
+#include "zero/kernels/host_quantize.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/quant/symmetric.hpp"
 
@@ -199,4 +200,64 @@ TEST_CASE("pieces and the fp32 sum of payloads (qgZ's exchanges)", "[quant][qgz]
       CHECK(std::fabs(double(sum[i]) - (double(x[i]) + x[stride + i] + x[2 * stride + i])) <= bound);
     }
   }
+}
+
+namespace {
+
+// Every instruction set's loops (zero/kernels/host_quantize.hpp) write the
+// portable loop's bytes: codes, scales, residuals, values and sums.
+template <class T>
+void check_isas_agree(std::size_t n, const Format& f, bool feedback) {
+  INFO("n " << n << ", int" << f.bits << " blocks of " << f.block << ", " << zero::dtype_traits<T>::name
+            << (feedback ? ", error feedback" : ""));
+  auto x = random_values<T>(n, 7, 0.02f);
+  for (std::size_t i = 0; i < n; i += 97) x[i] = zero::from_float<T>(0.0f);  // zeros, and a block's extremes
+  if (n > 300) {
+    x[5] = zero::from_float<T>(std::nanf(""));                               // a NaN (skipped by the maximum)
+    for (std::size_t i = 256; i < std::min<std::size_t>(n, 300); ++i) x[i] = zero::from_float<T>(0.0f);
+  }
+  std::vector<float> start(n);
+  for (std::size_t i = 0; i < n; ++i) start[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 1e-4f;
+  struct Result {
+    std::vector<unsigned char> payload;
+    std::vector<float> residual, sum;
+    std::vector<T> back;
+  };
+  auto run = [&] {
+    Result r;
+    r.payload.assign(2 * f.payload_bytes(n), 0xEE);
+    r.residual = start;
+    float* residual = feedback ? r.residual.data() : nullptr;
+    zero::quant::host_quantize(x.data(), residual, n, f, r.payload.data());
+    zero::quant::host_quantize(x.data(), residual, n, f, r.payload.data() + f.payload_bytes(n));
+    r.back.resize(n);
+    zero::quant::host_dequantize(r.payload.data(), n, f, r.back.data());
+    r.sum.resize(n);
+    zero::quant::host_dequantize_sum(r.payload.data(), 2, f.payload_bytes(n), n, f, r.sum.data());
+    return r;
+  };
+  zero::simd::force_isa(zero::simd::IsaLevel::portable);
+  const Result portable = run();
+  for (const auto isa : zero::simd::supported_isas()) {
+    zero::simd::force_isa(isa);
+    INFO("isa " << zero::simd::isa_name(isa));
+    const Result r = run();
+    CHECK(r.payload == portable.payload);
+    CHECK(std::memcmp(r.residual.data(), portable.residual.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(r.back.data(), portable.back.data(), n * sizeof(T)) == 0);
+    CHECK(std::memcmp(r.sum.data(), portable.sum.data(), n * sizeof(float)) == 0);
+  }
+  zero::simd::force_isa(zero::simd::detect_isa_from_cpu());
+}
+
+}  // namespace
+
+TEST_CASE("every instruction set quantizes, dequantizes and sums as the portable loop", "[quant][qwz][qgz]") {
+  for (const std::size_t n : {std::size_t{1}, std::size_t{31}, std::size_t{256}, std::size_t{1000}, std::size_t{4133}})
+    for (const Format f : {Format{8, 256}, Format{4, 256}, Format{8, 40}, Format{4, 18}})
+      for (const bool feedback : {false, true}) {
+        check_isas_agree<zero::bf16>(n, f, feedback);
+        check_isas_agree<zero::fp16>(n, f, feedback);
+        check_isas_agree<float>(n, f, feedback);
+      }
 }

@@ -19,6 +19,7 @@
 #include "zero/backend/ops.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/kernels/host_convert.hpp"
+#include "zero/kernels/host_quantize.hpp"
 #include "zero/kernels/host_step.hpp"
 #include "zero/policies.hpp"
 #include "zero/precision/convert.hpp"

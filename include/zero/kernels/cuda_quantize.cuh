@@ -62,23 +62,11 @@ __global__ void __launch_bounds__(quantize_threads)
     const float inverse = quant::symmetric_inverse(absmax, levels);
     const float scale = quant::symmetric_scale(absmax, levels);
     if (f.bits == 8) {
-      for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const float y = quant::fed(xk, rk, i);
-        const std::int8_t q = quant::symmetric_code(y, inverse);
-        p.codes[i] = static_cast<std::uint8_t>(q);
-        if (rk != nullptr) rk[i] = y - quant::symmetric_value(q, scale);
-      }
+      for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+        quant::quantize_int8_at(xk, rk, i, inverse, scale, p.codes);
     } else {  // begin is even: one thread per byte of two codes
-      for (std::size_t i = begin + 2 * threadIdx.x; i < end; i += 2 * blockDim.x) {
-        const bool pair = i + 1 < end;
-        const float y0 = quant::fed(xk, rk, i), y1 = pair ? quant::fed(xk, rk, i + 1) : 0.0f;
-        const std::int8_t q0 = quant::symmetric_code(y0, inverse), q1 = quant::symmetric_code(y1, inverse);
-        p.codes[i / 2] = quant::pack_int4(q0, q1);
-        if (rk != nullptr) {
-          rk[i] = y0 - quant::symmetric_value(q0, scale);
-          if (pair) rk[i + 1] = y1 - quant::symmetric_value(q1, scale);
-        }
-      }
+      for (std::size_t i = begin + 2 * threadIdx.x; i < end; i += 2 * blockDim.x)
+        quant::quantize_int4_at(xk, rk, i, end, inverse, scale, p.codes);
     }
     if (threadIdx.x == 0) p.scales[b] = scale;
     __syncthreads();  // partial[] is reused by the next block

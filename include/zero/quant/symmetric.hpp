@@ -153,76 +153,32 @@ ZERO_HOST_DEVICE inline float fed(const T* x, const float* residual, std::size_t
   return residual != nullptr ? to_float(x[i]) + residual[i] : to_float(x[i]);
 }
 
-// Host loops over one payload. quantize: x[0, n) of a storage type (plus
-// residual[0, n), replaced by the new error, where it is not null) into the
-// payload. dequantize: back into out[0, n) as T (rounded to nearest even
-// from the fp32 value). dequantize_sum: out[0, n) = the sum of `count`
-// payloads of n elements, payload_stride bytes apart, added in fp32 in
-// their order (the CUDA kernel's order).
+// The work of every quantizer loop for one code: element i's int8 code
+// (and its residual), or the int4 byte of elements i and i + 1 (i even; the
+// odd one only where i + 1 < end, a missing one coded 0).
 template <class T>
-void host_quantize(const T* x, float* residual, std::size_t n, const Format& f, void* payload) {
-  const PayloadView p = PayloadView::at(payload, n, f);
-  const int levels = f.levels();
-  for (std::size_t b = 0; b * f.block < n; ++b) {
-    const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
-    std::int32_t largest = 0;
-    for (std::size_t i = begin; i < end; ++i) {
-      const std::int32_t m = magnitude_bits(fed(x, residual, i));
-      largest = m > largest ? m : largest;
-    }
-    const float absmax = magnitude_of(largest);
-    const float inverse = symmetric_inverse(absmax, levels);
-    const float scale = symmetric_scale(absmax, levels);
-    if (f.bits == 8) {
-      for (std::size_t i = begin; i < end; ++i) {
-        const float y = fed(x, residual, i);
-        const std::int8_t q = symmetric_code(y, inverse);
-        p.codes[i] = static_cast<std::uint8_t>(q);
-        if (residual != nullptr) residual[i] = y - symmetric_value(q, scale);
-      }
-    } else {  // begin is even: the block's bytes are its own
-      for (std::size_t i = begin; i < end; i += 2) {
-        const bool pair = i + 1 < end;
-        const float y0 = fed(x, residual, i), y1 = pair ? fed(x, residual, i + 1) : 0.0f;
-        const std::int8_t q0 = symmetric_code(y0, inverse), q1 = symmetric_code(y1, inverse);
-        p.codes[i / 2] = pack_int4(q0, q1);
-        if (residual != nullptr) {
-          residual[i] = y0 - symmetric_value(q0, scale);
-          if (pair) residual[i + 1] = y1 - symmetric_value(q1, scale);
-        }
-      }
-    }
-    p.scales[b] = scale;
-  }
+ZERO_HOST_DEVICE inline void quantize_int8_at(const T* x, float* residual, std::size_t i, float inverse, float scale,
+                                              std::uint8_t* codes) {
+  const float y = fed(x, residual, i);
+  const std::int8_t q = symmetric_code(y, inverse);
+  codes[i] = static_cast<std::uint8_t>(q);
+  if (residual != nullptr) residual[i] = y - symmetric_value(q, scale);
 }
 template <class T>
-void host_dequantize(const void* payload, std::size_t n, const Format& f, T* out) {
-  const ConstPayloadView p = ConstPayloadView::at(payload, n, f);
-  for (std::size_t b = 0; b * f.block < n; ++b) {
-    const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
-    const float scale = p.scales[b];
-    if (f.bits == 8) {
-      for (std::size_t i = begin; i < end; ++i)
-        out[i] = from_float<T>(symmetric_value(static_cast<std::int8_t>(p.codes[i]), scale));
-    } else {
-      for (std::size_t i = begin; i < end; ++i) out[i] = from_float<T>(symmetric_value(code_at(p.codes, i, 4), scale));
-    }
+ZERO_HOST_DEVICE inline void quantize_int4_at(const T* x, float* residual, std::size_t i, std::size_t end,
+                                              float inverse, float scale, std::uint8_t* codes) {
+  const bool pair = i + 1 < end;
+  const float y0 = fed(x, residual, i), y1 = pair ? fed(x, residual, i + 1) : 0.0f;
+  const std::int8_t q0 = symmetric_code(y0, inverse), q1 = symmetric_code(y1, inverse);
+  codes[i / 2] = pack_int4(q0, q1);
+  if (residual != nullptr) {
+    residual[i] = y0 - symmetric_value(q0, scale);
+    if (pair) residual[i + 1] = y1 - symmetric_value(q1, scale);
   }
 }
-inline void host_dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
-                                const Format& f, float* out) {
-  for (std::size_t k = 0; k < count; ++k) {
-    const ConstPayloadView p = ConstPayloadView::at(static_cast<const std::uint8_t*>(payloads) + k * payload_stride,
-                                                    n, f);
-    for (std::size_t b = 0; b * f.block < n; ++b) {
-      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
-      const float scale = p.scales[b];
-      for (std::size_t i = begin; i < end; ++i) {
-        const float v = symmetric_value(code_at(p.codes, i, f.bits), scale);
-        out[i] = k == 0 ? v : out[i] + v;
-      }
-    }
-  }
-}
+
+// The host loops over payloads (quant::host_quantize, host_dequantize,
+// host_dequantize_sum) are in zero/kernels/host_quantize.hpp, compiled per
+// instruction set.
 
 }  // namespace zero::quant

@@ -34,7 +34,6 @@ struct Avx512 {
   using F = float __attribute__((vector_size(64)));
   using U = std::uint32_t __attribute__((vector_size(64)));
   using H = std::uint16_t __attribute__((vector_size(32)));
-  using Q = std::uint8_t __attribute__((vector_size(16)));  // 8-bit codes
   __attribute__((target("avx512f"))) static inline void sqrt(F& x) {
 #if defined(__clang__)
     x = (F)_mm512_sqrt_ps((__m512)x);
@@ -75,6 +74,15 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
   }
+  // 16 bytes to 32-bit lanes (zero-extended), and back (each lane's low
+  // byte): one instruction each, which g++ 12 does not find for a generic
+  // __builtin_convertvector (it narrows lane by lane).
+  __attribute__((target("avx512f"))) static inline void widen_u8(U& r, const std::uint8_t* p) {
+    r = (U)_mm512_maskz_cvtepu8_epi32((__mmask16)-1, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  __attribute__((target("avx512f"))) static inline void narrow_u8(std::uint8_t* p, const U& u) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_maskz_cvtepi32_epi8((__mmask16)-1, (__m512i)u));
+  }
 };
 
 struct Avx2 {
@@ -83,7 +91,6 @@ struct Avx2 {
   using F = float __attribute__((vector_size(32)));
   using U = std::uint32_t __attribute__((vector_size(32)));
   using H = std::uint16_t __attribute__((vector_size(16)));
-  using Q = std::uint8_t __attribute__((vector_size(8)));  // 8-bit codes
   __attribute__((target("avx"))) static inline void sqrt(F& x) { x = (F)_mm256_sqrt_ps((__m256)x); }
   static inline void mul(F& r, const F& a, const F& b) {
 #if defined(__has_builtin) && __has_builtin(__builtin_assoc_barrier)
@@ -102,6 +109,18 @@ struct Avx2 {
   }
   __attribute__((target("avx2,fma"))) static inline void fma(F& r, const F& a, const F& b, const F& c) {
     r = (F)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+  }
+  // 8 bytes to 32-bit lanes, and back (see Avx512).
+  __attribute__((target("avx2"))) static inline void widen_u8(U& r, const std::uint8_t* p) {
+    r = (U)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  __attribute__((target("avx2"))) static inline void narrow_u8(std::uint8_t* p, const U& u) {
+    // Each 128-bit half's four low bytes to its first dword, then the two dwords side by side.
+    const __m256i low = _mm256_shuffle_epi8((__m256i)u, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                          -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1,
+                                                                          -1, -1, -1, -1, -1, -1, -1));
+    const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), both);
   }
 };
 
@@ -291,14 +310,11 @@ ZERO_FORCE_INLINE void store(fp16* p, const Pack<Isa>& x) {
 // W 8-bit codes, widened to 32-bit lanes, and back.
 template <class Isa>
 ZERO_FORCE_INLINE void load_u8_widened(typename Isa::U& out, const std::uint8_t* p) {
-  typename Isa::Q b;
-  std::memcpy(&b, p, sizeof b);
-  out = __builtin_convertvector(b, typename Isa::U);
+  Isa::widen_u8(out, p);
 }
 template <class Isa>
 ZERO_FORCE_INLINE void store_u8_narrowed(std::uint8_t* p, const typename Isa::U& u) {
-  const typename Isa::Q b = __builtin_convertvector(u, typename Isa::Q);
-  std::memcpy(p, &b, sizeof b);
+  Isa::narrow_u8(p, u);
 }
 
 // A remainder master (zero/precision/remainder.hpp): the fp32 values from

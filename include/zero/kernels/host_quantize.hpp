@@ -1,0 +1,310 @@
+// Why: ZeRO++'s payloads on the host (qwZ's int8 parameters, qgZ's int4
+// gradients, hpZ's int8 copy): the loops that quantize and dequantize them
+// ran at a tenth of their bytes' bandwidth for bf16 and a fortieth for fp16
+// (bench_quant_host, 2026-12-05), compiled for whatever the user's flags
+// allow (plain x86-64: SSE2, no F16C, so every fp16 value was converted in
+// software). Like the optimizer step they are bodies compiled once per
+// instruction set and chosen at run time (zero/simd/dispatch.hpp), on packs
+// of fp32 lanes with the library's exact conversions; the per-element
+// arithmetic is quant/symmetric.hpp's (the CUDA kernels' too), so every
+// instruction set writes the same bytes.
+#pragma once
+
+#include "zero/config.hpp"
+
+#if ZERO_HOST_SIMD_X86
+#include <immintrin.h>
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "zero/math.hpp"
+#include "zero/precision/convert.hpp"
+#include "zero/quant/symmetric.hpp"
+#include "zero/simd/dispatch.hpp"
+#include "zero/simd/pack.hpp"
+
+namespace zero::kernels::detail {
+
+#if ZERO_HOST_SIMD_X86
+// Signed 32-bit lanes of an instruction set's pack.
+template <class Isa>
+using SignedLanes = std::conditional_t<Isa::width == 16, std::int32_t __attribute__((vector_size(64))),
+                                       std::int32_t __attribute__((vector_size(32)))>;
+
+// symmetric_code and symmetric_value on a pack: the same IEEE operations
+// lane by lane (a product no compiler may contract, the NaN mask, two
+// additions), so the codes and residuals are the scalar loop's.
+template <class Isa>
+ZERO_FORCE_INLINE void symmetric_codes(const simd::Pack<Isa>& y, float inverse, SignedLanes<Isa>& q) {
+  using U = typename Isa::U;
+  const simd::Pack<Isa> t = y * simd::broadcast<Isa>(inverse);
+  const U bits = (U)t.v;
+  const U nan = (U)((bits & 0x7fffffffu) > 0x7f800000u);  // all ones for a NaN
+  const typename Isa::F kept = (typename Isa::F)(bits & ~nan);
+  constexpr float round = 12582912.0f;
+  const typename Isa::F r = (kept + round) - round;
+  q = __builtin_convertvector(r, SignedLanes<Isa>);
+}
+
+// W int4 codes (lanes of q, in [-8, 7]) packed into W / 2 bytes at p, two to
+// a byte, the even element's in the low nibble (quant::pack_int4).
+template <class Isa>
+ZERO_FORCE_INLINE void store_int4(std::uint8_t* p, const SignedLanes<Isa>& q) {
+  alignas(16) std::uint8_t bytes[16] = {};
+  simd::store_u8_narrowed<Isa>(bytes, (typename Isa::U)q);
+  // As 16-bit words: the even code in the low byte, the odd one in the high.
+  const __m128i w = _mm_load_si128(reinterpret_cast<const __m128i*>(bytes));
+  const __m128i packed = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0F)),
+                                      _mm_and_si128(_mm_srli_epi16(w, 4), _mm_set1_epi16(0xF0)));
+  alignas(16) std::uint8_t out[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(packed, packed));
+  std::memcpy(p, out, Isa::width / 2);
+}
+#endif
+
+// quant::host_quantize's body: per block, the largest magnitude, then codes
+// (and residuals). On packs the last partial pack of a block goes through
+// the same pack code, from and to zero-padded copies: g++ vectorises a
+// scalar tail with fused multiply-adds where the target has them, through
+// math::mul's barrier, which changed a residual's or a sum's last bit.
+template <class T>
+struct QuantizeBody {
+  template <class Isa>
+  static void run(const T* x, float* residual, std::size_t n, const quant::Format& f, void* payload) {
+#if ZERO_HOST_SIMD_X86
+    if constexpr (Isa::width > 1) {
+      packs<Isa>(x, residual, n, f, payload);
+      return;
+    }
+#endif
+    const quant::PayloadView p = quant::PayloadView::at(payload, n, f);
+    const int levels = f.levels();
+    for (std::size_t b = 0; b * f.block < n; ++b) {
+      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+      std::int32_t largest = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        const std::int32_t m = quant::magnitude_bits(quant::fed(x, residual, i));
+        largest = m > largest ? m : largest;
+      }
+      const float absmax = quant::magnitude_of(largest);
+      const float inverse = quant::symmetric_inverse(absmax, levels);
+      const float scale = quant::symmetric_scale(absmax, levels);
+      if (f.bits == 8) {
+        for (std::size_t i = begin; i < end; ++i) quant::quantize_int8_at(x, residual, i, inverse, scale, p.codes);
+      } else {  // begin is even: the block's bytes are its own
+        for (std::size_t i = begin; i < end; i += 2) quant::quantize_int4_at(x, residual, i, end, inverse, scale, p.codes);
+      }
+      p.scales[b] = scale;
+    }
+  }
+
+#if ZERO_HOST_SIMD_X86
+  template <class Isa>
+  static void packs(const T* x, float* residual, std::size_t n, const quant::Format& f, void* payload) {
+    using U = typename Isa::U;
+    constexpr int W = Isa::width;
+    const quant::PayloadView p = quant::PayloadView::at(payload, n, f);
+    const int levels = f.levels();
+    for (std::size_t b = 0; b * f.block < n; ++b) {
+      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+      const std::size_t whole = begin + (end - begin) / W * W, rest = end - whole;
+      // The partial pack, zero-padded (zeros change neither the maximum nor
+      // the codes kept).
+      T x_tail[W] = {};
+      float residual_tail[W] = {};
+      std::uint8_t codes_tail[W] = {};
+      for (std::size_t l = 0; l < rest; ++l) {
+        x_tail[l] = x[whole + l];
+        if (residual != nullptr) residual_tail[l] = residual[whole + l];
+      }
+      float* const tail_residual = residual != nullptr ? residual_tail : nullptr;
+      U most[2] = {};  // two chains of maxima, so each waits on half the loads
+      auto fold = [&](int c, const T* xs, const float* rs) {
+        const U m = (U)fed<Isa>(xs, rs).v & 0x7fffffffu;
+        const U kept = m & ~(U)(m > 0x7f800000u);  // a NaN is 0
+        most[c] = kept > most[c] ? kept : most[c];
+      };
+      std::size_t i = begin;
+      for (; i + 2 * W <= whole; i += 2 * W) {
+        fold(0, x + i, residual != nullptr ? residual + i : nullptr);
+        fold(1, x + i + W, residual != nullptr ? residual + i + W : nullptr);
+      }
+      if (i < whole) fold(0, x + i, residual != nullptr ? residual + i : nullptr);
+      if (rest != 0) fold(1, x_tail, tail_residual);
+      most[0] = most[1] > most[0] ? most[1] : most[0];
+      std::int32_t largest = 0;
+      for (int l = 0; l < W; ++l)
+        largest = static_cast<std::int32_t>(most[0][l]) > largest ? static_cast<std::int32_t>(most[0][l]) : largest;
+      const float absmax = quant::magnitude_of(largest);
+      const float inverse = quant::symmetric_inverse(absmax, levels);
+      const float scale = quant::symmetric_scale(absmax, levels);
+      // Codes (int4: W codes in W / 2 bytes; packs start even) and residuals.
+      auto code = [&](const T* xs, float* rs, std::uint8_t* codes) {
+        const simd::Pack<Isa> y = fed<Isa>(xs, rs);
+        SignedLanes<Isa> q;
+        symmetric_codes<Isa>(y, inverse, q);
+        if (f.bits == 8)
+          simd::store_u8_narrowed<Isa>(codes, (U)q);
+        else
+          store_int4<Isa>(codes, q);
+        if (rs != nullptr) {
+          const simd::Pack<Isa> value{__builtin_convertvector(q, typename Isa::F)};
+          simd::store(rs, y - value * simd::broadcast<Isa>(scale));
+        }
+      };
+      for (i = begin; i < whole; i += W)
+        code(x + i, residual != nullptr ? residual + i : nullptr, p.codes + (f.bits == 8 ? i : i / 2));
+      if (rest != 0) {
+        code(x_tail, tail_residual, codes_tail);
+        std::memcpy(p.codes + (f.bits == 8 ? whole : whole / 2), codes_tail, f.bits == 8 ? rest : (rest + 1) / 2);
+        if (residual != nullptr) std::memcpy(residual + whole, residual_tail, rest * sizeof(float));
+      }
+      p.scales[b] = scale;
+    }
+  }
+
+  // quant::fed on a pack: x, plus the residual where there is one.
+  template <class Isa>
+  static ZERO_FORCE_INLINE simd::Pack<Isa> fed(const T* x, const float* residual) {
+    const simd::Pack<Isa> v = simd::load<Isa>(x);
+    return residual != nullptr ? v + simd::load<Isa>(residual) : v;
+  }
+#endif
+};
+
+#if ZERO_HOST_SIMD_X86
+// The values of W codes from element i of a payload (int4: i even).
+template <class Isa>
+ZERO_FORCE_INLINE simd::Pack<Isa> code_values(const std::uint8_t* codes, std::size_t i, int bits, float scale) {
+  using U = typename Isa::U;
+  U u;
+  if (bits == 8) {
+    simd::load_u8_widened<Isa>(u, codes + i);
+  } else {
+    // Each code in a byte's top four bits, in element order: the packed
+    // bytes' low nibbles shifted up, interleaved with their high nibbles.
+    std::uint64_t packed = 0;
+    std::memcpy(&packed, codes + i / 2, Isa::width / 2);
+    const __m128i v = _mm_cvtsi64_si128(static_cast<long long>(packed)), top = _mm_set1_epi8(static_cast<char>(0xF0));
+    alignas(16) std::uint8_t nibbles[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(nibbles),
+                    _mm_unpacklo_epi8(_mm_and_si128(_mm_slli_epi16(v, 4), top), _mm_and_si128(v, top)));
+    simd::load_u8_widened<Isa>(u, nibbles);
+  }
+  // Sign-extended: the byte's value (int8), or its top nibble's (int4).
+  u = (U)((SignedLanes<Isa>)(u << 24) >> (bits == 8 ? 24 : 28));
+  const simd::Pack<Isa> q{__builtin_convertvector((SignedLanes<Isa>)u, typename Isa::F)};
+  return q * simd::broadcast<Isa>(scale);
+}
+
+// Each block's whole packs of codes, then its partial pack from a
+// zero-padded copy of its codes: visit(values, first element, count).
+template <class Isa, class Visit>
+ZERO_FORCE_INLINE void each_pack_of_values(const quant::ConstPayloadView& p, std::size_t n, const quant::Format& f,
+                                           Visit&& visit) {
+  constexpr int W = Isa::width;
+  for (std::size_t b = 0; b * f.block < n; ++b) {
+    const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+    const std::size_t whole = begin + (end - begin) / W * W, rest = end - whole;
+    const float scale = p.scales[b];
+    for (std::size_t i = begin; i < whole; i += W) visit(code_values<Isa>(p.codes, i, f.bits, scale), i, std::size_t{W});
+    if (rest != 0) {
+      std::uint8_t codes[W] = {};
+      std::memcpy(codes, p.codes + (f.bits == 8 ? whole : whole / 2), f.bits == 8 ? rest : (rest + 1) / 2);
+      visit(code_values<Isa>(codes, 0, f.bits, scale), whole, rest);
+    }
+  }
+}
+#endif
+
+template <class T>
+struct DequantizeBody {
+  template <class Isa>
+  static void run(const void* payload, std::size_t n, const quant::Format& f, T* out) {
+    const quant::ConstPayloadView p = quant::ConstPayloadView::at(payload, n, f);
+#if ZERO_HOST_SIMD_X86
+    if constexpr (Isa::width > 1) {
+      each_pack_of_values<Isa>(p, n, f, [&](const simd::Pack<Isa>& v, std::size_t i, std::size_t count) {
+        if (count == Isa::width) {
+          simd::store(out + i, v);
+          return;
+        }
+        T tail[Isa::width];
+        simd::store(tail, v);
+        std::memcpy(out + i, tail, count * sizeof(T));
+      });
+      return;
+    }
+#endif
+    for (std::size_t b = 0; b * f.block < n; ++b) {
+      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+      for (std::size_t i = begin; i < end; ++i)
+        out[i] = from_float<T>(quant::symmetric_value(quant::code_at(p.codes, i, f.bits), p.scales[b]));
+    }
+  }
+};
+
+struct DequantizeSumBody {
+  template <class Isa>
+  static void run(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                  const quant::Format& f, float* out) {
+    for (std::size_t k = 0; k < count; ++k) {
+      const quant::ConstPayloadView p =
+          quant::ConstPayloadView::at(static_cast<const std::uint8_t*>(payloads) + k * payload_stride, n, f);
+#if ZERO_HOST_SIMD_X86
+      if constexpr (Isa::width > 1) {
+        each_pack_of_values<Isa>(p, n, f, [&](const simd::Pack<Isa>& v, std::size_t i, std::size_t elements) {
+          if (elements == Isa::width) {
+            simd::store(out + i, k == 0 ? v : simd::load<Isa>(out + i) + v);
+            return;
+          }
+          float sum[Isa::width] = {};
+          if (k != 0) std::memcpy(sum, out + i, elements * sizeof(float));
+          simd::store(sum, k == 0 ? v : simd::load<Isa>(sum) + v);
+          std::memcpy(out + i, sum, elements * sizeof(float));
+        });
+        continue;
+      }
+#endif
+      for (std::size_t b = 0; b * f.block < n; ++b) {
+        const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+        for (std::size_t i = begin; i < end; ++i) {
+          const float v = quant::symmetric_value(quant::code_at(p.codes, i, f.bits), p.scales[b]);
+          out[i] = k == 0 ? v : out[i] + v;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace zero::kernels::detail
+
+namespace zero::quant {
+
+// Host loops over one payload, on the instruction set simd::active_isa()
+// names, one thread (the engine calls them per piece). quantize: x[0, n) of
+// a storage type (plus residual[0, n), replaced by the new error, where it
+// is not null) into the payload. dequantize: back into out[0, n) as T
+// (rounded to nearest even from the fp32 value). dequantize_sum: out[0, n)
+// = the sum of `count` payloads of n elements, payload_stride bytes apart,
+// added in fp32 in their order (the CUDA kernel's order).
+template <class T>
+void host_quantize(const T* x, float* residual, std::size_t n, const Format& f, void* payload) {
+  simd::dispatch<kernels::detail::QuantizeBody<T>>(simd::active_isa(), x, residual, n, f, payload);
+}
+
+template <class T>
+void host_dequantize(const void* payload, std::size_t n, const Format& f, T* out) {
+  simd::dispatch<kernels::detail::DequantizeBody<T>>(simd::active_isa(), payload, n, f, out);
+}
+
+inline void host_dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                                const Format& f, float* out) {
+  simd::dispatch<kernels::detail::DequantizeSumBody>(simd::active_isa(), payloads, count, payload_stride, n, f, out);
+}
+
+}  // namespace zero::quant
