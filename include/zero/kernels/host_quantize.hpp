@@ -35,9 +35,9 @@ template <class Isa>
 using SignedLanes = std::conditional_t<Isa::width == 16, std::int32_t __attribute__((vector_size(64))),
                                        std::int32_t __attribute__((vector_size(32)))>;
 
-// symmetric_code and symmetric_value on a pack: the same IEEE operations
-// lane by lane (a product no compiler may contract, the NaN mask, two
-// additions), so the codes and residuals are the scalar loop's.
+// quant::symmetric_code on a pack: the same IEEE operations lane by lane (a
+// product no compiler may contract, the NaN mask, the two rounding
+// additions), so the codes are the scalar loop's.
 template <class Isa>
 ZERO_FORCE_INLINE void symmetric_codes(const simd::Pack<Isa>& y, float inverse, SignedLanes<Isa>& q) {
   using U = typename Isa::U;
