@@ -264,13 +264,15 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     s.gather_slots = gather_arena_elements(layout, s.gather_slot_count);
     std::size_t largest_part = 0;  // bytes, with hpz_int8
     for (const auto& u : layout.units()) {
-      const std::size_t part = options.hpz ? hpz_part(u.padded, spec.ranks_per_node, layout.ranks()) : 0;
-      if (options.hpz && !options.hpz_int8) s.hpz_secondary += part;
-      if (options.hpz && options.hpz_int8) {
-        const std::size_t bytes = hpz_int8_part_bytes(part, u.shard, options.qwz_block, options.qwz);
-        s.hpz_int8_secondary += bytes;
-        largest_part = std::max(largest_part, bytes);
+      if (!options.hpz) break;
+      const std::size_t part = hpz_part(u.padded, spec.ranks_per_node, layout.ranks());
+      if (!options.hpz_int8) {
+        s.hpz_secondary += part;
+        continue;
       }
+      const std::size_t bytes = hpz_int8_part_bytes(part, u.shard, options.qwz_block, options.qwz);
+      s.hpz_int8_secondary += bytes;
+      largest_part = std::max(largest_part, bytes);
     }
     if (options.hpz && options.hpz_int8)
       s.hpz_int8_staging =

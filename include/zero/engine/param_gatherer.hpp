@@ -179,7 +179,7 @@ class ParamGatherer {
                                        : static_cast<std::size_t>(node_->size());
         const std::size_t payload = format.payload_bytes(piece);
         node_->all_gather(secondary_int8_.data() + secondary_offset_[unit], node_payloads_.data(),
-                          payload * pieces / static_cast<std::size_t>(node_->size()), DType::u8, false);
+                          hpz_int8_part_bytes(part, u.shard, hpz_block_, qwz), DType::u8, false);
         Ops::dequantize(node_payloads_.data(), quant::Pieces{pieces, piece, piece, payload}, format, dst);
         return;
       }
@@ -208,10 +208,9 @@ class ParamGatherer {
       const T* mine = dst + static_cast<std::size_t>(node_->rank()) * part;
       if (hpz_block_ != 0 && qwz_block_ != 0) {
         // The payloads of this rank's part's shards, as forward's gather moved them.
-        const std::size_t payload = quant::Format{8, qwz_block_}.payload_bytes(u.shard);
-        const std::size_t shards = part / u.shard;
+        const std::size_t bytes = hpz_int8_part_bytes(part, u.shard, qwz_block_, true);
         Ops::copy(secondary_int8_.data() + secondary_offset_[unit],
-                  payloads_.data() + static_cast<std::size_t>(node_->rank()) * shards * payload, shards * payload);
+                  payloads_.data() + static_cast<std::size_t>(node_->rank()) * bytes, bytes);
       } else if (hpz_block_ != 0) {
         const quant::Format format{8, hpz_block_};
         Ops::quantize(mine, nullptr, quant::Pieces::one(part, format), format,

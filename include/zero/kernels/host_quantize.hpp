@@ -96,7 +96,8 @@ struct QuantizeBody {
       if (f.bits == 8) {
         for (std::size_t i = begin; i < end; ++i) quant::quantize_int8_at(x, residual, i, inverse, scale, p.codes);
       } else {  // begin is even: the block's bytes are its own
-        for (std::size_t i = begin; i < end; i += 2) quant::quantize_int4_at(x, residual, i, end, inverse, scale, p.codes);
+        for (std::size_t i = begin; i < end; i += 2)
+          quant::quantize_int4_at(x, residual, i, end, inverse, scale, p.codes);
       }
       p.scales[b] = scale;
     }
@@ -211,7 +212,8 @@ ZERO_FORCE_INLINE void each_pack_of_values(const quant::ConstPayloadView& p, std
     const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
     const std::size_t whole = begin + (end - begin) / W * W, rest = end - whole;
     const float scale = p.scales[b];
-    for (std::size_t i = begin; i < whole; i += W) visit(code_values<Isa>(p.codes, i, f.bits, scale), i, std::size_t{W});
+    for (std::size_t i = begin; i < whole; i += W)
+      visit(code_values<Isa>(p.codes, i, f.bits, scale), i, std::size_t{W});
     if (rest != 0) {
       std::uint8_t codes[W] = {};
       std::memcpy(codes, p.codes + (f.bits == 8 ? whole : whole / 2), f.bits == 8 ? rest : (rest + 1) / 2);

@@ -46,7 +46,9 @@ ZERO_AVX512_CODES inline void decode_codes_avx512(const std::uint8_t* q, std::si
   const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64), bit7 = _mm512_set1_epi32(128);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i idx = _mm512_maskz_cvtepu8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    Avx512::U codes;
+    Avx512::widen_u8(codes, q + i);
+    const __m512i idx = (__m512i)codes;
     // Entries 32p .. 32p + 31 by the index's low 5 bits, then bits 5, 6, 7 choose.
     const __mmask16 b5 = _mm512_test_epi32_mask(idx, bit5), b6 = _mm512_test_epi32_mask(idx, bit6),
                     b7 = _mm512_test_epi32_mask(idx, bit7);
@@ -97,15 +99,17 @@ ZERO_AVX512_CODES inline void encode_codes_avx512(const float* x, std::size_t n,
     const __m512i s = _mm512_mask_add_epi32(first, above, first, _mm512_set1_epi32(1));
     // Within the segment: t = fma(y, slope, offset); floor(t) cut to its codes.
     const __m512 last = _mm512_maskz_permutexvar_ps(all, s, top);
-    const __m512 t = _mm512_fmadd_ps(y, _mm512_maskz_permutexvar_ps(all, s, slope), _mm512_maskz_permutexvar_ps(all, s, offset));
+    const __m512 t =
+        _mm512_fmadd_ps(y, _mm512_maskz_permutexvar_ps(all, s, slope), _mm512_maskz_permutexvar_ps(all, s, offset));
     const __m512 edge = _mm512_maskz_roundscale_ps(all, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 distance = _mm512_abs_ps(_mm512_sub_ps(t, edge));
     defer |= _mm512_cmp_ps_mask(distance, near, _CMP_LT_OQ) & _mm512_cmp_ps_mask(edge, one, _CMP_GE_OQ) &
              _mm512_cmp_ps_mask(edge, last, _CMP_LE_OQ);
-    const __m512 k = _mm512_maskz_min_ps(all, 
-        _mm512_maskz_max_ps(all, _mm512_maskz_roundscale_ps(all, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC), zero), last);
-    const __m512i index = _mm512_add_epi32(_mm512_maskz_cvttps_epi32(all, k), _mm512_maskz_permutexvar_epi32(all, s, base));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm512_maskz_cvtepi32_epi8(all, index));
+    const __m512 floor = _mm512_maskz_roundscale_ps(all, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 k = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, floor, zero), last);
+    const __m512i index =
+        _mm512_add_epi32(_mm512_maskz_cvttps_epi32(all, k), _mm512_maskz_permutexvar_epi32(all, s, base));
+    Avx512::narrow_u8(q + j, (Avx512::U)index);
     if (defer != 0) {
       alignas(64) float lanes[16];
       _mm512_store_ps(lanes, y);
