@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(quantize_threads)
     const T* xk = x + k * pieces.stride;
     float* rk = residual != nullptr ? residual + k * pieces.stride : nullptr;
     const quant::PayloadView p = quant::PayloadView::at(payload + k * pieces.payload_stride, n, f);
-    const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+    const std::size_t begin = b * f.block, end = f.block_end(b, n);
     std::int32_t largest = 0;
     for (std::size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       const std::int32_t m = quant::magnitude_bits(quant::fed(xk, rk, i));

@@ -83,8 +83,8 @@ struct QuantizeBody {
 #endif
     const quant::PayloadView p = quant::PayloadView::at(payload, n, f);
     const int levels = f.levels();
-    for (std::size_t b = 0; b * f.block < n; ++b) {
-      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+    for (std::size_t b = 0; b < f.blocks(n); ++b) {
+      const std::size_t begin = b * f.block, end = f.block_end(b, n);
       std::int32_t largest = 0;
       for (std::size_t i = begin; i < end; ++i) {
         const std::int32_t m = quant::magnitude_bits(quant::fed(x, residual, i));
@@ -110,8 +110,8 @@ struct QuantizeBody {
     constexpr int W = Isa::width;
     const quant::PayloadView p = quant::PayloadView::at(payload, n, f);
     const int levels = f.levels();
-    for (std::size_t b = 0; b * f.block < n; ++b) {
-      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+    for (std::size_t b = 0; b < f.blocks(n); ++b) {
+      const std::size_t begin = b * f.block, end = f.block_end(b, n);
       const std::size_t whole = begin + (end - begin) / W * W, rest = end - whole;
       // The partial pack, zero-padded (zeros change neither the maximum nor
       // the codes kept).
@@ -208,8 +208,8 @@ template <class Isa, class Visit>
 ZERO_FORCE_INLINE void each_pack_of_values(const quant::ConstPayloadView& p, std::size_t n, const quant::Format& f,
                                            Visit&& visit) {
   constexpr int W = Isa::width;
-  for (std::size_t b = 0; b * f.block < n; ++b) {
-    const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+  for (std::size_t b = 0; b < f.blocks(n); ++b) {
+    const std::size_t begin = b * f.block, end = f.block_end(b, n);
     const std::size_t whole = begin + (end - begin) / W * W, rest = end - whole;
     const float scale = p.scales[b];
     for (std::size_t i = begin; i < whole; i += W)
@@ -242,8 +242,8 @@ struct DequantizeBody {
       return;
     }
 #endif
-    for (std::size_t b = 0; b * f.block < n; ++b) {
-      const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+    for (std::size_t b = 0; b < f.blocks(n); ++b) {
+      const std::size_t begin = b * f.block, end = f.block_end(b, n);
       for (std::size_t i = begin; i < end; ++i)
         out[i] = from_float<T>(quant::symmetric_value(quant::code_at(p.codes, i, f.bits), p.scales[b]));
     }
@@ -272,8 +272,8 @@ struct DequantizeSumBody {
         continue;
       }
 #endif
-      for (std::size_t b = 0; b * f.block < n; ++b) {
-        const std::size_t begin = b * f.block, end = begin + f.block < n ? begin + f.block : n;
+      for (std::size_t b = 0; b < f.blocks(n); ++b) {
+        const std::size_t begin = b * f.block, end = f.block_end(b, n);
         for (std::size_t i = begin; i < end; ++i) {
           const float v = quant::symmetric_value(quant::code_at(p.codes, i, f.bits), p.scales[b]);
           out[i] = k == 0 ? v : out[i] + v;

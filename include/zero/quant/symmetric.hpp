@@ -52,6 +52,10 @@ struct Format {
   // The largest code.
   ZERO_HOST_DEVICE constexpr int levels() const { return bits == 4 ? 7 : 127; }
   ZERO_HOST_DEVICE constexpr std::size_t blocks(std::size_t n) const { return symmetric_blocks(n, block); }
+  // Block b of n elements is [b * block, block_end(b, n)): the last may be short.
+  ZERO_HOST_DEVICE constexpr std::size_t block_end(std::size_t b, std::size_t n) const {
+    return (b + 1) * block < n ? (b + 1) * block : n;
+  }
   // Bytes of the codes (padded so the scales after them are 4-byte aligned).
   ZERO_HOST_DEVICE constexpr std::size_t code_bytes(std::size_t n) const {
     return ((bits == 4 ? (n + 1) / 2 : n) + 3) / 4 * 4;
