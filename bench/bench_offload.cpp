@@ -38,8 +38,10 @@
 //   bench_offload [--part disk|cpu|all] [--dir DIR] [--n PARAMS] [--units U] [--window B] [--block B]
 //                 [--depth D] [--reps R] [--json] [--lean]
 //
-// --lean: the disk part again with a remainder master and bf16 states (6
-// bytes per element on disk instead of 12), and the two steps' ratio.
+// --lean: the disk part also with a remainder master and bf16 states (6
+// bytes per element on disk instead of 12) and with a remainder master and
+// 8-bit block-wise states (4 bytes), each format's repetitions interleaved
+// with today's, and each lean step's speed-up over today's formats.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -74,8 +76,8 @@ struct Options {
   unsigned depth = zero::NvmeOptions{}.queue_depth;
   int reps = 3;
   bool json = false;
-  // --lean: the disk part also with a remainder master and bf16 states
-  // (docs/lean-states.md), timed after today's formats in the same run.
+  // --lean: the disk part also with a remainder master and bf16, and 8-bit
+  // states (docs/lean-states.md), interleaved with today's formats.
   bool lean = false;
 };
 
@@ -83,7 +85,10 @@ struct Options {
 struct Formats {
   zero::MasterWeights master = zero::MasterWeights::fp32;
   zero::StateFormat states = zero::StateFormat::fp32;
-  const char* name() const { return master == zero::MasterWeights::fp32 ? "fp32 master and states" : "remainder master, bf16 states"; }
+  const char* name() const {
+    if (master == zero::MasterWeights::fp32) return "fp32 master and states";
+    return states == zero::StateFormat::blockwise8 ? "remainder master, 8-bit states" : "remainder master, bf16 states";
+  }
 };
 
 // One rank's model of `units` equal units of one parameter each, driven as a
@@ -129,6 +134,7 @@ class Model {
   }
 
   zero::MemoryReport memory() const { return opt_.memory_report(); }
+  const zero::Layout& layout() const { return opt_.layout(); }
 
  private:
   Opt opt_;
@@ -166,56 +172,75 @@ void print_mib_line(const char* label, double bytes) { std::printf("  %-34s %10.
 
 // ---- disk ------------------------------------------------------------------
 
-// Returns the disk step's seconds.
-double bench_disk_tier(const Options& o, const Formats& formats) {
+// One format's disk step, its in-memory twin and the probe of its bytes.
+struct DiskCase {
   using Disk = zero::ZeroOptimizer<Precision, Optimizer, zero::stage<1>, zero::offload::Nvme, zero::backend::Host>;
   using Memory = zero::ZeroOptimizer<Precision, Optimizer, zero::stage<1>, zero::offload::None, zero::backend::Host>;
-  zero::Options options, in_memory;
-  in_memory.master = options.master = formats.master;
-  in_memory.states = options.states = formats.states;
-  options.nvme.directory = o.dir;
-  options.nvme.window_bytes = o.window;
-  options.nvme.block_bytes = o.block;
-  options.nvme.queue_depth = o.depth;
-  double result = 0;
-  on_one_rank([&](zero::comm::Local& comm) {
-    Model<Disk> disk(comm, o, options);
-    Model<Memory> memory(comm, o, in_memory);
-    const zero::MemoryReport report = disk.memory();
-    const std::uint64_t state = report.placed.master.disk + report.placed.optimizer_states.disk;
+
+  Formats formats;
+  std::unique_ptr<Model<Disk>> disk;
+  std::unique_ptr<Model<Memory>> memory;
+  std::uint64_t state = 0;  // master + state on disk
+  std::size_t chunk = 0, moved = 0;
+  zero::offload::AlignedBuffer<unsigned char> src, dst;
+  double t_disk = 1e300, t_memory = 1e300, t_probe = 1e300, t_mixed = 1e300, t_hash = 1e300, cpu_disk = 0;
+  zero::bench::ProbeRates best{};
+
+  DiskCase(zero::comm::Local& comm, const Options& o, const Formats& f) : formats(f) {
+    zero::Options options, in_memory;
+    in_memory.master = options.master = formats.master;
+    in_memory.states = options.states = formats.states;
+    options.nvme.directory = o.dir;
+    options.nvme.window_bytes = o.window;
+    options.nvme.block_bytes = o.block;
+    options.nvme.queue_depth = o.depth;
+    disk = std::make_unique<Model<Disk>>(comm, o, options);
+    memory = std::make_unique<Model<Memory>>(comm, o, in_memory);
+    const zero::MemoryReport report = disk->memory();
+    state = report.placed.master.disk + report.placed.optimizer_states.disk;
     // The swap file holds whole records of chunk elements; each step reads
-    // and writes every record once.
+    // and writes every record once (8-bit states: chunks end before a block
+    // they would cut, so there may be more of them).
     const std::size_t mb = zero::master_element_bytes(formats.master);
     const std::size_t sb = zero::state_element_bytes(formats.states);
     const std::size_t owned = report.placed.master.disk / mb;
-    const std::size_t chunk = zero::offload::disk_chunk_elements(o.window, Optimizer::state_slots, owned, mb, sb);
-    const std::size_t moved =
-        (owned + chunk - 1) / chunk * chunk * zero::offload::disk_record_element_bytes(Optimizer::state_slots, mb, sb);
-    zero::offload::AlignedBuffer<unsigned char> src(moved), dst(moved);
+    chunk = zero::offload::disk_chunk_elements(o.window, Optimizer::state_slots, owned, mb, sb);
+    const zero::StateBlocks blocks =
+        zero::StateBlocks::build(zero::Ownership{zero::stage_plan(1), 0, &disk->layout()}, options.state_block,
+                                 options.state_fp32_below);
+    const std::size_t records =
+        formats.states == zero::StateFormat::blockwise8
+            ? zero::offload::disk_chunk_starts(chunk, owned, [&](std::size_t e) {
+                return blocks.piece_start_at_or_before(e);
+              }).size() - 1
+            : zero::offload::disk_chunk_starts(chunk, owned).size() - 1;
+    moved = zero::offload::disk_records_bytes(records, chunk, Optimizer::state_slots, mb, sb);
+    src = zero::offload::AlignedBuffer<unsigned char>(moved);
+    dst = zero::offload::AlignedBuffer<unsigned char>(moved);
     zero::bench::fill_incompressible(src.data(), moved);
+    disk->step();  // warm-up: page faults, the first read of the swap file
+    memory->step();
+  }
 
-    disk.step();  // warm-up: page faults, the first read of the swap file
-    memory.step();
-    double t_disk = 1e300, t_memory = 1e300, t_probe = 1e300, t_mixed = 1e300, t_hash = 1e300, cpu_disk = 0;
-    zero::bench::ProbeRates best{};
-    std::uint64_t sink = 0;
-    for (int r = 0; r < o.reps; ++r) {
-      const zero::bench::ProbeRates rates = zero::bench::probe_disk(o.dir, src.data(), dst.data(), moved, o.block, o.depth);
-      if (rates.seconds(moved) < t_probe) t_probe = rates.seconds(moved), best = rates;
-      t_mixed = std::min(t_mixed, rates.mixed_seconds(moved));
-      const double cpu0 = cpu_seconds();
-      const double t = disk.step();
-      if (t < t_disk) t_disk = t, cpu_disk = cpu_seconds() - cpu0;
-      t_memory = std::min(t_memory, memory.step());
-      t_hash = std::min(t_hash, checksum_seconds(src.data(), moved, sink));
-    }
-    if (sink == 42) std::fprintf(stderr, " ");
+  // One repetition of every measurement, the fastest kept.
+  void rep(const Options& o, std::uint64_t& sink) {
+    const zero::bench::ProbeRates rates = zero::bench::probe_disk(o.dir, src.data(), dst.data(), moved, o.block, o.depth);
+    if (rates.seconds(moved) < t_probe) t_probe = rates.seconds(moved), best = rates;
+    t_mixed = std::min(t_mixed, rates.mixed_seconds(moved));
+    const double cpu0 = cpu_seconds();
+    const double t = disk->step();
+    if (t < t_disk) t_disk = t, cpu_disk = cpu_seconds() - cpu0;
+    t_memory = std::min(t_memory, memory->step());
+    t_hash = std::min(t_hash, checksum_seconds(src.data(), moved, sink));
+  }
+
+  void print(const Options& o) const {
     const double gbs = 2.0 * static_cast<double>(moved) / t_disk / 1e9;
     const double ratio = t_probe / t_disk;
     const double ratio_mixed = t_mixed / t_disk;  // the probe moving the step's bytes as the step does
     const double overlap = std::max(t_probe, t_memory) / t_disk;
     const double no_overlap = std::max(t_probe, t_memory) / (t_probe + t_memory);
-    result = t_disk;
+    const char* wait_policy = std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "";
     if (o.json) {
       std::printf("{\"bench\":\"offload_disk\",\"formats\":\"%s\",\"n\":%zu,\"units\":%d,\"window_bytes\":%zu,\"chunk_elements\":%zu,"
                   "\"state_bytes\":%llu,\"moved_bytes_per_step\":%zu,\"block_bytes\":%zu,\"queue_depth\":%u,"
@@ -224,32 +249,50 @@ double bench_disk_tier(const Options& o, const Formats& formats) {
                   "\"overlap_if_serial\":%.4f,\"checksum_seconds\":%.6f,\"step_cpu_seconds\":%.6f,"
                   "\"probe_mixed_seconds\":%.6f,\"ratio_to_mixed_probe\":%.4f,\"omp_wait_policy\":\"%s\"}\n",
                   formats.name(), o.n, o.units, o.window, chunk, static_cast<unsigned long long>(state), 2 * moved,
-                  o.block, o.depth,
-                  t_disk, gbs, t_probe, best.write, best.read, t_memory, ratio, overlap, no_overlap, t_hash, cpu_disk,
-                  t_mixed, ratio_mixed, std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "");
-    } else {
-      std::printf("offload::Nvme step (AdamW, bf16 mixed, %s, stage 1, 1 rank, %zu params in %d units, %s), fastest "
-                  "of %d, OMP_WAIT_POLICY=%s\n",
-                  formats.name(), o.n, o.units, o.dir.c_str(), o.reps,
-                  std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
-      print_mib_line("master + state on disk", static_cast<double>(state));
-      print_mib_line("host window", static_cast<double>(o.window));
-      print_mib_line("moved per step (read + write)", 2.0 * static_cast<double>(moved));
-      std::printf("  disk step                          %10.1f ms  %.3f GB/s moved\n", t_disk * 1e3, gbs);
-      std::printf("  probe (write + read, %zu KiB x %u) %7.1f ms  (%.3f / %.3f GB/s)\n", o.block >> 10, o.depth,
-                  t_probe * 1e3, best.write, best.read);
-      std::printf("  probe (read and write at once)     %10.1f ms  (%.3f GB/s moved)\n", t_mixed * 1e3,
-                  2.0 * static_cast<double>(moved) / t_mixed / 1e9);
-      std::printf("  same step, state in memory         %10.1f ms\n", t_memory * 1e3);
-      std::printf("  checksums of what it moves         %10.1f ms\n", t_hash * 1e3);
-      std::printf("  CPU time of the disk step          %10.1f ms (all threads)\n", cpu_disk * 1e3);
-      std::printf("  ratio to probe %.3f, to the probe reading and writing at once %.3f (goal >= 0.8)\n", ratio,
-                  ratio_mixed);
-      std::printf("  overlap %.3f (1: update and I/O fully overlap; %.3f: none)\n", overlap, no_overlap);
+                  o.block, o.depth, t_disk, gbs, t_probe, best.write, best.read, t_memory, ratio, overlap, no_overlap,
+                  t_hash, cpu_disk, t_mixed, ratio_mixed, wait_policy);
+      return;
+    }
+    std::printf("offload::Nvme step (AdamW, bf16 mixed, %s, stage 1, 1 rank, %zu params in %d units, %s), fastest "
+                "of %d, OMP_WAIT_POLICY=%s\n",
+                formats.name(), o.n, o.units, o.dir.c_str(), o.reps, *wait_policy ? wait_policy : "(unset)");
+    print_mib_line("master + state on disk", static_cast<double>(state));
+    print_mib_line("host window", static_cast<double>(o.window));
+    print_mib_line("moved per step (read + write)", 2.0 * static_cast<double>(moved));
+    std::printf("  disk step                          %10.1f ms  %.3f GB/s moved\n", t_disk * 1e3, gbs);
+    std::printf("  probe (write + read, %zu KiB x %u) %7.1f ms  (%.3f / %.3f GB/s)\n", o.block >> 10, o.depth,
+                t_probe * 1e3, best.write, best.read);
+    std::printf("  probe (read and write at once)     %10.1f ms  (%.3f GB/s moved)\n", t_mixed * 1e3,
+                2.0 * static_cast<double>(moved) / t_mixed / 1e9);
+    std::printf("  same step, state in memory         %10.1f ms\n", t_memory * 1e3);
+    std::printf("  checksums of what it moves         %10.1f ms\n", t_hash * 1e3);
+    std::printf("  CPU time of the disk step          %10.1f ms (all threads)\n", cpu_disk * 1e3);
+    std::printf("  ratio to probe %.3f, to the probe reading and writing at once %.3f (goal >= 0.8)\n", ratio,
+                ratio_mixed);
+    std::printf("  overlap %.3f (1: update and I/O fully overlap; %.3f: none)\n", overlap, no_overlap);
+  }
+};
+
+// The disk step in each of `formats`, their repetitions interleaved (so a
+// disk or machine that drifts during the run slows each alike); the first
+// is the baseline the others' speed-ups are measured against.
+void bench_disk_tier(const Options& o, const std::vector<Formats>& formats) {
+  on_one_rank([&](zero::comm::Local& comm) {
+    std::vector<std::unique_ptr<DiskCase>> cases;
+    for (const Formats& f : formats) cases.push_back(std::make_unique<DiskCase>(comm, o, f));
+    std::uint64_t sink = 0;
+    for (int r = 0; r < o.reps; ++r)
+      for (auto& c : cases) c->rep(o, sink);
+    if (sink == 42) std::fprintf(stderr, " ");
+    for (const auto& c : cases) c->print(o);
+    if (cases.size() > 1 && !o.json) {
+      std::printf("the disk step's speed-up over %s (same run, interleaved):", cases.front()->formats.name());
+      for (std::size_t i = 1; i < cases.size(); ++i)
+        std::printf("%s %s %.2fx", i > 1 ? "," : "", cases[i]->formats.name(), cases.front()->t_disk / cases[i]->t_disk);
+      std::printf(" (goal with 8-bit states >= 2)\n");
     }
     std::fflush(stdout);
   });
-  return result;
 }
 
 // ---- cpu -------------------------------------------------------------------
@@ -328,12 +371,12 @@ int main(int argc, char** argv) {
   }
   try {
     if (o.part != "cpu") {
-      const double today = bench_disk_tier(o, Formats{});
+      std::vector<Formats> formats{Formats{}};
       if (o.lean) {
-        const double lean = bench_disk_tier(o, Formats{zero::MasterWeights::remainder, zero::StateFormat::bf16});
-        if (!o.json)
-          std::printf("lean formats: the disk step %.2fx as fast as with today's (same run)\n", today / lean);
+        formats.push_back(Formats{zero::MasterWeights::remainder, zero::StateFormat::bf16});
+        formats.push_back(Formats{zero::MasterWeights::remainder, zero::StateFormat::blockwise8});
       }
+      bench_disk_tier(o, formats);
     }
     if (o.part != "disk") {
       bench_cpu_side<1>(o);

@@ -172,8 +172,9 @@ void print_table(const plan::Plan& p) {
                 "gradient's host copy%s\n",
                 c.options.delayed_update ? " (two sets: delayed update)" : "");
   if (c.offload == plan::Offload::nvme)
-    std::printf("offload nvme: fp32 master and states in swap files (%s per rank, whole records of %zu elements), "
-                "streamed through a %s host window (--nvme-window-mib)\n",
+    std::printf("offload nvme: %s master and %s states in swap files (%s per rank, whole records of up to %zu "
+                "elements), streamed through a %s host window (--nvme-window-mib)\n",
+                zero::name(c.options.master), zero::name(c.options.states),
                 bytes_text(p.sizes.swap_file_bytes, false).c_str(), p.sizes.disk_chunk,
                 bytes_text(p.line("nvme_window").host, false).c_str());
   std::printf("not counted: activations, your framework's workspace, the CUDA context and NCCL's own buffers\n");
@@ -425,7 +426,7 @@ int main(int argc, char** argv) {
     if (!zeropp.empty()) throw CLI::ValidationError("--stage", zeropp);
     const std::size_t least_window = zero::offload::disk_least_window_bytes(
         config.state_slots, zero::master_element_bytes(config.options.master),
-        zero::state_element_bytes(config.options.states));
+        zero::state_element_bytes(config.options.states), config.options.state_piece_elements());
     if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
       throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "
                                                       "state slot: at least " + std::to_string(least_window) +

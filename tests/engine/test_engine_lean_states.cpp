@@ -605,6 +605,15 @@ void check_blockwise8_states() {
       same(std::type_identity<ZeroOptimizer<P, O, stage<3>, offload::None, backend::Host>>{});
       same(std::type_identity<ZeroOptimizer<P, O, stage<1>, offload::Cpu, backend::LateCopies>>{});
       same(std::type_identity<ZeroOptimizer<P, O, stage<3>, offload::Cpu, backend::LateCopies>>{});
+      TempDir dir;
+      Options on_disk = o;
+      on_disk.nvme.directory = dir.path.string();
+      on_disk.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, master_element_bytes(master), 1,
+                                                                   options.state_block);
+      check_same_steps(run<ZeroOptimizer<P, O, stage<1>, offload::Nvme, backend::Host>>(ranks, on_disk, steps),
+                       stage1, steps);
+      check_same_steps(run<ZeroOptimizer<P, O, stage<3>, offload::Nvme, backend::Host>>(ranks, on_disk, steps),
+                       stage1, steps);
     }
 }
 
@@ -614,6 +623,105 @@ TEST_CASE("8-bit states: the paper's rule on one rank, stages 1-3 and offload al
   check_blockwise8_states<zero::optim::AdamW>();
   check_blockwise8_states<zero::optim::Adam>();
   check_blockwise8_states<zero::optim::Sgd>();
+}
+
+// The disk tier streams the owned elements in chunks of 4096 or more; a
+// chunk that would cut a block of 8-bit state ends before it, since a block
+// is quantized from all its values at once.
+TEST_CASE("8-bit states on disk: chunks end before a block they would cut", "[engine][states][nvme]") {
+  using namespace zero;
+  Layout layout(1);
+  const UnitId a = layout.add_unit("a");
+  layout.add_param(a, "a.w", 1021);
+  const UnitId b = layout.add_unit("b");
+  layout.add_param(b, "b.w", 9000);
+  layout.add_param(b, "b.bias", 3);
+  const UnitId c = layout.add_unit("c");
+  layout.add_param(c, "c.w", 5000);
+  layout.finalize(2);
+  const StateBlocks blocks = StateBlocks::build(Ownership{stage_plan(1), 0, &layout}, 192, 1000);
+  const std::size_t owned = layout.padded_total();
+  const auto starts = offload::disk_chunk_starts(4096, owned, [&](std::size_t e) {
+    return blocks.piece_start_at_or_before(e);
+  });
+  REQUIRE(starts.front() == 0);
+  REQUIRE(starts.back() == owned);
+  bool shortened = false;
+  for (std::size_t i = 1; i + 1 < starts.size(); ++i) {
+    INFO("chunk " << i << " begins at owned element " << starts[i]);
+    CHECK(starts[i] > starts[i - 1]);
+    CHECK(starts[i] - starts[i - 1] <= 4096);
+    CHECK(starts[i] - starts[i - 1] > 4096 - 192);  // a block is 192 elements at most
+    shortened |= starts[i] - starts[i - 1] < 4096;
+    // No blockwise run holds the boundary past one of its blocks' first element.
+    for (const StateRun& run : blocks.runs()) {
+      if (!run.blockwise || starts[i] <= run.begin || starts[i] >= run.end()) continue;
+      CHECK((run.phase + (starts[i] - run.begin)) % 192 == 0);
+    }
+  }
+  CHECK(shortened);  // 192 does not divide 4096: the chunks had blocks to keep whole
+  // Without 8-bit blocks the chunks are every 4096 elements.
+  const auto plain = offload::disk_chunk_starts(4096, owned);
+  CHECK(plain.size() == (owned + 4095) / 4096 + 1);
+  CHECK(plain[1] == 4096);
+  // A chunk smaller than a block is refused, naming the options to change.
+  CHECK_THROWS_WITH(offload::disk_chunk_starts(64, owned, [&](std::size_t e) { return blocks.piece_start_at_or_before(e); }),
+                    Catch::Contains("Options::nvme.window_bytes") && Catch::Contains("Options::state_block"));
+}
+
+TEST_CASE("8-bit states on disk: bit for bit as in memory, the codes on disk and a third of the bytes",
+          "[engine][states][nvme]") {
+  using namespace zero;
+  using P = precision::Mixed<bf16>;
+  using O = optim::AdamW;
+  constexpr int steps = 4;
+  Options options;
+  options.states = StateFormat::blockwise8;
+  options.state_block = 192;  // the disk's chunks of 4096 cut the 4099-element parameter's blocks
+  options.state_fp32_below = 100;
+  options.bucket_bytes = 1;
+  plan::Model m;
+  for (const auto& [unit, sizes] : model()) m.units.push_back({unit, sizes});
+  for (const auto master : {MasterWeights::fp32, MasterWeights::remainder})
+    for (const int ranks : {1, 2}) {
+      INFO(name(master) << " master, " << ranks << " rank(s)");
+      Options o = options;
+      o.master = master;
+      const Trace memory = run<ZeroOptimizer<P, O, stage<1>, offload::None, backend::Host>>(ranks, o, steps);
+      TempDir dir;
+      o.nvme.directory = dir.path.string();
+      o.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, master_element_bytes(master), 1, 192);
+      using OnDisk = ZeroOptimizer<P, O, stage<1>, offload::Nvme, backend::Host>;
+      const Trace disk = run<OnDisk>(ranks, o, steps);
+      check_same_steps(disk, memory, steps);
+      // One code per owned element and slot on disk; the absmax and the small
+      // parameters' fp32 state in host memory; as the planner says.
+      const plan::Plan planned = plan::make_plan(plan::config_for<OnDisk>(m, ranks, o, false));
+      CHECK(planned.placed.optimizer_states == disk.memory.placed.optimizer_states);
+      CHECK(planned.placed.master == disk.memory.placed.master);
+      // On disk: the master's 4 or 2 bytes and two 1-byte codes per owned
+      // element, where fp32 states took 12 or 10; in host memory a small part.
+      const std::uint64_t owned = disk.memory.placed.master.disk / master_element_bytes(master);
+      CHECK(disk.memory.placed.master.disk + disk.memory.placed.optimizer_states.disk ==
+            owned * (master_element_bytes(master) + 2));
+      CHECK(disk.memory.placed.optimizer_states.host > 0);
+      CHECK(disk.memory.placed.optimizer_states.host * 4 < memory.memory.placed.optimizer_states.total());
+    }
+  // Resumes bit for bit from a checkpoint, on disk as in memory.
+  TempDir dir, saved;
+  Options o = options;
+  o.nvme.directory = dir.path.string();
+  o.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, 4, 1, 192);
+  using OnDisk = ZeroOptimizer<P, O, stage<3>, offload::Nvme, backend::Host>;
+  const Trace straight = run<OnDisk>(2, o, 6);
+  const std::string at3 = (saved.path / "step3").string();
+  run<OnDisk>(2, o, 3, "", at3, 3);
+  const Trace resumed = run<OnDisk>(2, o, 6, at3);
+  REQUIRE(resumed.masters.size() == 4);
+  check_same_steps(resumed, straight, 3, 3);
+  // ...and the straight run is the same run's in memory.
+  const Trace in_memory = run<ZeroOptimizer<P, O, stage<3>, offload::None, backend::Host>>(2, options, 6);
+  check_same_steps(straight, in_memory, 6);
 }
 
 TEST_CASE("8-bit states with a remainder master: the bytes the planner and the formula say", "[engine][states]") {

@@ -192,15 +192,14 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
   require(!options.delayed_update || (offloaded && spec.device_backend),
           "schedule: Options::delayed_update overlaps the CPU update of offload with the next step's work on the "
           "device; it needs offload cpu or nvme with a device backend; clear the option otherwise");
-  const std::size_t least_window = offload::disk_least_window_bytes(
-      spec.state_slots, master_element_bytes(spec.master), state_element_bytes(spec.states));
+  const std::size_t least_window =
+      offload::disk_least_window_bytes(spec.state_slots, master_element_bytes(spec.master),
+                                       state_element_bytes(spec.states), options.state_piece_elements());
   require(spec.offload != OffloadTier::nvme || options.nvme.window_bytes >= least_window,
           "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, "; the window holds three chunks of "
-          "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot): it "
-          "must be at least ", least_window, " bytes");
-  require(spec.offload != OffloadTier::nvme || spec.states != StateFormat::blockwise8,
-          "schedule: Options::states is blockwise8, which offload nvme does not stream yet; use bf16 states with "
-          "nvme, or blockwise8 with offload none or cpu");
+          "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot)",
+          options.state_piece_elements() != 0 ? ", each chunk a whole block of the 8-bit state," : "",
+          ": it must be at least ", least_window, " bytes");
   const std::string zeropp = zeropp_stage_problem(options.hpz, options.qwz, options.qgz, spec.stage.stage);
   require(zeropp.empty(), "schedule: Options::", zeropp);
   require(spec.master == MasterWeights::fp32 || spec.element_bytes == 2,
@@ -250,15 +249,19 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   if (spec.states == StateFormat::blockwise8 && spec.state_slots > 0) {
     // Rank 0's runs (engine/state_blocks.hpp): another rank's differ by the
     // blocks its shard boundaries cut and the small parameters it owns.
+    // The disk tier keeps a code for every owned element in its records
+    // (those of fp32 runs unused) and the absmax and fp32 runs in host
+    // memory (offload/disk_state_store.hpp).
     const StateBlocks blocks = StateBlocks::build(Ownership{stage, 0, &layout}, options.state_block,
                                                   options.state_fp32_below);
+    const bool disk = spec.offload == OffloadTier::nvme;
     for (int k = 0; k < spec.state_slots; ++k) {
       add("optimizer state (8-bit codes)", "optimizer_states", ReportedAs::optimizer_states, store,
-          blocks.coded_elements(), 1);
-      add("optimizer state (block absmax)", "optimizer_states", ReportedAs::optimizer_states, store, blocks.blocks(),
-          4);
-      add("optimizer state (fp32, small parameters)", "optimizer_states", ReportedAs::optimizer_states, store,
-          blocks.fp32_elements(), 4);
+          disk ? z.state_per_slot : blocks.coded_elements(), 1);
+      add("optimizer state (block absmax)", "optimizer_states", ReportedAs::optimizer_states,
+          disk ? Place::host : store, blocks.blocks(), 4);
+      add("optimizer state (fp32, small parameters)", "optimizer_states", ReportedAs::optimizer_states,
+          disk ? Place::host : store, blocks.fp32_elements(), 4);
     }
   } else {
     for (int k = 0; k < spec.state_slots; ++k)

@@ -91,10 +91,22 @@ class StateBlocks {
   // The runs that overlap owned elements [offset, offset + n), in order.
   template <class Visit>
   void each_run(std::size_t offset, std::size_t n, Visit&& visit) const {
-    auto it = std::upper_bound(runs_.begin(), runs_.end(), offset,
-                               [](std::size_t o, const StateRun& r) { return o < r.end(); });
-    for (; it != runs_.end() && it->begin < offset + n; ++it) visit(*it);
+    for (auto it = run_holding(offset); it != runs_.end() && it->begin < offset + n; ++it) visit(*it);
   }
+
+  // Where a piece of the owned elements that is updated on its own (a
+  // chunk of the disk tier's window, offload/disk_state_store.hpp) may
+  // begin at or before owned element e: the first element of the block
+  // holding e, or e where no 8-bit block holds e past its first element.
+  // A block is quantized with one absmax, from all its values, so it is
+  // updated in one piece.
+  std::size_t piece_start_at_or_before(std::size_t e) const {
+    const auto it = run_holding(e);
+    if (it == runs_.end() || !it->blockwise || e <= it->begin) return e;
+    const quant::PhasedBlocks geometry = blocks_of(*it);
+    return it->begin + geometry.begin(geometry.of(e - it->begin));
+  }
+  quant::PhasedBlocks blocks_of(const StateRun& run) const { return {run.length, block_, run.phase}; }
 
  private:
   void add_plain(std::size_t begin, std::size_t length) {
@@ -108,9 +120,53 @@ class StateBlocks {
     blocks_ += blocks;
   }
 
+  // The first run that ends after owned element e.
+  std::vector<StateRun>::const_iterator run_holding(std::size_t e) const {
+    return std::upper_bound(runs_.begin(), runs_.end(), e, [](std::size_t o, const StateRun& r) { return o < r.end(); });
+  }
+
   std::size_t block_ = 0;
   std::vector<StateRun> runs_;
   std::size_t coded_ = 0, blocks_ = 0, fp32_ = 0;
 };
+
+// The blocks of a blockwise run that its owned elements [lo, hi) touch,
+// whole: blocks [first, last] of the run, elements [from, to) of the run.
+struct TouchedBlocks {
+  std::size_t first = 0, last = 0;
+  std::size_t from = 0, to = 0;
+
+  TouchedBlocks(const quant::PhasedBlocks& run, std::size_t run_begin, std::size_t lo, std::size_t hi)
+      : first(run.of(lo - run_begin)), last(run.of(hi - run_begin - 1)), from(run.begin(first)), to(run.end(last)) {}
+};
+
+// Values of a blockwise run's owned elements [lo, hi) out of its blocks
+// (`out`, the value of lo first), or into them (`in`): `codes` holds the
+// codes of the touched blocks' elements [from, to) and `absmax` their
+// absmax, in host memory, wherever the store keeps them. An import
+// requantizes each touched block whole, the block's other values as they
+// were, so any range may be imported; values read back from such a block
+// (a checkpoint) give it back bit for bit (quant::requantize_block). Both
+// state stores (engine/state_store.hpp, offload/disk_state_store.hpp) move
+// 8-bit state through here.
+inline void blockwise_run_values(const StateRun& run, const quant::PhasedBlocks& geometry, const TouchedBlocks& touched,
+                                 std::size_t lo, std::size_t hi, const float* code, std::uint8_t* codes,
+                                 float* absmax, const float* in, float* out) {
+  std::vector<float> whole(touched.to - touched.from);
+  for (std::size_t b = touched.first; b <= touched.last; ++b) {
+    const std::size_t begin = geometry.begin(b) - touched.from, end = geometry.end(b) - touched.from;
+    quant::dequantize_block(codes + begin, end - begin, code, absmax[b - touched.first], whole.data() + begin);
+  }
+  const std::size_t at = (lo - run.begin) - touched.from;
+  if (in == nullptr) {
+    std::copy(whole.begin() + at, whole.begin() + at + (hi - lo), out);
+    return;
+  }
+  std::copy(in, in + (hi - lo), whole.begin() + at);
+  for (std::size_t b = touched.first; b <= touched.last; ++b) {
+    const std::size_t begin = geometry.begin(b) - touched.from, end = geometry.end(b) - touched.from;
+    absmax[b - touched.first] = quant::requantize_block(whole.data() + begin, end - begin, code, codes + begin);
+  }
+}
 
 }  // namespace zero

@@ -229,10 +229,8 @@ class ArrayStateStore {
   }
 
   // 8-bit state slot values of owned elements [offset, offset + n) from
-  // `in` (an import) or to `out`. An import requantizes each block it
-  // touches whole (the block's other values as they were), so any range may
-  // be imported; values read back from such a block (a checkpoint) give it
-  // back bit for bit (quant::requantize_block).
+  // `in` (an import) or to `out`, through the host (blockwise_run_values:
+  // any range may be imported, a block read back comes back bit for bit).
   void blockwise_values(StateSlot slot, std::size_t offset, const float* in, float* out, std::size_t n) {
     const bool import = in != nullptr;
     check(offset, n);
@@ -249,34 +247,19 @@ class ArrayStateStore {
           Ops::download(out + (lo - offset), packed, hi - lo);
         return;
       }
-      // The run's blocks that [lo, hi) touches, whole.
-      const quant::PhasedBlocks geometry{run.length, blocks_.block(), run.phase};
-      const std::size_t first = geometry.of(lo - run.begin), last = geometry.of(hi - run.begin - 1);
-      const std::size_t from = geometry.begin(first), to = geometry.end(last);
-      std::vector<std::uint8_t> codes(to - from);
-      std::vector<float> scale(last - first + 1), whole(to - from);
-      Ops::download(codes.data(), codes_[k].data() + run.at + from, codes.size());
-      Ops::download(scale.data(), absmax_[k].data() + run.first_block + first, scale.size());
-      auto block_range = [&](std::size_t b) {  // [begin, end) of run block b, relative to `from`
-        return std::pair<std::size_t, std::size_t>(geometry.begin(b) - from, geometry.end(b) - from);
-      };
-      for (std::size_t b = first; b <= last; ++b) {
-        const auto [begin, end] = block_range(b);
-        quant::dequantize_block(codes.data() + begin, end - begin, host_code_[k], scale[b - first], whole.data() + begin);
-      }
-      const std::size_t at = (lo - run.begin) - from;
-      if (!import) {
-        std::copy(whole.begin() + at, whole.begin() + at + (hi - lo), out + (lo - offset));
-        return;
-      }
-      std::copy(in + (lo - offset), in + (hi - offset), whole.begin() + at);
-      for (std::size_t b = first; b <= last; ++b) {
-        const auto [begin, end] = block_range(b);
-        scale[b - first] =
-            quant::requantize_block(whole.data() + begin, end - begin, host_code_[k], codes.data() + begin);
-      }
-      Ops::upload(codes_[k].data() + run.at + from, codes.data(), codes.size());
-      Ops::upload(absmax_[k].data() + run.first_block + first, scale.data(), scale.size());
+      const quant::PhasedBlocks geometry = blocks_.blocks_of(run);
+      const TouchedBlocks touched(geometry, run.begin, lo, hi);
+      std::vector<std::uint8_t> codes(touched.to - touched.from);
+      std::vector<float> scale(touched.last - touched.first + 1);
+      std::uint8_t* stored_codes = codes_[k].data() + run.at + touched.from;
+      float* stored_scale = absmax_[k].data() + run.first_block + touched.first;
+      Ops::download(codes.data(), stored_codes, codes.size());
+      Ops::download(scale.data(), stored_scale, scale.size());
+      blockwise_run_values(run, geometry, touched, lo, hi, host_code_[k], codes.data(), scale.data(),
+                           import ? in + (lo - offset) : nullptr, import ? nullptr : out + (lo - offset));
+      if (!import) return;
+      Ops::upload(stored_codes, codes.data(), codes.size());
+      Ops::upload(stored_scale, scale.data(), scale.size());
     });
   }
 
@@ -389,12 +372,13 @@ class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
 // The disk tier's store, made by zero/offload/disk_state_store.hpp (which
 // needs liburing, so the engine cannot include it): a function configured
 // from the run's Options (nvme, master, states) for this rank, with `owned`
-// elements. The
+// elements (and 8-bit states' runs of them, engine/state_blocks.hpp). The
 // engine is handed it where that header is included and refuses the tier
 // without it.
 template <optim::Policy Optimizer, class Grad, class Param>
 using DiskStoreMaker = std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*)(const Options& options, int rank,
-                                                                                   std::size_t owned);
+                                                                                   std::size_t owned,
+                                                                                   const StateBlocks& blocks);
 
 namespace offload {
 struct DiskTier;  // the disk tier's maker (zero/offload/disk_state_store.hpp)

@@ -112,7 +112,7 @@ class UpdatePipeline {
         if constexpr (Backend::device && can_offload)  // (refused otherwise when the engine was made)
           array_store(std::type_identity<ArrayStateStore<Optimizer, HostOps, Pinned, false>>{});
         break;
-      case OffloadTier::nvme: store_ = disk(options, rank, owned); break;
+      case OffloadTier::nvme: store_ = disk(options, rank, owned, blocks); break;
     }
     if (!host_staging_) return;
     host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, sizes.host_grads,

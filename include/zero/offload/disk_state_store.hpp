@@ -14,9 +14,18 @@
 // each state slot, C elements each, at byte c * record_bytes. The master is
 // C floats, or C 16-bit remainders (MasterWeights::remainder: its bf16 copy
 // is the engine's parameters, which the update reads and writes in place);
-// each state slot C floats, or C bf16 values (StateFormat::bf16*).
-// A record is a multiple of 4096 bytes (O_DIRECT), and the window is three
-// records.
+// each state slot C floats, C bf16 values (StateFormat::bf16*), or C 8-bit
+// codes (StateFormat::blockwise8). A record is a multiple of 4096 bytes
+// (O_DIRECT), and the window is three records.
+//
+// 8-bit states: a chunk ends before a block it would cut (a block is
+// quantized with one absmax from all its values, so it is updated in one
+// piece: offload/disk_window.hpp), so chunk c begins at the owned element
+// the chunk table says, not at c * C. The codes of every owned element are
+// on disk (those of the few small parameters that keep fp32 state unused);
+// each block's absmax and the small parameters' fp32 state, 0.2% and a few
+// elements, stay in host memory, where the step reads them beside the
+// window (engine/state_blocks.hpp's runs say which is which).
 #pragma once
 
 #include "zero/config.hpp"
@@ -30,10 +39,12 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "zero/backend/host.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
+#include "zero/engine/state_blocks.hpp"
 #include "zero/engine/state_store.hpp"
 #include "zero/engine/update_worker.hpp"
 #include "zero/error.hpp"
@@ -54,26 +65,40 @@ class DiskStateStore {
   // Creates the swap file for `owned` elements (the master always: it lives
   // on disk) and the window, 4 KiB aligned for O_DIRECT, which is why this
   // store allocates its own memory instead of taking the engine's buffers.
-  void allocate(std::size_t owned, MasterWeights format, StateFormat states) {
+  // `blocks`: StateFormat::blockwise8's runs of this rank's owned elements
+  // (engine/state_blocks.hpp); ignored otherwise.
+  void allocate(std::size_t owned, MasterWeights format, StateFormat states, const StateBlocks& blocks) {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
             "files of the master weights and optimizer state");
-    require(states != StateFormat::blockwise8,
-            "offload::Nvme: Options::states is blockwise8, which the disk tier does not stream yet; use bf16 states "
-            "(half the bytes) with offload nvme, or blockwise8 with offload none or cpu");
-    // Three chunks of at least one 4 KiB block per array; a smaller window
-    // would be silently exceeded.
+    // Three chunks of at least one 4 KiB block per array (and one block of
+    // 8-bit state); a smaller window would be silently exceeded.
     master_format_ = format;
     state_format_ = states;
+    blockwise_ = states == StateFormat::blockwise8 && state_slots > 0;
     const std::size_t mb = master_bytes_each(), sb = state_bytes_each();
-    const std::size_t least = disk_least_window_bytes(state_slots, mb, sb);
+    const std::size_t least = disk_least_window_bytes(state_slots, mb, sb, blockwise_ ? blocks.block() : 0);
     require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
             "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
-            state_slots, " state slot(s) of ", Optimizer::name, "): it must be at least ", least,
-            " bytes; 64 MiB (the default) streams well");
+            state_slots, " state slot(s) of ", Optimizer::name, ")",
+            blockwise_ ? ", each chunk a whole block of the 8-bit state (Options::state_block)," : "",
+            ": it must be at least ", least, " bytes; 64 MiB (the default) streams well");
     owned_ = owned;
     chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned, mb, sb);
-    chunks_ = (owned + chunk_ - 1) / chunk_;
+    blocks_ = blockwise_ ? blocks : StateBlocks{};
+    if (blockwise_) {
+      const std::size_t covered = blocks_.runs().empty() ? 0 : blocks_.runs().back().end();
+      require(covered == owned, "offload::Nvme: the 8-bit state's runs cover ", covered, " of ", owned,
+              " owned elements");
+      starts_ = disk_chunk_starts(chunk_, owned, [&](std::size_t e) { return blocks_.piece_start_at_or_before(e); });
+      for (int k = 0; k < state_slots; ++k) {
+        absmax_[k].assign(blocks_.blocks(), 0.0f);
+        small_[k].assign(blocks_.fp32_elements(), 0.0f);
+        code_[k] = quant::code_for(optim::state_values<Optimizer>(k) == optim::StateValues::non_negative);
+      }
+    } else {
+      starts_ = disk_chunk_starts(chunk_, owned);
+    }
     record_floats_ = chunk_ * disk_record_element_bytes(state_slots, mb, sb) / sizeof(float);
     DiskOptions disk;
     disk.directory = options_.directory;
@@ -82,9 +107,9 @@ class DiskStateStore {
     disk.direct = options_.direct;
     disk.option_names = "Options::nvme.";  // what the engine's users set
     // Sized by disk_window.hpp, which the planner's schedule reads too.
-    swap_ = std::make_unique<DiskSwap>(disk_swap_file_bytes(options_.window_bytes, state_slots, owned, mb, sb),
-                                       disk, rank_);
+    swap_ = std::make_unique<DiskSwap>(disk_records_bytes(chunks(), chunk_, state_slots, mb, sb), disk, rank_);
     window_ = AlignedBuffer<float>(disk_window_elements(options_.window_bytes, state_slots, owned, mb, sb));
+    written_.assign(chunks(), false);
     if (!io_) io_ = std::make_unique<zero::detail::UpdateWorker>();
     for (Slot& s : slots_) s = Slot{};
   }
@@ -107,6 +132,10 @@ class DiskStateStore {
           for (std::size_t i = 0; i < count; ++i) split_master(host[done + i], copy[done + i], rest[i]);
           return true;
         });
+      return;
+    }
+    if (!slot.is_master() && blockwise_) {
+      blockwise_values(slot, offset, host, nullptr, n);
       return;
     }
     if (!slot.is_master() && bf16_states()) {
@@ -133,6 +162,10 @@ class DiskStateStore {
         });
       return;
     }
+    if (!slot.is_master() && blockwise_) {
+      blockwise_values(slot, offset, nullptr, host, n);
+      return;
+    }
     if (!slot.is_master() && bf16_states()) {
       transfer(slot, offset, n, [&](void* stored, std::size_t done, std::size_t count) {
         const auto* low = static_cast<const bf16*>(stored);
@@ -154,16 +187,18 @@ class DiskStateStore {
   // the master's window slot is reused.
   template <class Grad, class Param>
   void update(std::size_t offset, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
+    using Args = kernels::FusedStepArgs<Optimizer, Grad, Param>;
     require(offset <= owned_ && args.n <= owned_ - offset, "offload::Nvme: update of owned elements [", offset, ", ",
             offset + args.n, ") outside this rank's ", owned_);
+    if (args.n == 0) return;
     const std::size_t end = offset + args.n;
-    for (std::size_t c = offset / chunk_; c * chunk_ < end; ++c) {
+    for (std::size_t c = chunk_holding(offset); c < chunks() && starts_[c] < end; ++c) {
       const int s = resident(c);
       prefetch(c + 1);
-      const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(end, (c + 1) * chunk_);
-      const std::size_t at = lo - c * chunk_, skip = lo - offset;
-      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args.part(skip, hi - lo);
-      if constexpr (kernels::FusedStepArgs<Optimizer, Grad, Param>::can_split_master) {
+      const std::size_t lo = std::max(offset, starts_[c]), hi = std::min(end, starts_[c + 1]);
+      const std::size_t at = lo - starts_[c];
+      Args part = args.part(lo - offset, hi - lo);
+      if constexpr (Args::can_split_master) {
         if (remainder()) {
           part.master = nullptr;
           part.remainder = remainders(s) + at;
@@ -173,24 +208,34 @@ class DiskStateStore {
       } else {
         part.master = array(s, 0) + at;
       }
-      for (int k = 0; k < state_slots; ++k) {
-        if (bf16_states())
-          part.state16[k] = reinterpret_cast<bf16*>(array(s, 1 + k)) + at;
-        else
-          part.state[k] = array(s, 1 + k) + at;
-      }
-      compute_while_io([&] { backend::Ops<backend::Host>::fused_step(part); });
+      compute_while_io([&] {
+        if (blockwise_) {
+          update_runs(s, c, lo, part);
+          return;
+        }
+        for (int k = 0; k < state_slots; ++k) {
+          if (bf16_states())
+            part.state16[k] = reinterpret_cast<bf16*>(array(s, 1 + k)) + at;
+          else
+            part.state[k] = array(s, 1 + k) + at;
+        }
+        backend::Ops<backend::Host>::fused_step(part);
+      });
       if constexpr (std::is_same_v<Param, float>)
         if (args.param != nullptr) std::memcpy(part.param, part.master, part.n * sizeof(float));
       slots_[s].dirty = true;
       // Written behind as soon as the update has passed the chunk's end.
-      if (hi == std::min(owned_, (c + 1) * chunk_)) write_back(s);
+      if (hi == starts_[c + 1]) write_back(s);
     }
   }
 
   PlacedBytes master_bytes() const { return {0, 0, static_cast<std::uint64_t>(owned_) * master_bytes_each()}; }
+  // 8-bit states: the codes on disk, the absmax and small parameters' fp32
+  // state in host memory.
   PlacedBytes state_bytes() const {
-    return {0, 0, static_cast<std::uint64_t>(owned_) * state_bytes_each() * static_cast<std::uint64_t>(state_slots)};
+    PlacedBytes placed{0, 0, static_cast<std::uint64_t>(owned_) * state_bytes_each() * static_cast<std::uint64_t>(state_slots)};
+    for (int k = 0; k < state_slots; ++k) placed.host += (absmax_[k].size() + small_[k].size()) * sizeof(float);
+    return placed;
   }
   // The host window (not model state: it holds three chunks in passing).
   std::uint64_t window_bytes() const { return window_.bytes(); }
@@ -245,8 +290,88 @@ class DiskStateStore {
     io_->wait();  // rethrows an I/O error
   }
 
+  // The 8-bit step over chunk c's owned elements [lo, lo + part.n), its
+  // record in window slot s: one fused step per piece of a run, each
+  // pointed at its codes in the record and its absmax (or, for a small
+  // parameter's run, its fp32 state) in host memory. A piece begins at a
+  // block's first element (the chunk table cuts no block), so its first
+  // block's phase follows from where it begins in its run.
+  template <class Args>
+  void update_runs(int s, std::size_t c, std::size_t lo, const Args& part) {
+    const std::uint32_t block = static_cast<std::uint32_t>(blocks_.block());
+    blocks_.each_run(lo, part.n, [&](const StateRun& run) {
+      const std::size_t from = std::max(lo, run.begin), to = std::min(lo + part.n, run.end());
+      Args piece = part.part(from - lo, to - from);
+      const std::size_t into_run = from - run.begin;
+      const quant::PhasedBlocks geometry = blocks_.blocks_of(run);
+      for (int k = 0; k < state_slots; ++k) {
+        if (run.blockwise) {
+          piece.state8[k] = codes(s, k) + (from - starts_[c]);
+          piece.absmax[k] = absmax_[k].data() + run.first_block + geometry.of(into_run);
+          piece.code[k] = code_[k];
+        } else {
+          piece.state[k] = small_[k].data() + run.at + into_run;
+        }
+      }
+      piece.block = block;
+      piece.block_phase = static_cast<std::uint32_t>((run.phase + into_run) % block);
+      require(!run.blockwise || into_run == 0 || piece.block_phase == 0, "offload::Nvme: an update of owned elements "
+              "from ", from, " begins inside a block of the 8-bit state's run [", run.begin, ", ", run.end(),
+              "); updates are whole units, chunks whole blocks");
+      backend::Ops<backend::Host>::fused_step(piece);
+    });
+  }
+
+  // 8-bit state slot values of owned elements [offset, offset + n) from
+  // `in` (an import) or to `out`, chunk by chunk: a block's codes are in
+  // one chunk's record, its absmax and the fp32 runs in host memory.
+  void blockwise_values(StateSlot slot, std::size_t offset, const float* in, float* out, std::size_t n) {
+    const bool import = in != nullptr;
+    require(offset <= owned_ && n <= owned_ - offset, "offload::Nvme: owned elements [", offset, ", ", offset + n,
+            ") are outside this rank's ", owned_);
+    require(slot.index >= 0 && slot.index < state_slots, "offload::Nvme: the optimizer has ", state_slots,
+            " state slot(s), not slot ", slot.index);
+    if (n == 0) return;
+    const int k = slot.index;
+    for (std::size_t c = chunk_holding(offset); c < chunks() && starts_[c] < offset + n; ++c) {
+      const std::size_t lo = std::max(offset, starts_[c]), hi = std::min(offset + n, starts_[c + 1]);
+      bool changed = false;
+      int s = -1;
+      blocks_.each_run(lo, hi - lo, [&](const StateRun& run) {
+        const std::size_t from = std::max(lo, run.begin), to = std::min(hi, run.end());
+        const float* source = import ? in + (from - offset) : nullptr;
+        float* target = import ? nullptr : out + (from - offset);
+        if (!run.blockwise) {  // host memory only
+          float* values = small_[k].data() + run.at + (from - run.begin);
+          if (import)
+            std::copy(source, source + (to - from), values);
+          else
+            std::copy(values, values + (to - from), target);
+          return;
+        }
+        if (s < 0) s = resident(c);
+        const quant::PhasedBlocks geometry = blocks_.blocks_of(run);
+        const TouchedBlocks touched(geometry, run.begin, from, to);
+        blockwise_run_values(run, geometry, touched, from, to, code_[k],
+                             codes(s, k) + (run.begin + touched.from - starts_[c]),
+                             absmax_[k].data() + run.first_block + touched.first, source, target);
+        changed |= import;
+      });
+      if (changed) {
+        write_back(s);
+        swap_->wait(slots_[s].io);
+      }
+    }
+  }
+
   bool remainder() const { return master_format_ == MasterWeights::remainder; }
-  bool bf16_states() const { return state_format_ != StateFormat::fp32; }
+  bool bf16_states() const { return state_format_ == StateFormat::bf16 || state_format_ == StateFormat::bf16_stochastic; }
+  std::size_t chunks() const { return starts_.size() - 1; }
+  // The chunk holding owned element e (the last one for e == owned).
+  std::size_t chunk_holding(std::size_t e) const {
+    const auto it = std::upper_bound(starts_.begin() + 1, starts_.end() - 1, e);
+    return static_cast<std::size_t>(it - starts_.begin()) - 1;
+  }
   std::size_t master_bytes_each() const { return master_element_bytes(master_format_); }
   std::size_t state_bytes_each() const { return state_element_bytes(state_format_); }
   std::size_t record_bytes() const { return record_floats_ * sizeof(float); }
@@ -259,6 +384,7 @@ class DiskStateStore {
            (a == 0 ? 0 : master_floats + static_cast<std::size_t>(a - 1) * state_floats);
   }
   std::uint16_t* remainders(int slot) { return reinterpret_cast<std::uint16_t*>(array(slot, 0)); }
+  std::uint8_t* codes(int slot, int k) { return reinterpret_cast<std::uint8_t*>(array(slot, 1 + k)); }
   // The slot holding chunk c, read in and with no transfer on it in flight
   // (the update may modify it).
   int resident(std::size_t c) {
@@ -273,20 +399,31 @@ class DiskStateStore {
   }
   // Starts reading chunk c into a free slot unless it is there already.
   void prefetch(std::size_t c) {
-    if (c >= chunks_ || find(c) >= 0) return;
+    if (c >= chunks() || find(c) >= 0) return;
     start_read(victim(c - 1), c);
   }
+  // A chunk never written is not read: its record starts as zeros, and
+  // 8-bit codes as the code of 0.0 (as the in-memory store's), so a fresh
+  // state exports as +0.0 on every tier.
   void start_read(int s, std::size_t c) {
     Slot& slot = slots_[s];
     swap_->wait(slot.io);  // its write-behind
     slot.chunk = c;
     slot.dirty = false;
-    slot.io = swap_->read(c * record_bytes(), array(s, 0), record_bytes());
+    if (written_[c]) {
+      slot.io = swap_->read(c * record_bytes(), array(s, 0), record_bytes());
+      return;
+    }
+    slot.io = Ticket{};
+    std::memset(array(s, 0), 0, record_bytes());
+    if (blockwise_)
+      for (int k = 0; k < state_slots; ++k) std::memset(codes(s, k), quant::quantize(0.0f, code_[k]), chunk_);
   }
   void write_back(int s) {
     Slot& slot = slots_[s];
     slot.io = swap_->write(slot.chunk * record_bytes(), array(s, 0), record_bytes());
     slot.dirty = false;
+    written_[slot.chunk] = true;
   }
   int find(std::size_t c) const {
     for (int s = 0; s < window_slots; ++s)
@@ -317,11 +454,12 @@ class DiskStateStore {
     require(slot.is_master() || (slot.index >= 0 && slot.index < state_slots), "offload::Nvme: the optimizer has ",
             state_slots, " state slot(s), not slot ", slot.index);
     const int a = slot.is_master() ? 0 : 1 + slot.index;
-    for (std::size_t c = offset / chunk_; n != 0 && c * chunk_ < offset + n; ++c) {
+    if (n == 0) return;
+    for (std::size_t c = chunk_holding(offset); c < chunks() && starts_[c] < offset + n; ++c) {
       const int s = resident(c);
-      const std::size_t lo = std::max(offset, c * chunk_), hi = std::min(offset + n, (c + 1) * chunk_);
+      const std::size_t lo = std::max(offset, starts_[c]), hi = std::min(offset + n, starts_[c + 1]);
       const std::size_t bytes = a == 0 ? master_bytes_each() : state_bytes_each();
-      void* stored = reinterpret_cast<char*>(array(s, a)) + (lo - c * chunk_) * bytes;
+      void* stored = reinterpret_cast<char*>(array(s, a)) + (lo - starts_[c]) * bytes;
       if (visit(stored, lo - offset, hi - lo)) {
         write_back(s);
         swap_->wait(slots_[s].io);
@@ -331,9 +469,18 @@ class DiskStateStore {
 
   NvmeOptions options_{};
   int rank_ = 0;
-  std::size_t owned_ = 0, chunk_ = 0, chunks_ = 0, record_floats_ = 0;
+  std::size_t owned_ = 0, chunk_ = 0, record_floats_ = 0;
+  std::vector<std::size_t> starts_;  // chunk c: owned elements [starts_[c], starts_[c + 1]), record c
+  std::vector<bool> written_;        // chunk c's record is on disk (else it is read as its fresh state)
   MasterWeights master_format_ = MasterWeights::fp32;  // remainder: array 0 holds 16-bit remainders
-  StateFormat state_format_ = StateFormat::fp32;        // bf16*: arrays 1.. hold bf16
+  StateFormat state_format_ = StateFormat::fp32;        // bf16*: arrays 1.. hold bf16; blockwise8: codes
+  // StateFormat::blockwise8: the runs, and in host memory each slot's block
+  // absmax and small parameters' fp32 state, and the code tables.
+  bool blockwise_ = false;
+  StateBlocks blocks_;
+  std::vector<float> absmax_[state_slots > 0 ? state_slots : 1];
+  std::vector<float> small_[state_slots > 0 ? state_slots : 1];
+  const float* code_[state_slots > 0 ? state_slots : 1] = {};
   std::unique_ptr<DiskSwap> swap_;
   AlignedBuffer<float> window_;
   std::array<Slot, window_slots> slots_{};
@@ -350,7 +497,7 @@ namespace zero::offload {
 struct DiskTier {
   template <optim::Policy Optimizer, class Grad, class Param>
   static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const Options& options, int rank,
-                                                                      std::size_t owned);
+                                                                      std::size_t owned, const StateBlocks& blocks);
   template <optim::Policy Optimizer, class Grad, class Param>
   static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
     return &make<Optimizer, Grad, Param>;
@@ -360,10 +507,10 @@ struct DiskTier {
 // zero/runtime/precompiled.hpp, keeps the store out of the files that name it.)
 template <optim::Policy Optimizer, class Grad, class Param>
 std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> DiskTier::make(const Options& options, int rank,
-                                                                       std::size_t owned) {
+                                                                       std::size_t owned, const StateBlocks& blocks) {
   auto model = std::make_unique<StoreModel<DiskStateStore<Optimizer>, Optimizer, Grad, Param>>();
   model->store.configure(options.nvme, rank);
-  model->store.allocate(owned, options.master, options.states);
+  model->store.allocate(owned, options.master, options.states, blocks);
   return model;
 }
 }  // namespace zero::offload

@@ -74,7 +74,7 @@
 #define ZERO_DETAIL_DISK_STORE_INSTANCE(KEYWORD, Optimizer, Precision)                                    \
   KEYWORD template auto                                                                                    \
   ::zero::offload::DiskTier::make<Optimizer, typename Precision::grad_type, typename Precision::param_type>( \
-      const ::zero::Options&, int, std::size_t)                                                            \
+      const ::zero::Options&, int, std::size_t, const ::zero::StateBlocks&)                                 \
       ->std::unique_ptr<                                                                                   \
           ::zero::AnyStateStore<Optimizer, typename Precision::grad_type, typename Precision::param_type>>;
 
