@@ -83,6 +83,15 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static inline void narrow_u8(std::uint8_t* p, const U& u) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_maskz_cvtepi32_epi8((__mmask16)-1, (__m512i)u));
   }
+  // fp16 to fp32 and back in one instruction each (F16C's, here at 512
+  // bits), both exact but for a NaN's bits (pack.hpp's load and store of
+  // fp16 make them the library's).
+  __attribute__((target("avx512f"))) static inline void half_to_float(F& r, const H& h) {
+    r = (F)_mm512_maskz_cvtph_ps((__mmask16)-1, (__m256i)h);  // (maskz: the plain form trips -Wmaybe-uninitialized)
+  }
+  __attribute__((target("avx512f"))) static inline void float_to_half(H& h, const F& f) {
+    h = (H)_mm512_maskz_cvtps_ph((__mmask16)-1, (__m512)f, _MM_FROUND_TO_NEAREST_INT);
+  }
 };
 
 struct Avx2 {
@@ -121,6 +130,13 @@ struct Avx2 {
                                                                           -1, -1, -1, -1, -1, -1, -1));
     const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), both);
+  }
+  // fp16 to fp32 and back through F16C (see Avx512).
+  __attribute__((target("avx,f16c"))) static inline void half_to_float(F& r, const H& h) {
+    r = (F)_mm256_cvtph_ps((__m128i)h);
+  }
+  __attribute__((target("avx,f16c"))) static inline void float_to_half(H& h, const F& f) {
+    h = (H)_mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT);
   }
 };
 
@@ -263,13 +279,27 @@ ZERO_FORCE_INLINE Pack<Isa> load(const bf16* p) {
   zero::detail::bf16_bits_to_float_generic(r.v, u);
   return r;
 }
+// fp16 through F16C, which gives convert.hpp's exact values: 3-4 instructions
+// a pack where the generic shifts and selects took about fifteen (fp16
+// quantization ran at 0.19 of its probe, bench_quant_host). F16C quiets a
+// NaN and keeps its sign and payload; the library's NaN is CUDA's canonical
+// one (fp32 0x7fffffff, fp16 0x7fff), so NaN lanes are replaced.
 template <class Isa>
 ZERO_FORCE_INLINE Pack<Isa> load(const fp16* p) {
-  typename Isa::U u;
-  load_u16_widened<Isa>(u, p);
+  using U = typename Isa::U;
+  typename Isa::H h;
+  std::memcpy(&h, p, sizeof h);
   Pack<Isa> r;
-  zero::detail::half_bits_to_float_generic(r.v, u);
+  Isa::half_to_float(r.v, h);
+  const U bits = (U)r.v;
+  r.v = (typename Isa::F)((bits & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fffffffu : bits);
   return r;
+}
+template <class Isa>
+ZERO_FORCE_INLINE void half_bits(typename Isa::H& h, const Pack<Isa>& x) {
+  Isa::float_to_half(h, x.v);
+  using H = typename Isa::H;
+  h = (h & 0x7fffu) > 0x7c00u ? H{} + 0x7fffu : h;
 }
 
 template <class Isa>
@@ -286,12 +316,15 @@ ZERO_FORCE_INLINE void store_u16_narrowed(void* p, const typename Isa::U& u) {
 // p must be aligned to the pack's size; call Isa::stream_fence() after.
 template <class Isa, class T>
 ZERO_FORCE_INLINE void stream_store(T* p, const Pack<Isa>& x) {
-  typename Isa::U u;
-  if constexpr (std::is_same_v<T, bf16>)
+  typename Isa::H h;
+  if constexpr (std::is_same_v<T, bf16>) {
+    typename Isa::U u;
     zero::detail::float_to_bf16_bits_generic(u, x.v);
-  else
-    zero::detail::float_to_half_bits_generic(u, x.v);
-  Isa::stream(p, __builtin_convertvector(u, typename Isa::H));
+    h = __builtin_convertvector(u, typename Isa::H);
+  } else {
+    half_bits<Isa>(h, x);
+  }
+  Isa::stream(p, h);
 }
 
 template <class Isa>
@@ -302,9 +335,9 @@ ZERO_FORCE_INLINE void store(bf16* p, const Pack<Isa>& x) {
 }
 template <class Isa>
 ZERO_FORCE_INLINE void store(fp16* p, const Pack<Isa>& x) {
-  typename Isa::U u;
-  zero::detail::float_to_half_bits_generic(u, x.v);
-  store_u16_narrowed<Isa>(p, u);
+  typename Isa::H h;
+  half_bits<Isa>(h, x);
+  std::memcpy(p, &h, sizeof h);
 }
 
 // W 8-bit codes, widened to 32-bit lanes, and back.
