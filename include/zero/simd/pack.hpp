@@ -83,6 +83,16 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static inline void narrow_u8(std::uint8_t* p, const U& u) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_maskz_cvtepi32_epi8((__mmask16)-1, (__m512i)u));
   }
+  // 16 lanes of 16 bits to 32-bit lanes (zero-extended), and back (each
+  // lane's low 16 bits): one instruction each, where g++ 12 makes a generic
+  // __builtin_convertvector five (two half-width widenings and an insert)
+  // in every bf16 load of the step and the quantizer.
+  __attribute__((target("avx512f"))) static inline void widen_u16(U& r, const void* p) {
+    r = (U)_mm512_maskz_cvtepu16_epi32((__mmask16)-1, _mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  }
+  __attribute__((target("avx512f"))) static inline void narrow_u16(void* p, const U& u) {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16((__mmask16)-1, (__m512i)u));
+  }
   // fp16 to fp32 and back in one instruction each (F16C's, here at 512
   // bits), both exact but for a NaN's bits (pack.hpp's load and store of
   // fp16 make them the library's).
@@ -130,6 +140,17 @@ struct Avx2 {
                                                                           -1, -1, -1, -1, -1, -1, -1));
     const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), both);
+  }
+  // 8 lanes of 16 bits to 32-bit lanes and back (see Avx512): each lane's
+  // low 16 bits kept, then packed with unsigned saturation, which keeps
+  // them.
+  __attribute__((target("avx2"))) static inline void widen_u16(U& r, const void* p) {
+    r = (U)_mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  }
+  __attribute__((target("avx2"))) static inline void narrow_u16(void* p, const U& u) {
+    const __m256i low = (__m256i)(u & 0xffffu);
+    _mm_storeu_si128(static_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
   }
   // fp16 to fp32 and back through F16C (see Avx512).
   __attribute__((target("avx,f16c"))) static inline void half_to_float(F& r, const H& h) {
@@ -267,9 +288,7 @@ ZERO_FORCE_INLINE Pack<Isa> load(const float* p) {
 }
 template <class Isa>
 ZERO_FORCE_INLINE void load_u16_widened(typename Isa::U& out, const void* p) {
-  typename Isa::H h;
-  std::memcpy(&h, p, sizeof h);
-  out = __builtin_convertvector(h, typename Isa::U);
+  Isa::widen_u16(out, p);
 }
 template <class Isa>
 ZERO_FORCE_INLINE Pack<Isa> load(const bf16* p) {
@@ -308,8 +327,7 @@ ZERO_FORCE_INLINE void store(float* p, const Pack<Isa>& x) {
 }
 template <class Isa>
 ZERO_FORCE_INLINE void store_u16_narrowed(void* p, const typename Isa::U& u) {
-  const typename Isa::H h = __builtin_convertvector(u, typename Isa::H);
-  std::memcpy(p, &h, sizeof h);
+  Isa::narrow_u16(p, u);
 }
 // Streaming (non-temporal) stores of a 16-bit copy: for large write-only
 // arrays, skipping the read-for-ownership of each line saves its traffic.
