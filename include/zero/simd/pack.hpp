@@ -90,8 +90,8 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static inline void widen_u16(U& r, const void* p) {
     r = (U)_mm512_maskz_cvtepu16_epi32((__mmask16)-1, _mm256_loadu_si256(static_cast<const __m256i*>(p)));
   }
-  __attribute__((target("avx512f"))) static inline void narrow_u16(void* p, const U& u) {
-    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16((__mmask16)-1, (__m512i)u));
+  __attribute__((target("avx512f"))) static inline void narrow_u16(H& h, const U& u) {
+    h = (H)_mm512_maskz_cvtepi32_epi16((__mmask16)-1, (__m512i)u);
   }
   // fp16 to fp32 and back in one instruction each (F16C's, here at 512
   // bits), both exact but for a NaN's bits (pack.hpp's load and store of
@@ -147,10 +147,9 @@ struct Avx2 {
   __attribute__((target("avx2"))) static inline void widen_u16(U& r, const void* p) {
     r = (U)_mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
   }
-  __attribute__((target("avx2"))) static inline void narrow_u16(void* p, const U& u) {
+  __attribute__((target("avx2"))) static inline void narrow_u16(H& h, const U& u) {
     const __m256i low = (__m256i)(u & 0xffffu);
-    _mm_storeu_si128(static_cast<__m128i*>(p),
-                     _mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
+    h = (H)_mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
   }
   // fp16 to fp32 and back through F16C (see Avx512).
   __attribute__((target("avx,f16c"))) static inline void half_to_float(F& r, const H& h) {
@@ -327,7 +326,9 @@ ZERO_FORCE_INLINE void store(float* p, const Pack<Isa>& x) {
 }
 template <class Isa>
 ZERO_FORCE_INLINE void store_u16_narrowed(void* p, const typename Isa::U& u) {
-  Isa::narrow_u16(p, u);
+  typename Isa::H h;
+  Isa::narrow_u16(h, u);
+  std::memcpy(p, &h, sizeof h);
 }
 // Streaming (non-temporal) stores of a 16-bit copy: for large write-only
 // arrays, skipping the read-for-ownership of each line saves its traffic.
@@ -338,7 +339,7 @@ ZERO_FORCE_INLINE void stream_store(T* p, const Pack<Isa>& x) {
   if constexpr (std::is_same_v<T, bf16>) {
     typename Isa::U u;
     zero::detail::float_to_bf16_bits_generic(u, x.v);
-    h = __builtin_convertvector(u, typename Isa::H);
+    Isa::narrow_u16(h, u);
   } else {
     half_bits<Isa>(h, x);
   }
