@@ -206,14 +206,11 @@ struct DiskCase {
     const std::size_t owned = report.placed.master.disk / mb;
     chunk = zero::offload::disk_chunk_elements(o.window, Optimizer::state_slots, owned, mb, sb);
     const zero::StateBlocks blocks =
-        zero::StateBlocks::build(zero::Ownership{zero::stage_plan(1), 0, &disk->layout()}, options.state_block,
-                                 options.state_fp32_below);
-    const std::size_t records =
         formats.states == zero::StateFormat::blockwise8
-            ? zero::offload::disk_chunk_starts(chunk, owned, [&](std::size_t e) {
-                return blocks.piece_start_at_or_before(e);
-              }).size() - 1
-            : zero::offload::disk_chunk_starts(chunk, owned).size() - 1;
+            ? zero::StateBlocks::build(zero::Ownership{zero::stage_plan(1), 0, &disk->layout()}, options.state_block,
+                                       options.state_fp32_below)
+            : zero::StateBlocks{};
+    const std::size_t records = zero::offload::disk_chunk_starts(chunk, owned, blocks).size() - 1;
     moved = zero::offload::disk_records_bytes(records, chunk, Optimizer::state_slots, mb, sb);
     src = zero::offload::AlignedBuffer<unsigned char>(moved);
     dst = zero::offload::AlignedBuffer<unsigned char>(moved);

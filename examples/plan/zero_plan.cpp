@@ -426,7 +426,7 @@ int main(int argc, char** argv) {
     if (!zeropp.empty()) throw CLI::ValidationError("--stage", zeropp);
     const std::size_t least_window = zero::offload::disk_least_window_bytes(
         config.state_slots, zero::master_element_bytes(config.options.master),
-        zero::state_element_bytes(config.options.states), config.options.state_piece_elements());
+        zero::state_element_bytes(config.options.states));
     if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
       throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "
                                                       "state slot: at least " + std::to_string(least_window) +

@@ -608,8 +608,7 @@ void check_blockwise8_states() {
       TempDir dir;
       Options on_disk = o;
       on_disk.nvme.directory = dir.path.string();
-      on_disk.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, master_element_bytes(master), 1,
-                                                                   options.state_block);
+      on_disk.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, master_element_bytes(master), 1);
       check_same_steps(run<ZeroOptimizer<P, O, stage<1>, offload::Nvme, backend::Host>>(ranks, on_disk, steps),
                        stage1, steps);
       check_same_steps(run<ZeroOptimizer<P, O, stage<3>, offload::Nvme, backend::Host>>(ranks, on_disk, steps),
@@ -641,9 +640,7 @@ TEST_CASE("8-bit states on disk: chunks end before a block they would cut", "[en
   layout.finalize(2);
   const StateBlocks blocks = StateBlocks::build(Ownership{stage_plan(1), 0, &layout}, 192, 1000);
   const std::size_t owned = layout.padded_total();
-  const auto starts = offload::disk_chunk_starts(4096, owned, [&](std::size_t e) {
-    return blocks.piece_start_at_or_before(e);
-  });
+  const auto starts = offload::disk_chunk_starts(4096, owned, blocks);
   REQUIRE(starts.front() == 0);
   REQUIRE(starts.back() == owned);
   bool shortened = false;
@@ -661,11 +658,11 @@ TEST_CASE("8-bit states on disk: chunks end before a block they would cut", "[en
   }
   CHECK(shortened);  // 192 does not divide 4096: the chunks had blocks to keep whole
   // Without 8-bit blocks the chunks are every 4096 elements.
-  const auto plain = offload::disk_chunk_starts(4096, owned);
+  const auto plain = offload::disk_chunk_starts(4096, owned, StateBlocks{});
   CHECK(plain.size() == (owned + 4095) / 4096 + 1);
   CHECK(plain[1] == 4096);
   // A chunk smaller than a block is refused, naming the options to change.
-  CHECK_THROWS_WITH(offload::disk_chunk_starts(64, owned, [&](std::size_t e) { return blocks.piece_start_at_or_before(e); }),
+  CHECK_THROWS_WITH(offload::disk_chunk_starts(64, owned, blocks),
                     Catch::Contains("Options::nvme.window_bytes") && Catch::Contains("Options::state_block"));
 }
 
@@ -690,7 +687,7 @@ TEST_CASE("8-bit states on disk: bit for bit as in memory, the codes on disk and
       const Trace memory = run<ZeroOptimizer<P, O, stage<1>, offload::None, backend::Host>>(ranks, o, steps);
       TempDir dir;
       o.nvme.directory = dir.path.string();
-      o.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, master_element_bytes(master), 1, 192);
+      o.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, master_element_bytes(master), 1);
       using OnDisk = ZeroOptimizer<P, O, stage<1>, offload::Nvme, backend::Host>;
       const Trace disk = run<OnDisk>(ranks, o, steps);
       check_same_steps(disk, memory, steps);
@@ -711,7 +708,7 @@ TEST_CASE("8-bit states on disk: bit for bit as in memory, the codes on disk and
   TempDir dir, saved;
   Options o = options;
   o.nvme.directory = dir.path.string();
-  o.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, 4, 1, 192);
+  o.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, 4, 1);
   using OnDisk = ZeroOptimizer<P, O, stage<3>, offload::Nvme, backend::Host>;
   const Trace straight = run<OnDisk>(2, o, 6);
   const std::string at3 = (saved.path / "step3").string();

@@ -294,18 +294,14 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     const std::size_t mb = spec.master_bytes, sb = spec.state_bytes;
     s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned, mb, sb);
     s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned, mb, sb);
-    s.swap_file_bytes = offload::disk_swap_file_bytes(window, spec.state_slots, owned, mb, sb);
-    if (options.state_piece_elements() != 0 && spec.state_slots > 0) {
-      // Chunks end before a block of 8-bit state they would cut: rank 0's
-      // (another rank's shard boundaries cut a few blocks elsewhere).
-      const StateBlocks blocks = StateBlocks::build(Ownership{spec.stage, 0, &layout}, options.state_block,
-                                                    options.state_fp32_below);
-      const std::size_t chunks =
-          offload::disk_chunk_starts(s.disk_chunk, owned, [&](std::size_t e) {
-            return blocks.piece_start_at_or_before(e);
-          }).size() - 1;
-      s.swap_file_bytes = offload::disk_records_bytes(chunks, s.disk_chunk, spec.state_slots, mb, sb);
-    }
+    // Chunks end before a block of 8-bit state they would cut: rank 0's
+    // (another rank's shard boundaries cut a few blocks elsewhere).
+    const StateBlocks blocks = options.states == StateFormat::blockwise8 && spec.state_slots > 0
+                                   ? StateBlocks::build(Ownership{spec.stage, 0, &layout}, options.state_block,
+                                                        options.state_fp32_below)
+                                   : StateBlocks{};
+    const std::size_t records = offload::disk_chunk_starts(s.disk_chunk, owned, blocks).size() - 1;
+    s.swap_file_bytes = offload::disk_records_bytes(records, s.disk_chunk, spec.state_slots, mb, sb);
   }
   return s;
 }

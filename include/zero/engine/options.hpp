@@ -263,10 +263,6 @@ struct Options {
   // The bf16 copies' rounding: half away from zero (remainder master or
   // round_ties_away), or to even.
   bool copies_round_ties_away() const { return round_ties_away || master == MasterWeights::remainder; }
-  // The elements of state an update keeps in one piece (a block of 8-bit
-  // state is quantized from all its values), which offload::Nvme's chunks
-  // hold whole; 0 where any element may be updated alone.
-  std::size_t state_piece_elements() const { return states == StateFormat::blockwise8 ? state_block : 0; }
 
   void validate() const {
     require(!(stochastic_rounding && copies_round_ties_away()),

@@ -71,34 +71,30 @@ class DiskStateStore {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
             "files of the master weights and optimizer state");
-    // Three chunks of at least one 4 KiB block per array (and one block of
-    // 8-bit state); a smaller window would be silently exceeded.
+    // Three chunks of at least one 4 KiB block per array; a smaller window
+    // would be silently exceeded.
     master_format_ = format;
     state_format_ = states;
-    blockwise_ = states == StateFormat::blockwise8 && state_slots > 0;
     const std::size_t mb = master_bytes_each(), sb = state_bytes_each();
-    const std::size_t least = disk_least_window_bytes(state_slots, mb, sb, blockwise_ ? blocks.block() : 0);
+    const std::size_t least = disk_least_window_bytes(state_slots, mb, sb);
     require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
             "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
-            state_slots, " state slot(s) of ", Optimizer::name, ")",
-            blockwise_ ? ", each chunk a whole block of the 8-bit state (Options::state_block)," : "",
-            ": it must be at least ", least, " bytes; 64 MiB (the default) streams well");
+            state_slots, " state slot(s) of ", Optimizer::name, "): it must be at least ", least,
+            " bytes; 64 MiB (the default) streams well");
     owned_ = owned;
     chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned, mb, sb);
-    blocks_ = blockwise_ ? blocks : StateBlocks{};
-    if (blockwise_) {
+    blocks_ = blockwise() ? blocks : StateBlocks{};  // without 8-bit runs, chunks cut anywhere
+    if (blockwise()) {
       const std::size_t covered = blocks_.runs().empty() ? 0 : blocks_.runs().back().end();
       require(covered == owned, "offload::Nvme: the 8-bit state's runs cover ", covered, " of ", owned,
               " owned elements");
-      starts_ = disk_chunk_starts(chunk_, owned, [&](std::size_t e) { return blocks_.piece_start_at_or_before(e); });
       for (int k = 0; k < state_slots; ++k) {
         absmax_[k].assign(blocks_.blocks(), 0.0f);
         small_[k].assign(blocks_.fp32_elements(), 0.0f);
         code_[k] = quant::code_for(optim::state_values<Optimizer>(k) == optim::StateValues::non_negative);
       }
-    } else {
-      starts_ = disk_chunk_starts(chunk_, owned);
     }
+    starts_ = disk_chunk_starts(chunk_, owned, blocks_);
     record_floats_ = chunk_ * disk_record_element_bytes(state_slots, mb, sb) / sizeof(float);
     DiskOptions disk;
     disk.directory = options_.directory;
@@ -134,7 +130,7 @@ class DiskStateStore {
         });
       return;
     }
-    if (!slot.is_master() && blockwise_) {
+    if (!slot.is_master() && blockwise()) {
       blockwise_values(slot, offset, host, nullptr, n);
       return;
     }
@@ -162,7 +158,7 @@ class DiskStateStore {
         });
       return;
     }
-    if (!slot.is_master() && blockwise_) {
+    if (!slot.is_master() && blockwise()) {
       blockwise_values(slot, offset, nullptr, host, n);
       return;
     }
@@ -209,7 +205,7 @@ class DiskStateStore {
         part.master = array(s, 0) + at;
       }
       compute_while_io([&] {
-        if (blockwise_) {
+        if (blockwise()) {
           update_runs(s, c, lo, part);
           return;
         }
@@ -365,6 +361,7 @@ class DiskStateStore {
   }
 
   bool remainder() const { return master_format_ == MasterWeights::remainder; }
+  bool blockwise() const { return state_format_ == StateFormat::blockwise8 && state_slots > 0; }
   bool bf16_states() const { return state_format_ == StateFormat::bf16 || state_format_ == StateFormat::bf16_stochastic; }
   std::size_t chunks() const { return starts_.size() - 1; }
   // The chunk holding owned element e (the last one for e == owned).
@@ -416,7 +413,7 @@ class DiskStateStore {
     }
     slot.io = Ticket{};
     std::memset(array(s, 0), 0, record_bytes());
-    if (blockwise_)
+    if (blockwise())
       for (int k = 0; k < state_slots; ++k) std::memset(codes(s, k), quant::quantize(0.0f, code_[k]), chunk_);
   }
   void write_back(int s) {
@@ -476,7 +473,6 @@ class DiskStateStore {
   StateFormat state_format_ = StateFormat::fp32;        // bf16*: arrays 1.. hold bf16; blockwise8: codes
   // StateFormat::blockwise8: the runs, and in host memory each slot's block
   // absmax and small parameters' fp32 state, and the code tables.
-  bool blockwise_ = false;
   StateBlocks blocks_;
   std::vector<float> absmax_[state_slots > 0 ? state_slots : 1];
   std::vector<float> small_[state_slots > 0 ? state_slots : 1];

@@ -36,14 +36,12 @@ inline constexpr std::size_t disk_chunk_block(std::size_t master_bytes, std::siz
 
 // The least Options::nvme.window_bytes: three chunks of one block for each
 // array (the master and every state slot); a smaller window would be
-// silently exceeded. `least_chunk`: elements a chunk must hold at least
-// (8-bit block-wise states: one block of the state, Options::state_block,
-// which is updated in one piece), rounded up to whole blocks.
+// silently exceeded. (With 8-bit states that least chunk, 4096 elements of
+// 1-byte codes, holds a whole block: Options::state_block is at most 4096.)
 inline constexpr std::size_t disk_least_window_bytes(int state_slots, std::size_t master_bytes = 4,
-                                                     std::size_t state_bytes = 4, std::size_t least_chunk = 0) {
-  const std::size_t block = disk_chunk_block(master_bytes, state_bytes);
-  const std::size_t chunk = least_chunk > block ? (least_chunk + block - 1) / block * block : block;
-  return disk_window_chunks * chunk * disk_record_element_bytes(state_slots, master_bytes, state_bytes);
+                                                     std::size_t state_bytes = 4) {
+  return disk_window_chunks * disk_chunk_block(master_bytes, state_bytes) *
+         disk_record_element_bytes(state_slots, master_bytes, state_bytes);
 }
 
 // Elements per chunk for a window of `window_bytes` (three records): a
@@ -73,26 +71,24 @@ inline std::size_t disk_window_elements(std::size_t window_bytes, int state_slot
 
 // Where each chunk of the owned elements begins, and `owned` last (at least
 // one chunk): every `chunk` elements, except where a chunk must end
-// earlier. `piece_start(e)` says where a piece of the owned elements that
-// is updated on its own may begin at or before owned element e; with
-// 8-bit block-wise states that is a block's first element
-// (StateBlocks::piece_start_at_or_before), so a chunk that would cut a
-// block ends before it and holds fewer than `chunk` elements.
-template <class PieceStart>
-std::vector<std::size_t> disk_chunk_starts(std::size_t chunk, std::size_t owned, PieceStart&& piece_start) {
+// earlier. `blocks.piece_start_at_or_before(e)` says where a piece of the
+// owned elements that is updated on its own may begin at or before owned
+// element e: with 8-bit block-wise states, a block's first element
+// (StateBlocks, engine/state_blocks.hpp; one without 8-bit runs cuts
+// anywhere), so a chunk that would cut a block ends before it and holds
+// fewer than `chunk` elements.
+template <class Blocks>
+std::vector<std::size_t> disk_chunk_starts(std::size_t chunk, std::size_t owned, const Blocks& blocks) {
   std::vector<std::size_t> starts{0};
   while (owned - starts.back() > chunk) {
-    const std::size_t from = starts.back(), next = piece_start(from + chunk);
+    const std::size_t from = starts.back(), next = blocks.piece_start_at_or_before(from + chunk);
     require(next > from && next <= from + chunk, "offload::Nvme: a chunk of ", chunk,
             " elements from owned element ", from, " holds no whole block of the 8-bit state; raise "
-            "Options::nvme.window_bytes (disk_least_window_bytes with the block) or lower Options::state_block");
+            "Options::nvme.window_bytes or lower Options::state_block");
     starts.push_back(next);
   }
   starts.push_back(owned);
   return starts;
-}
-inline std::vector<std::size_t> disk_chunk_starts(std::size_t chunk, std::size_t owned) {
-  return disk_chunk_starts(chunk, owned, [](std::size_t e) { return e; });
 }
 
 // Bytes of the swap file: `records` whole records (a chunk of every array;
