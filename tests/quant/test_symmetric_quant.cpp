@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -216,6 +218,13 @@ void check_isas_agree(std::size_t n, const Format& f, bool feedback) {
     x[5] = zero::from_float<T>(std::nanf(""));                               // a NaN (skipped by the maximum)
     for (std::size_t i = 256; i < std::min<std::size_t>(n, 300); ++i) x[i] = zero::from_float<T>(0.0f);
   }
+  if (n > 1000) {
+    // A block whose largest is 127 (int8's inverse exactly 1) holding ties,
+    // which round to even; and a block with an infinity but no NaN.
+    const float ties[] = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f};
+    for (std::size_t k = 0; k < std::size(ties); ++k) x[600 + k] = zero::from_float<T>(ties[k]);
+    x[900] = zero::from_float<T>(-std::numeric_limits<float>::infinity());
+  }
   std::vector<float> start(n);
   for (std::size_t i = 0; i < n; ++i) start[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 1e-4f;
   struct Result {
@@ -238,6 +247,12 @@ void check_isas_agree(std::size_t n, const Format& f, bool feedback) {
   };
   zero::simd::force_isa(zero::simd::IsaLevel::portable);
   const Result portable = run();
+  if (n > 1000 && f.bits == 8 && !feedback) {
+    // The ties above, rounded half to even (inverse 127 / 127 = 1).
+    const std::int8_t expected[] = {127, 0, 2, 2, 0, -2, -2, 126};
+    for (std::size_t k = 0; k < std::size(expected); ++k)
+      CHECK(static_cast<std::int8_t>(portable.payload[600 + k]) == expected[k]);
+  }
   for (const auto isa : zero::simd::supported_isas()) {
     zero::simd::force_isa(isa);
     INFO("isa " << zero::simd::isa_name(isa));

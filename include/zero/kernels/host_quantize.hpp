@@ -37,14 +37,20 @@ using SignedLanes = std::conditional_t<Isa::width == 16, std::int32_t __attribut
 
 // quant::symmetric_code on a pack: the same IEEE operations lane by lane (a
 // product no compiler may contract, the NaN mask, the two rounding
-// additions), so the codes are the scalar loop's.
-template <class Isa>
+// additions), so the codes are the scalar loop's. In a Finite block (no
+// infinity or NaN among its values, so a finite largest magnitude and a
+// finite product in every lane) the NaN mask has nothing to do and is left
+// out.
+template <class Isa, bool Finite = false>
 ZERO_FORCE_INLINE void symmetric_codes(const simd::Pack<Isa>& y, float inverse, SignedLanes<Isa>& q) {
   using U = typename Isa::U;
   const simd::Pack<Isa> t = y * simd::broadcast<Isa>(inverse);
-  const U bits = (U)t.v;
-  const U nan = (U)((bits & 0x7fffffffu) > 0x7f800000u);  // all ones for a NaN
-  const typename Isa::F kept = (typename Isa::F)(bits & ~nan);
+  typename Isa::F kept = t.v;
+  if constexpr (!Finite) {
+    const U bits = (U)t.v;
+    const U nan = (U)((bits & 0x7fffffffu) > 0x7f800000u);  // all ones for a NaN
+    kept = (typename Isa::F)(bits & ~nan);
+  }
   constexpr float round = 12582912.0f;
   const typename Isa::F r = (kept + round) - round;
   q = __builtin_convertvector(r, SignedLanes<Isa>);
@@ -54,17 +60,42 @@ ZERO_FORCE_INLINE void symmetric_codes(const simd::Pack<Isa>& y, float inverse, 
 // a byte, the even element's in the low nibble (quant::pack_int4).
 template <class Isa>
 ZERO_FORCE_INLINE void store_int4(std::uint8_t* p, const SignedLanes<Isa>& q) {
-  alignas(16) std::uint8_t bytes[16] = {};
-  simd::store_u8_narrowed<Isa>(bytes, (typename Isa::U)q);
+  __m128i w;
+  Isa::narrow_u8(w, (typename Isa::U)q);  // in a register: no store read back
   // As 16-bit words: the even code in the low byte, the odd one in the high.
-  const __m128i w = _mm_load_si128(reinterpret_cast<const __m128i*>(bytes));
   const __m128i packed = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0F)),
                                       _mm_and_si128(_mm_srli_epi16(w, 4), _mm_set1_epi16(0xF0)));
-  alignas(16) std::uint8_t out[16];
-  _mm_store_si128(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(packed, packed));
-  std::memcpy(p, out, Isa::width / 2);
+  const __m128i bytes = _mm_packus_epi16(packed, packed);
+  if constexpr (Isa::width == 16) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), bytes);
+  } else {
+    const std::int32_t four = _mm_cvtsi128_si32(bytes);
+    std::memcpy(p, &four, sizeof four);
+  }
 }
 #endif
+
+// A vector of `Bytes` bytes of Lane. (The typedef form: g++ 12 ignores
+// vector_size on an alias of a dependent type or size.)
+template <class Lane, std::size_t Bytes>
+struct VectorOf {
+  typedef Lane type __attribute__((vector_size(Bytes)));
+};
+
+// The largest lane of an unsigned vector: its halves folded down to one lane.
+template <class V>
+ZERO_FORCE_INLINE auto largest_lane(const V& v) {
+  using Lane = std::remove_cvref_t<decltype(v[0])>;
+  if constexpr (sizeof(V) == sizeof(Lane)) {
+    return static_cast<Lane>(v[0]);
+  } else {
+    using Half = typename VectorOf<Lane, sizeof(V) / 2>::type;
+    Half low, high;
+    std::memcpy(&low, &v, sizeof(Half));
+    std::memcpy(&high, reinterpret_cast<const unsigned char*>(&v) + sizeof(Half), sizeof(Half));
+    return largest_lane(low > high ? low : high);
+  }
+}
 
 // quant::host_quantize's body: per block, the largest magnitude, then codes
 // (and residuals). On packs the last partial pack of a block goes through
@@ -123,31 +154,40 @@ struct QuantizeBody {
         if (residual != nullptr) residual_tail[l] = residual[whole + l];
       }
       float* const tail_residual = residual != nullptr ? residual_tail : nullptr;
+      // The largest magnitude, first without screening NaNs (where there is
+      // no residual, over the storage bits themselves: see
+      // largest_magnitude_bits); a block whose largest bits are an
+      // infinity's or a NaN's is folded again with them screened out.
       U most[2] = {};  // two chains of maxima, so each waits on half the loads
-      auto fold = [&](int c, const T* xs, const float* rs) {
-        const U m = (U)fed<Isa>(xs, rs).v & 0x7fffffffu;
-        const U kept = m & ~(U)(m > 0x7f800000u);  // a NaN is 0
-        most[c] = kept > most[c] ? kept : most[c];
+      auto fold = [&](auto screen, int c, const T* xs, const float* rs) {
+        U m = (U)fed<Isa>(xs, rs).v & 0x7fffffffu;
+        if constexpr (decltype(screen)::value) m &= ~(U)(m > 0x7f800000u);  // a NaN is 0
+        most[c] = m > most[c] ? m : most[c];
       };
-      std::size_t i = begin;
-      for (; i + 2 * W <= whole; i += 2 * W) {
-        fold(0, x + i, residual != nullptr ? residual + i : nullptr);
-        fold(1, x + i + W, residual != nullptr ? residual + i + W : nullptr);
-      }
-      if (i < whole) fold(0, x + i, residual != nullptr ? residual + i : nullptr);
-      if (rest != 0) fold(1, x_tail, tail_residual);
-      most[0] = most[1] > most[0] ? most[1] : most[0];
-      std::int32_t largest = 0;
-      for (int l = 0; l < W; ++l)
-        largest = static_cast<std::int32_t>(most[0][l]) > largest ? static_cast<std::int32_t>(most[0][l]) : largest;
-      const float absmax = quant::magnitude_of(largest);
+      auto fold_block = [&](auto screen) {
+        most[0] = most[1] = U{};
+        std::size_t i = begin;
+        for (; i + 2 * W <= whole; i += 2 * W) {
+          fold(screen, 0, x + i, residual != nullptr ? residual + i : nullptr);
+          fold(screen, 1, x + i + W, residual != nullptr ? residual + i + W : nullptr);
+        }
+        if (i < whole) fold(screen, 0, x + i, residual != nullptr ? residual + i : nullptr);
+        if (rest != 0) fold(screen, 1, x_tail, tail_residual);
+        most[0] = most[1] > most[0] ? most[1] : most[0];
+        return static_cast<std::uint32_t>(largest_lane(most[0]));
+      };
+      std::uint32_t largest = residual == nullptr ? largest_magnitude_bits<Isa>(x + begin, end - begin)
+                                                  : fold_block(std::false_type{});
+      const bool finite = largest < 0x7f800000u;
+      if (!finite) largest = fold_block(std::true_type{});
+      const float absmax = __builtin_bit_cast(float, largest);
       const float inverse = quant::symmetric_inverse(absmax, levels);
       const float scale = quant::symmetric_scale(absmax, levels);
       // Codes (int4: W codes in W / 2 bytes; packs start even) and residuals.
-      auto code = [&](const T* xs, float* rs, std::uint8_t* codes) {
+      auto code = [&](auto finite_block, const T* xs, float* rs, std::uint8_t* codes) {
         const simd::Pack<Isa> y = fed<Isa>(xs, rs);
         SignedLanes<Isa> q;
-        symmetric_codes<Isa>(y, inverse, q);
+        symmetric_codes<Isa, decltype(finite_block)::value>(y, inverse, q);
         if (f.bits == 8)
           simd::store_u8_narrowed<Isa>(codes, (U)q);
         else
@@ -157,10 +197,16 @@ struct QuantizeBody {
           simd::store(rs, y - value * simd::broadcast<Isa>(scale));
         }
       };
-      for (i = begin; i < whole; i += W)
-        code(x + i, residual != nullptr ? residual + i : nullptr, p.codes + (f.bits == 8 ? i : i / 2));
+      auto code_block = [&](auto finite_block) {
+        for (std::size_t i = begin; i < whole; i += W)
+          code(finite_block, x + i, residual != nullptr ? residual + i : nullptr, p.codes + (f.bits == 8 ? i : i / 2));
+        if (rest != 0) code(finite_block, x_tail, tail_residual, codes_tail);
+      };
+      if (finite)
+        code_block(std::true_type{});
+      else
+        code_block(std::false_type{});
       if (rest != 0) {
-        code(x_tail, tail_residual, codes_tail);
         std::memcpy(p.codes + (f.bits == 8 ? whole : whole / 2), codes_tail, f.bits == 8 ? rest : (rest + 1) / 2);
         if (residual != nullptr) std::memcpy(residual + whole, residual_tail, rest * sizeof(float));
       }
@@ -173,6 +219,42 @@ struct QuantizeBody {
   static ZERO_FORCE_INLINE simd::Pack<Isa> fed(const T* x, const float* residual) {
     const simd::Pack<Isa> v = simd::load<Isa>(x);
     return residual != nullptr ? v + simd::load<Isa>(residual) : v;
+  }
+
+  // The fp32 bits of the largest magnitude among x[0, count), NaNs not
+  // screened out: at least an infinity's bits (0x7f800000) where there is
+  // an infinity or a NaN. Over the storage bits themselves: a type's
+  // magnitudes order as its bits without the sign, compared unsigned
+  // (bf16's and fp16's alike), so a 16-bit type folds twice the lanes of
+  // fp32 values per pack, unconverted, and converts the largest alone
+  // (exactly).
+  template <class Isa>
+  static ZERO_FORCE_INLINE std::uint32_t largest_magnitude_bits(const T* x, std::size_t count) {
+    using Bits = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
+    using V = typename VectorOf<Bits, sizeof(typename Isa::U)>::type;
+    constexpr std::size_t lanes = sizeof(V) / sizeof(Bits);
+    constexpr Bits magnitude = static_cast<Bits>(static_cast<Bits>(~Bits{0}) >> 1);
+    V most{};
+    auto fold = [&](V& v) {
+      v &= magnitude;
+      most = v > most ? v : most;
+    };
+    std::size_t i = 0;
+    for (; i + lanes <= count; i += lanes) {
+      V v;
+      std::memcpy(&v, x + i, sizeof v);
+      fold(v);
+    }
+    if (i < count) {
+      V v{};
+      std::memcpy(&v, x + i, (count - i) * sizeof(T));
+      fold(v);
+    }
+    const Bits top = largest_lane(most);
+    if constexpr (sizeof(T) == 2)
+      return __builtin_bit_cast(std::uint32_t, to_float(T{top}));  // an fp16 NaN or infinity stays one
+    else
+      return top;
   }
 #endif
 };

@@ -83,6 +83,12 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static inline void narrow_u8(std::uint8_t* p, const U& u) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_maskz_cvtepi32_epi8((__mmask16)-1, (__m512i)u));
   }
+  // The same bytes as the first 16 of a register, to be packed further
+  // without a trip through memory (a narrow store read back as one 16-byte
+  // load stalls on store forwarding).
+  __attribute__((target("avx512f"))) static inline void narrow_u8(__m128i& r, const U& u) {
+    r = _mm512_maskz_cvtepi32_epi8((__mmask16)-1, (__m512i)u);
+  }
   // 16 lanes of 16 bits to 32-bit lanes (zero-extended), and back (each
   // lane's low 16 bits): one instruction each, where g++ 12 makes a generic
   // __builtin_convertvector five (two half-width widenings and an insert)
@@ -134,12 +140,17 @@ struct Avx2 {
     r = (U)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
   __attribute__((target("avx2"))) static inline void narrow_u8(std::uint8_t* p, const U& u) {
+    __m128i both;
+    narrow_u8(both, u);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), both);
+  }
+  // The same bytes as the first 8 of a register (the other 8 zero).
+  __attribute__((target("avx2"))) static inline void narrow_u8(__m128i& r, const U& u) {
     // Each 128-bit half's four low bytes to its first dword, then the two dwords side by side.
     const __m256i low = _mm256_shuffle_epi8((__m256i)u, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                                                           -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1,
                                                                           -1, -1, -1, -1, -1, -1, -1));
-    const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), both);
+    r = _mm_unpacklo_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
   }
   // 8 lanes of 16 bits to 32-bit lanes and back (see Avx512): each lane's
   // low 16 bits kept, then packed with unsigned saturation, which keeps
