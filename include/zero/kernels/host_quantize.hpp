@@ -40,7 +40,9 @@ using SignedLanes = std::conditional_t<Isa::width == 16, std::int32_t __attribut
 // additions), so the codes are the scalar loop's. In a Finite block (no
 // infinity or NaN among its values, so a finite largest magnitude and a
 // finite product in every lane) the NaN mask has nothing to do and is left
-// out.
+// out, and the rounding is the conversion's own, to nearest even: the same
+// integer as the two additions wherever |t| < 2^22 (here |t| <= L (1 +
+// 2^-22)), in one instruction instead of three.
 template <class Isa, bool Finite = false>
 ZERO_FORCE_INLINE void symmetric_codes(const simd::Pack<Isa>& y, float inverse, SignedLanes<Isa>& q) {
   using U = typename Isa::U;
@@ -51,9 +53,15 @@ ZERO_FORCE_INLINE void symmetric_codes(const simd::Pack<Isa>& y, float inverse, 
     const U nan = (U)((bits & 0x7fffffffu) > 0x7f800000u);  // all ones for a NaN
     kept = (typename Isa::F)(bits & ~nan);
   }
-  constexpr float round = 12582912.0f;
-  const typename Isa::F r = (kept + round) - round;
-  q = __builtin_convertvector(r, SignedLanes<Isa>);
+  if constexpr (Finite) {
+    typename Isa::U r;
+    Isa::round_to_int(r, kept);
+    q = (SignedLanes<Isa>)r;
+  } else {
+    constexpr float round = 12582912.0f;
+    const typename Isa::F r = (kept + round) - round;
+    q = __builtin_convertvector(r, SignedLanes<Isa>);
+  }
 }
 
 // W int4 codes (lanes of q, in [-8, 7]) packed into W / 2 bytes at p, two to
@@ -198,7 +206,23 @@ struct QuantizeBody {
         }
       };
       auto code_block = [&](auto finite_block) {
-        for (std::size_t i = begin; i < whole; i += W)
+        std::size_t i = begin;
+        // bf16 to int8 (qwZ's parameters, hpZ's copy), four packs at a
+        // time: unpacking bf16 bits beside zeros makes the fp32 values and
+        // the saturating packs make the bytes, in half the instructions of
+        // widening and narrowing each pack; the packs put back in order
+        // the lanes the unpacks interleave.
+        if constexpr (decltype(finite_block)::value && std::is_same_v<T, bf16>)
+          if (residual == nullptr && f.bits == 8)
+            for (; i + 4 * W <= whole; i += 4 * W) {
+              simd::Pack<Isa> y[4];
+              Isa::load_bf16_interleaved(y[0].v, y[1].v, x + i);
+              Isa::load_bf16_interleaved(y[2].v, y[3].v, x + i + 2 * W);
+              SignedLanes<Isa> q[4];
+              for (int k = 0; k < 4; ++k) symmetric_codes<Isa, true>(y[k], inverse, q[k]);
+              Isa::store_s8_interleaved(p.codes + i, (U)q[0], (U)q[1], (U)q[2], (U)q[3]);
+            }
+        for (; i < whole; i += W)
           code(finite_block, x + i, residual != nullptr ? residual + i : nullptr, p.codes + (f.bits == 8 ? i : i / 2));
         if (rest != 0) code(finite_block, x_tail, tail_residual, codes_tail);
       };

@@ -99,6 +99,29 @@ struct Avx512 {
   __attribute__((target("avx512f"))) static inline void narrow_u16(H& h, const U& u) {
     h = (H)_mm512_maskz_cvtepi32_epi16((__mmask16)-1, (__m512i)u);
   }
+  // Each lane rounded to the nearest integer, ties to even (as a signed
+  // 32-bit lane).
+  __attribute__((target("avx512f"))) static inline void round_to_int(U& q, const F& f) {
+    q = (U)_mm512_maskz_cvt_roundps_epi32((__mmask16)-1, (__m512)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // 2W bf16 values at p as fp32 in two packs, their lanes interleaved as
+  // the unpack instructions leave them: in each 128 bits, lo holds
+  // elements 8L .. 8L + 3 and hi 8L + 4 .. 8L + 7. store_s8_interleaved
+  // puts such lanes back in order.
+  __attribute__((target("avx512bw"))) static inline void load_bf16_interleaved(F& lo, F& hi, const void* p) {
+    const __m512i v = _mm512_loadu_si512(p), zero = _mm512_setzero_si512();
+    lo = (F)_mm512_unpacklo_epi16(zero, v);
+    hi = (F)_mm512_unpackhi_epi16(zero, v);
+  }
+  // 4W signed 32-bit lanes, in [-128, 127], as 4W bytes at p in element
+  // order: a and b the first 2W elements as load_bf16_interleaved leaves
+  // them, c and d the next 2W.
+  __attribute__((target("avx512bw"))) static inline void store_s8_interleaved(std::uint8_t* p, const U& a, const U& b,
+                                                                             const U& c, const U& d) {
+    const __m512i bytes = _mm512_packs_epi16(_mm512_packs_epi32((__m512i)a, (__m512i)b),
+                                             _mm512_packs_epi32((__m512i)c, (__m512i)d));
+    _mm512_storeu_si512(p, _mm512_maskz_permutexvar_epi64((__mmask8)-1, _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), bytes));
+  }
   // fp16 to fp32 and back in one instruction each (F16C's, here at 512
   // bits), both exact but for a NaN's bits (pack.hpp's load and store of
   // fp16 make them the library's).
@@ -161,6 +184,23 @@ struct Avx2 {
   __attribute__((target("avx2"))) static inline void narrow_u16(H& h, const U& u) {
     const __m256i low = (__m256i)(u & 0xffffu);
     h = (H)_mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
+  }
+  // Each lane rounded to the nearest integer, ties to even (in the default
+  // rounding mode, as the reference's rounding additions).
+  __attribute__((target("avx"))) static inline void round_to_int(U& q, const F& f) {
+    q = (U)_mm256_cvtps_epi32((__m256)f);
+  }
+  // bf16 values in interleaved lanes and signed bytes back in order (see Avx512).
+  __attribute__((target("avx2"))) static inline void load_bf16_interleaved(F& lo, F& hi, const void* p) {
+    const __m256i v = _mm256_loadu_si256(static_cast<const __m256i*>(p)), zero = _mm256_setzero_si256();
+    lo = (F)_mm256_unpacklo_epi16(zero, v);
+    hi = (F)_mm256_unpackhi_epi16(zero, v);
+  }
+  __attribute__((target("avx2"))) static inline void store_s8_interleaved(std::uint8_t* p, const U& a, const U& b,
+                                                                         const U& c, const U& d) {
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32((__m256i)a, (__m256i)b),
+                                             _mm256_packs_epi32((__m256i)c, (__m256i)d));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(bytes, 0xD8));
   }
   // fp16 to fp32 and back through F16C (see Avx512).
   __attribute__((target("avx,f16c"))) static inline void half_to_float(F& r, const H& h) {
