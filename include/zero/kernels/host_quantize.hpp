@@ -50,17 +50,14 @@ template <class Isa, bool Finite = false>
 ZERO_FORCE_INLINE void symmetric_codes(const simd::Pack<Isa>& y, float inverse, SignedLanes<Isa>& q) {
   using U = typename Isa::U;
   const simd::Pack<Isa> t = y * simd::broadcast<Isa>(inverse);
-  typename Isa::F kept = t.v;
-  if constexpr (!Finite) {
-    const U bits = (U)t.v;
-    const U nan = (U)((bits & 0x7fffffffu) > 0x7f800000u);  // all ones for a NaN
-    kept = (typename Isa::F)(bits & ~nan);
-  }
   if constexpr (Finite) {
-    typename Isa::U r;
-    Isa::round_to_int(r, kept);
+    U r;
+    Isa::round_to_int(r, t.v);
     q = (SignedLanes<Isa>)r;
   } else {
+    const U bits = (U)t.v;
+    const U nan = (U)((bits & 0x7fffffffu) > 0x7f800000u);  // all ones for a NaN
+    const typename Isa::F kept = (typename Isa::F)(bits & ~nan);
     constexpr float round = 12582912.0f;
     const typename Isa::F r = (kept + round) - round;
     q = __builtin_convertvector(r, SignedLanes<Isa>);
@@ -165,9 +162,9 @@ struct QuantizeBody {
         if (residual != nullptr) residual_tail[l] = residual[whole + l];
       }
       float* const tail_residual = residual != nullptr ? residual_tail : nullptr;
-      // The largest magnitude, first without screening NaNs (where there is
-      // no residual, over the storage bits themselves: see
-      // largest_magnitude_bits); a block whose largest bits are an
+      // The largest magnitude, first without screening NaNs (a 16-bit type
+      // without a residual over its storage bits themselves: see
+      // largest_half_magnitude_bits); a block whose largest bits are an
       // infinity's or a NaN's is folded again with them screened out.
       U most[2] = {};  // two chains of maxima, so each waits on half the loads
       auto fold = [&](auto screen, int c, const T* xs, const float* rs) {
@@ -187,8 +184,12 @@ struct QuantizeBody {
         most[0] = most[1] > most[0] ? most[1] : most[0];
         return static_cast<std::uint32_t>(largest_lane(most[0]));
       };
-      std::uint32_t largest = residual == nullptr ? largest_magnitude_bits<Isa>(x + begin, end - begin)
-                                                  : fold_block(std::false_type{});
+      std::uint32_t largest = 0;
+      if constexpr (sizeof(T) == 2)
+        largest = residual == nullptr ? largest_half_magnitude_bits<Isa>(x + begin, end - begin)
+                                      : fold_block(std::false_type{});
+      else
+        largest = fold_block(std::false_type{});
       const bool finite = largest < 0x7f800000u;
       if (!finite) largest = fold_block(std::true_type{});
       const float absmax = __builtin_bit_cast(float, largest);
@@ -248,22 +249,20 @@ struct QuantizeBody {
     return residual != nullptr ? v + simd::load<Isa>(residual) : v;
   }
 
-  // The fp32 bits of the largest magnitude among x[0, count), NaNs not
-  // screened out: at least an infinity's bits (0x7f800000) where there is
-  // an infinity or a NaN. Over the storage bits themselves: a type's
-  // magnitudes order as its bits without the sign, compared unsigned
-  // (bf16's and fp16's alike), so a 16-bit type folds twice the lanes of
-  // fp32 values per pack, unconverted, and converts the largest alone
-  // (exactly).
+  // The fp32 bits of the largest magnitude among the 16-bit values
+  // x[0, count), NaNs not screened out: at least an infinity's bits
+  // (0x7f800000) where there is an infinity or a NaN. Over the storage bits
+  // themselves: bf16's and fp16's magnitudes order as their bits without
+  // the sign, compared unsigned, so a pack's bytes fold twice the lanes of
+  // fp32 values, unconverted, and only the largest is converted (exactly).
   template <class Isa>
-  static ZERO_FORCE_INLINE std::uint32_t largest_magnitude_bits(const T* x, std::size_t count) {
-    using Bits = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
-    using V = typename VectorOf<Bits, sizeof(typename Isa::U)>::type;
-    constexpr std::size_t lanes = sizeof(V) / sizeof(Bits);
-    constexpr Bits magnitude = static_cast<Bits>(static_cast<Bits>(~Bits{0}) >> 1);
+  static ZERO_FORCE_INLINE std::uint32_t largest_half_magnitude_bits(const T* x, std::size_t count) {
+    static_assert(sizeof(T) == 2);
+    using V = typename VectorOf<std::uint16_t, sizeof(typename Isa::U)>::type;
+    constexpr std::size_t lanes = sizeof(V) / 2;
     V most{};
     auto fold = [&](V& v) {
-      v &= magnitude;
+      v &= 0x7fffu;
       most = v > most ? v : most;
     };
     std::size_t i = 0;
@@ -277,11 +276,8 @@ struct QuantizeBody {
       std::memcpy(&v, x + i, (count - i) * sizeof(T));
       fold(v);
     }
-    const Bits top = largest_lane(most);
-    if constexpr (sizeof(T) == 2)
-      return __builtin_bit_cast(std::uint32_t, to_float(T{top}));  // an fp16 NaN or infinity stays one
-    else
-      return top;
+    // An fp16 NaN or infinity stays one.
+    return __builtin_bit_cast(std::uint32_t, to_float(T{largest_lane(most)}));
   }
 #endif
 };
