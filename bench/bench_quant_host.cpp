@@ -126,16 +126,30 @@ void run_codes(std::size_t n, int reps, bool json) {
     double decode = 1e30, encode = 1e30;
   };
   std::vector<Times> best(isas.size());
-  for (int r = 0; r < reps; ++r)
+  // With VBMI, AVX-512 decodes through byte permutes; its float-permute
+  // decoder (CPUs without VBMI) is timed beside it.
+  const bool vbmi = isas.back() == zero::simd::IsaLevel::avx512 && zero::simd::detail::has_avx512_vbmi();
+  double float_permutes = 1e30;
+  for (int r = 0; r < reps; ++r) {
     for (std::size_t k = 0; k < isas.size(); ++k) {
       best[k].decode = std::min(best[k].decode, seconds([&] { zero::simd::dispatch<DecodeBody>(isas[k], q.data(), block, out.data(), times); }));
       best[k].encode = std::min(best[k].encode, seconds([&] { zero::simd::dispatch<EncodeBody>(isas[k], x.data(), block, q.data(), times); }));
     }
+    if (vbmi)
+      float_permutes = std::min(float_permutes, seconds([&] {
+                                  for (std::size_t t = 0; t < times; ++t)
+                                    zero::simd::detail::decode_codes_avx512(q.data(), block, zero::quant::dynamic_code_signed.data(),
+                                                                            0.5f, out.data());
+                                }));
+  }
   const std::size_t avx2 = 1;  // supported_isas() lists portable, avx2, avx512
   const double values = static_cast<double>(times * block);
-  for (std::size_t k = 0; k < isas.size(); ++k) {
-    const char* name = zero::simd::isa_name(isas[k]);
+  if (vbmi) best.push_back({float_permutes, 1e30});  // printed as "avx512-no-vbmi", decode only
+  for (std::size_t k = 0; k < best.size(); ++k) {
+    const bool no_vbmi = k == isas.size();
+    const char* name = no_vbmi ? "avx512-no-vbmi" : zero::simd::isa_name(isas[k]);
     for (const bool encode : {false, true}) {
+      if (encode && no_vbmi) continue;
       const double t = encode ? best[k].encode : best[k].decode;
       const double peer = avx2 < isas.size() ? (encode ? best[avx2].encode : best[avx2].decode) : t;
       if (json)
@@ -143,7 +157,7 @@ void run_codes(std::size_t n, int reps, bool json) {
                     "\"ns_per_value\":%.4f,\"speedup_over_avx2_gathers\":%.3f}\n",
                     encode ? "encode" : "decode", name, values, t, t / values * 1e9, peer / t);
       else
-        std::printf("dynamic8 %-6s %-8s %.3f ns/value  %.2fx avx2's gathers\n", encode ? "encode" : "decode", name,
+        std::printf("dynamic8 %-6s %-14s %.3f ns/value  %.2fx avx2's gathers\n", encode ? "encode" : "decode", name,
                     t / values * 1e9, peer / t);
     }
   }

@@ -316,3 +316,41 @@ TEST_CASE("offload::Nvme: option errors name Options::nvme, and the window's min
   CHECK(run_with_fault(options, [] {}).empty());
   CHECK(dir.files() == 0);
 }
+
+// A checkpoint's import comes a unit and a slot at a time
+// (checkpoint/optimizer_io.hpp). Each record it changes is written when its
+// window slot is reused, not after every call, so loading writes the state
+// about once per slot instead of once per unit and slot; and what was
+// imported reads back exactly, from the window or from the file.
+TEST_CASE("offload::Nvme: an import writes a record when it leaves the window, not after every call",
+          "[offload][nvme]") {
+  TempDir dir;
+  zero::NvmeOptions nvme;
+  nvme.directory = dir.path.string();
+  nvme.window_bytes = std::size_t{3} * 4096 * 3;  // 1024-element records
+  zero::offload::DiskStateStore<AdamW> store;
+  store.configure(nvme, 0);
+  constexpr std::size_t owned = 10 * 1024 + 300, piece = 100;
+  store.allocate(owned, zero::MasterWeights::fp32, zero::StateFormat::fp32, zero::StateBlocks{});
+  const std::size_t records = (owned + store.chunk_elements() - 1) / store.chunk_elements();
+  REQUIRE(records >= 10);
+  const std::uint64_t record_bytes = store.chunk_elements() * 3 * sizeof(float);
+  std::vector<float> values[3];
+  for (int a = 0; a < 3; ++a) {
+    values[a].resize(owned);
+    for (std::size_t i = 0; i < owned; ++i) values[a][i] = static_cast<float>(a * 100000 + static_cast<int>(i)) * 0.25f;
+  }
+  auto slot = [](int a) { return a == 0 ? zero::StateSlot{} : zero::StateSlot{a - 1}; };
+  for (int a = 0; a < 3; ++a)  // slot by slot, as a checkpoint's arrays are read
+    for (std::size_t at = 0; at < owned; at += piece)
+      store.import_values(slot(a), at, values[a].data() + at, std::min(piece, owned - at), static_cast<float*>(nullptr));
+  // Once per slot at most (each pass over the records evicts them all);
+  // written after every call it was one record per piece and slot, 309 here.
+  CHECK(store.swap().bytes_written() <= 3 * records * record_bytes);
+  CHECK(store.swap().bytes_written() >= (3 * records - 3 * 3) * record_bytes);  // all but the window's last three, per slot
+  for (int a = 0; a < 3; ++a) {
+    std::vector<float> back(owned, -1.0f);
+    store.export_values(slot(a), 0, back.data(), owned, static_cast<const float*>(nullptr));
+    CHECK(back == values[a]);
+  }
+}

@@ -240,6 +240,12 @@ struct HostBlockStepBody {
     std::uint16_t* rest = nullptr;
     if constexpr (Args::can_split_master) rest = a.remainder;
     const bool split = rest != nullptr;
+    // Each slot's largest magnitude, folded here rather than in a pass of
+    // its own: the largest of the values' bits without their sign (for
+    // non-negative floats the same order; an infinity or NaN is at least
+    // 0x7f800000, which quant::quantize_block then handles).
+    using U = typename Isa::U;
+    U largest[S > 0 ? S : 1] = {};
     std::size_t i = begin;
     for (; i + W <= end; i += W) {
       if ((i & 31) == 0) {
@@ -261,7 +267,11 @@ struct HostBlockStepBody {
       P st[S > 0 ? S : 1];
       for (int k = 0; k < S; ++k) st[k] = simd::load<Isa>(scratch + static_cast<std::size_t>(k) * a.block + (i - begin));
       Opt::update(scalars, w, simd::load<Isa>(grad + i) * grad_scale, st);
-      for (int k = 0; k < S; ++k) simd::store(scratch + static_cast<std::size_t>(k) * a.block + (i - begin), st[k]);
+      for (int k = 0; k < S; ++k) {
+        simd::store(scratch + static_cast<std::size_t>(k) * a.block + (i - begin), st[k]);
+        const U magnitude = (U)st[k].v & 0x7fffffffu;
+        largest[k] = largest[k] > magnitude ? largest[k] : magnitude;
+      }
       if (split) {
         simd::store_split(param + i, rest + i, w);
         continue;
@@ -270,35 +280,23 @@ struct HostBlockStepBody {
       if constexpr (!std::is_same_v<Param, float>)
         store_copy<Isa>(param, i, w, a.rounding, a.ties_away, a.global_offset);
     }
+    const std::size_t tail = i - begin;  // its states are not in `largest`
     for (; i < end; ++i) blockwise_update_element(a, b, i, scratch);  // reads the codes, not yet rewritten
-    // Pass 3: each slot's absmax, then its codes.
+    // Pass 3: each slot's absmax (the lanes', and the tail's), then its codes.
     for (int k = 0; k < S; ++k) {
       const float* x = scratch + static_cast<std::size_t>(k) * a.block;
       std::uint8_t* q = a.state8[k] + begin;
-      using U = typename Isa::U;
-      P most{};
-      U exponent_all_ones{};
-      std::size_t j = 0;
-      for (; j + W <= n; j += W) {
-        const P v = simd::abs(simd::load<Isa>(x + j));
-        most = simd::max(most, v);
-        exponent_all_ones |= (U)(((U)v.v & 0x7f800000u) == 0x7f800000u);
+      std::uint32_t most = 0;
+      for (int l = 0; l < W; ++l) most = largest[k][l] > most ? largest[k][l] : most;
+      for (std::size_t t = tail; t < n; ++t) {
+        const std::uint32_t magnitude = __builtin_bit_cast(std::uint32_t, x[t]) & 0x7fffffffu;
+        most = magnitude > most ? magnitude : most;
       }
-      float absmax = 0.0f;
-      bool finite = true;
-      for (int l = 0; l < W; ++l) {
-        absmax = most.v[l] > absmax ? most.v[l] : absmax;
-        finite = finite && exponent_all_ones[l] == 0;
-      }
-      for (std::size_t t = j; t < n; ++t) {
-        const float v = zero::math::abs(x[t]);
-        finite = finite && v <= 3.40282347e+38f;
-        absmax = v > absmax ? v : absmax;
-      }
-      if (!finite || absmax == 0.0f) {  // rare: the serial quantizer's rule (NaN absmax, or zeros)
+      if (most >= 0x7f800000u || most == 0) {  // rare: the serial quantizer's rule (an infinity or NaN, or zeros)
         a.absmax[k][b] = quant::quantize_block(x, n, a.code[k], q);
         continue;
       }
+      const float absmax = __builtin_bit_cast(float, most);
       a.absmax[k][b] = absmax;
       simd::encode_codes<Isa>(x, n, absmax, *lookups.exact[k], lookups.segments[k], q);
     }

@@ -353,10 +353,7 @@ class DiskStateStore {
                              absmax_[k].data() + run.first_block + touched.first, source, target);
         changed |= import;
       });
-      if (changed) {
-        write_back(s);
-        swap_->wait(slots_[s].io);
-      }
+      if (changed) slots_[s].dirty = true;  // written when its window slot is reused (victim())
     }
   }
 
@@ -443,7 +440,10 @@ class DiskStateStore {
   }
   // Owned elements [offset, offset + n) of one array, chunk by chunk:
   // visit(stored, done, count) reads or fills them and returns whether it
-  // changed them (they are then written back at once).
+  // changed them. A changed chunk is written when its window slot is reused
+  // (victim()), not at once: a checkpoint's import comes a unit and a slot
+  // at a time, and writing the whole record after each wrote every record
+  // once per unit and slot it holds.
   template <class Visit>
   void transfer(StateSlot slot, std::size_t offset, std::size_t n, Visit&& visit) {
     require(offset <= owned_ && n <= owned_ - offset, "offload::Nvme: owned elements [", offset, ", ", offset + n,
@@ -457,10 +457,7 @@ class DiskStateStore {
       const std::size_t lo = std::max(offset, starts_[c]), hi = std::min(offset + n, starts_[c + 1]);
       const std::size_t bytes = a == 0 ? master_bytes_each() : state_bytes_each();
       void* stored = reinterpret_cast<char*>(array(s, a)) + (lo - starts_[c]) * bytes;
-      if (visit(stored, lo - offset, hi - lo)) {
-        write_back(s);
-        swap_->wait(slots_[s].io);
-      }
+      if (visit(stored, lo - offset, hi - lo)) slots_[s].dirty = true;
     }
   }
 

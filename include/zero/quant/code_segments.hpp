@@ -16,9 +16,10 @@
 // computes it, lies within near/2 of k + 1. t is monotone in y (fma rounds
 // monotonically and slope > 0), so for a y whose t is not within `near` of
 // an inner edge, floor(t) counts exactly the inner midpoints below y, and
-// first + floor(t) is quantize()'s index. A y whose t is that near an edge
-// (about 2 in 1000 values), or that equals a segment's bound, is deferred to
-// the exact search (NearestCode). A table without this structure (a user's
+// first + floor(t) is quantize()'s index. A y whose t is that near an
+// integer above 1/2 (an inner edge, or the segment's upper end, which is
+// cheaper to defer than to tell apart: about 2 in 1000 values), or that
+// equals a segment's bound, is deferred to the exact search (NearestCode). A table without this structure (a user's
 // own) is marked unusable and the step keeps its gathers.
 #pragma once
 
@@ -55,8 +56,7 @@ class CodeSegments {
     if (bound == y) return -1;
     const int s = first_[sign][b] + (bound < y ? 1 : 0);
     const float t = std::fma(y, slope_[s], offset_[s]);
-    const float edge = std::nearbyint(t);
-    if (std::fabs(t - edge) < near && edge >= 1.0f && edge <= top_[s]) return -1;
+    if (std::fabs(t - std::nearbyint(t)) < near && t > 0.5f) return -1;
     float k = std::floor(t);
     k = k > 0.0f ? k : 0.0f;
     k = k < top_[s] ? k : top_[s];
