@@ -224,14 +224,16 @@ struct HostBlockStepBody {
                               scratch + static_cast<std::size_t>(k) * a.block);
     // Pass 2: the update, the new states back into the scratch. The block's
     // streams stop while passes 1 and 3 run, so the hardware prefetchers
-    // lose them; each array is prefetched 1024 elements ahead (into the next
-    // block), a line of the 16-bit arrays every 32 elements: 1.5x the step
-    // on a 2-core EPYC VM.
+    // lose them; each array the update reads is prefetched 1024 elements
+    // ahead (into the next block), a line of the 16-bit arrays every 32
+    // elements: 1.5x the step on a 2-core EPYC VM. The codes a whole block
+    // ahead: 1.13x more (bench/results/2026-12-06-8bit-step.md).
     constexpr std::size_t ahead = 1024;
     // Locals, not reads through `a`: the byte and 16-bit stores may alias
     // anything, so g++ reloads every field after each of them otherwise.
     const auto scalars = a.scalars;
     const float grad_scale = a.grad_scale;
+    const std::size_t block = a.block;
     const std::uint8_t* codes[S > 0 ? S : 1] = {};
     for (int k = 0; k < S; ++k) codes[k] = a.state8[k];
     Param* const param = a.param;
@@ -257,7 +259,10 @@ struct HostBlockStepBody {
           __builtin_prefetch(master + p, 1);
         }
         __builtin_prefetch(grad + p, 0);
-        for (int k = 0; k < S; ++k) __builtin_prefetch(codes[k] + p, 1);
+        // The codes are read first, by the next block's pass 1: a block
+        // ahead, so that all of the next block's are, a line per 64.
+        if ((i & 63) == 0)
+          for (int k = 0; k < S; ++k) __builtin_prefetch(codes[k] + i + block, 1);
       }
       P w;
       if (split)

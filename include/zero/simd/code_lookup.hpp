@@ -76,6 +76,26 @@ inline bool has_avx512_vbmi() {
   return yes;
 }
 
+// The byte indices decode_codes_vbmi permutes by, computed at compile time.
+struct VbmiDecodeIndices {
+  // pick[p][j]: byte p of float j of two registers (4j + p), mod 128 for
+  // j >= 32, where the same index picks from the next two.
+  alignas(64) std::uint8_t pick[4][64];
+  // The unpacks interleave within 128-bit lanes, so float k of output
+  // register f (lane L = k / 4) comes from byte 16 L + 4 f + k % 4 of the
+  // looked-up planes: the codes are permuted first so that it is code 16 f + k.
+  alignas(64) std::uint8_t order[64];
+};
+inline constexpr VbmiDecodeIndices vbmi_decode_indices = [] {
+  VbmiDecodeIndices x{};
+  for (int p = 0; p < 4; ++p)
+    for (int j = 0; j < 64; ++j) x.pick[p][j] = static_cast<std::uint8_t>((4 * j + p) & 127);
+  for (int lane = 0; lane < 4; ++lane)
+    for (int f = 0; f < 4; ++f)
+      for (int b = 0; b < 4; ++b) x.order[16 * lane + 4 * f + b] = static_cast<std::uint8_t>(16 * f + 4 * lane + b);
+  return x;
+}();
+
 // decode_codes_avx512's values, 64 codes at a time with byte permutes: the
 // table as four byte planes (plane p holds byte p of every entry: four
 // registers of 64 bytes), each looked up by two two-register byte permutes
@@ -84,32 +104,21 @@ inline bool has_avx512_vbmi() {
 // codes at a time through float permutes.
 ZERO_AVX512_VBMI_CODES inline void decode_codes_vbmi(const std::uint8_t* q, std::size_t n, const float* code,
                                                      float scale, float* out) {
-  // Planes from the table: byte p of entries 64r + j (j < 32) by one permute
-  // of two registers of floats (index 4j + p, mod 128 for j >= 32), the
-  // upper 32 likewise from the next two, blended.
+  // Planes from the table: byte p of entries 64r + j, the lower 32 from two
+  // registers of floats and the upper 32 from the next two, blended.
   __m512i plane[4][4];
   {
-    alignas(64) std::uint8_t pick[4][64];
-    for (int p = 0; p < 4; ++p)
-      for (int j = 0; j < 64; ++j) pick[p][j] = static_cast<std::uint8_t>((4 * j + p) & 127);
     __m512i t[16];
     for (int r = 0; r < 16; ++r) t[r] = _mm512_loadu_si512(code + 16 * r);
     constexpr __mmask64 upper = 0xffffffff00000000ull;
     for (int p = 0; p < 4; ++p) {
-      const __m512i idx = _mm512_load_si512(pick[p]);
+      const __m512i idx = _mm512_load_si512(vbmi_decode_indices.pick[p]);
       for (int r = 0; r < 4; ++r)
         plane[p][r] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(t[4 * r], idx, t[4 * r + 1]),
                                              _mm512_permutex2var_epi8(t[4 * r + 2], idx, t[4 * r + 3]));
     }
   }
-  // The unpacks interleave within 128-bit lanes, so float k of the output's
-  // register f (lane L = k / 4) comes from byte 16 L + 4 f + k % 4 of the
-  // looked-up planes: the codes are first permuted so that it is code 16 f + k.
-  alignas(64) std::uint8_t order[64];
-  for (int lane = 0; lane < 4; ++lane)
-    for (int f = 0; f < 4; ++f)
-      for (int b = 0; b < 4; ++b) order[16 * lane + 4 * f + b] = static_cast<std::uint8_t>(16 * f + 4 * lane + b);
-  const __m512i shuffle = _mm512_load_si512(order);
+  const __m512i shuffle = _mm512_load_si512(vbmi_decode_indices.order);
   const __m512 s = _mm512_set1_ps(scale);
   for (std::size_t i = 0; i < n; i += 64) {
     const std::size_t left = n - i;
