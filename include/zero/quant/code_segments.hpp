@@ -10,16 +10,19 @@
 // AVX-512 step keeps these few small tables in registers
 // (zero/simd/code_lookup.hpp).
 //
-// Exact, not approximate. For every inner midpoint m_k of a segment (between
-// its codes k and k+1, k = 0, 1, ...) the constructor checks that
-// t(m_k) = fma(m_k, slope, offset), computed in fp32 as the SIMD code
-// computes it, lies within near/2 of k + 1. t is monotone in y (fma rounds
-// monotonically and slope > 0), so for a y whose t is not within `near` of
-// an inner edge, floor(t) counts exactly the inner midpoints below y, and
-// first + floor(t) is quantize()'s index. A y whose t is that near an
-// integer above 1/2 (an inner edge, or the segment's upper end, which is
-// cheaper to defer than to tell apart: about 2 in 1000 values), or that
-// equals a segment's bound, is deferred to the exact search (NearestCode). A table without this structure (a user's
+// Exact, not approximate. Let a segment hold codes a .. b. For each of its
+// inner midpoints m_k (between codes a + k and a + k + 1) the constructor
+// checks that t(m_k) = fma(m_k, slope, offset), computed in fp32 as the
+// SIMD code computes it, lies within near/2 of a + k + 1: t counts code
+// indices. t is monotone in y (fma rounds monotonically and slope > 0), so
+// for a y whose t is not within `near` of an integer, floor(t) clamped to
+// [a, b] is quantize()'s index. A y whose t is that near an integer (an
+// inner edge, or one of the segment's ends, which the bound decided but
+// which is cheaper to defer than to tell apart: about 2 in 1000 values), or
+// that equals a segment's bound, is deferred to the exact search
+// (NearestCode). (A negative y under an unsigned table, which an optimizer's
+// non-negative state never holds, has t below a and defers near every
+// integer: exact, and slower.) A table without this structure (a user's
 // own) is marked unusable and the step keeps its gathers.
 #pragma once
 
@@ -49,30 +52,32 @@ class CodeSegments {
   // the code index, or -1 where it defers to the exact search.
   int index_or_defer(float y) const {
     const std::uint32_t bits = __builtin_bit_cast(std::uint32_t, y);
-    const std::uint32_t e = (bits >> 23) & 0xffu;
-    const std::uint32_t b = (e > lowest_exponent ? e : lowest_exponent) - lowest_exponent;
+    const std::uint32_t magnitude = bits & 0x7fffffffu;
+    const std::uint32_t least_bits = lowest_exponent << 23;
+    const std::uint32_t b = ((magnitude > least_bits ? magnitude : least_bits) >> 23) - lowest_exponent;
     const std::uint32_t sign = bits >> 31;
     const float bound = bound_[sign][b];
     if (bound == y) return -1;
     const int s = first_[sign][b] + (bound < y ? 1 : 0);
     const float t = std::fma(y, slope_[s], offset_[s]);
-    if (std::fabs(t - std::nearbyint(t)) < near && t > 0.5f) return -1;
+    if (std::fabs(t - std::nearbyint(t)) < near) return -1;
     float k = std::floor(t);
-    k = k > 0.0f ? k : 0.0f;
-    k = k < top_[s] ? k : top_[s];
-    return base_[s] + static_cast<int>(k);
+    k = k > least_[s] ? k : least_[s];
+    k = k < most_[s] ? k : most_[s];
+    return static_cast<int>(k);
   }
 
   // The tables, as the SIMD code loads them: [sign][bucket] the segment of
   // the bucket's least value and the bound (a segment's least midpoint)
-  // inside the bucket, +inf where there is none; [segment] the slope,
-  // offset, last position (codes - 1, as a float) and first code index.
+  // inside the bucket, +inf where there is none; [segment] the slope and
+  // offset (t counts code indices: its integer part is the index, before
+  // the clamp) and the segment's least and greatest code index, as floats.
   const float* bounds(std::uint32_t sign) const { return bound_[sign]; }
   const std::int32_t* firsts(std::uint32_t sign) const { return first_[sign]; }
   const float* slopes() const { return slope_; }
   const float* offsets() const { return offset_; }
-  const float* tops() const { return top_; }
-  const std::int32_t* bases() const { return base_; }
+  const float* leasts() const { return least_; }
+  const float* mosts() const { return most_; }
 
  private:
   bool build(const float* code) {
@@ -99,23 +104,23 @@ class CodeSegments {
       const int s = count_++;
       const int codes = b - a + 1;
       lower[s] = a == 0 ? -std::numeric_limits<float>::infinity() : mid[a - 1];
-      base_[s] = a;
-      top_[s] = static_cast<float>(codes - 1);
+      least_[s] = static_cast<float>(a);
+      most_[s] = static_cast<float>(b);
       if (codes == 1) {
         slope_[s] = 0.0f;
-        offset_[s] = 0.5f;
+        offset_[s] = static_cast<float>(a) + 0.5f;
       } else {
-        // t(mid[a]) = 1 and t(mid[b - 1]) = codes - 1; a two-code segment
-        // has one inner midpoint, at 1 cell of code spacing.
+        // t(mid[a]) = a + 1 and t(mid[b - 1]) = b; a two-code segment has
+        // one inner midpoint, at 1 cell of code spacing.
         const double first = mid[a];
         const double slope = codes == 2 ? 1.0 / (static_cast<double>(code[a + 1]) - code[a])
                                         : (codes - 2) / (static_cast<double>(mid[b - 1]) - first);
         slope_[s] = static_cast<float>(slope);
-        offset_[s] = static_cast<float>(1.0 - static_cast<double>(slope_[s]) * first);
+        offset_[s] = static_cast<float>(a + 1.0 - static_cast<double>(slope_[s]) * first);
         if (!(slope_[s] > 0.0f)) return false;
         for (int k = 0; k + 1 < codes; ++k) {
           const float t = std::fma(mid[a + k], slope_[s], offset_[s]);
-          if (!(std::fabs(t - static_cast<float>(k + 1)) < near * 0.5f)) return false;
+          if (!(std::fabs(t - static_cast<float>(a + k + 1)) < near * 0.5f)) return false;
         }
       }
       a = b + 1;
@@ -123,8 +128,8 @@ class CodeSegments {
     for (int s = count_; s < max_segments; ++s) {  // unused lanes: harmless values
       slope_[s] = 0.0f;
       offset_[s] = 0.5f;
-      top_[s] = 0.0f;
-      base_[s] = 0;
+      least_[s] = 0.0f;
+      most_[s] = 0.0f;
     }
     // Buckets: the values with one sign and binary exponent, [lo, hi] in y's
     // order. At most one segment bound may lie inside.
@@ -156,8 +161,8 @@ class CodeSegments {
   alignas(64) std::int32_t first_[2][buckets] = {};
   alignas(64) float slope_[max_segments] = {};
   alignas(64) float offset_[max_segments] = {};
-  alignas(64) float top_[max_segments] = {};
-  alignas(64) std::int32_t base_[max_segments] = {};
+  alignas(64) float least_[max_segments] = {};
+  alignas(64) float most_[max_segments] = {};
 };
 
 // The two built-in tables' segments, built once on first use.

@@ -147,7 +147,7 @@ ZERO_AVX512_VBMI_CODES inline void decode_codes_vbmi(const std::uint8_t* q, std:
 #undef ZERO_AVX512_VBMI_CODES
 
 // q[j] = quantize(x[j] / absmax), j < n, through the segments' arithmetic;
-// lanes it defers (t near an inner edge, or y on a segment bound) and the
+// lanes it defers (t near an integer, or y on a segment bound) and the
 // tail go to the exact lookup.
 ZERO_AVX512_CODES inline void encode_codes_avx512(const float* x, std::size_t n, float absmax,
                                                   const quant::NearestCode& exact, const quant::CodeSegments& seg,
@@ -157,18 +157,19 @@ ZERO_AVX512_CODES inline void encode_codes_avx512(const float* x, std::size_t n,
   const __m512i first_pos0 = _mm512_load_si512(seg.firsts(0)), first_pos1 = _mm512_load_si512(seg.firsts(0) + 16);
   const __m512i first_neg0 = _mm512_load_si512(seg.firsts(1)), first_neg1 = _mm512_load_si512(seg.firsts(1) + 16);
   const __m512 slope = _mm512_load_ps(seg.slopes()), offset = _mm512_load_ps(seg.offsets());
-  const __m512 top = _mm512_load_ps(seg.tops());
-  const __m512i base = _mm512_load_si512(seg.bases());
-  const __m512i lowest = _mm512_set1_epi32(static_cast<int>(quant::CodeSegments::lowest_exponent));
-  const __m512 divisor = _mm512_set1_ps(absmax), zero = _mm512_setzero_ps(), half = _mm512_set1_ps(0.5f);
+  const __m512 least = _mm512_load_ps(seg.leasts()), most = _mm512_load_ps(seg.mosts());
+  const __m512i magnitude_bits = _mm512_set1_epi32(0x7fffffff);
+  const __m512i lowest_bits = _mm512_set1_epi32(static_cast<int>(quant::CodeSegments::lowest_exponent << 23));
+  const __m512 divisor = _mm512_set1_ps(absmax);
   const __m512 near = _mm512_set1_ps(quant::CodeSegments::near);
   std::size_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + j), divisor);  // correctly rounded, as quantize_block
     const __m512i bits = _mm512_castps_si512(y);
-    // The bucket: sign, and the exponent from 2^-31 (below: the lowest) up.
-    const __m512i e = _mm512_and_si512(_mm512_maskz_srli_epi32(all, bits, 23), _mm512_set1_epi32(0xff));
-    const __m512i b = _mm512_sub_epi32(_mm512_maskz_max_epi32(all, e, lowest), lowest);
+    // The bucket: sign, and the exponent from 2^-31 (below: the lowest) up,
+    // whose low five bits (the permutes read no more) count from 2^-31.
+    const __m512i b = _mm512_maskz_srli_epi32(
+        all, _mm512_maskz_max_epu32(all, _mm512_and_si512(bits, magnitude_bits), lowest_bits), 23);
     const __mmask16 negative = _mm512_movepi32_mask(bits);
     const __m512 bound = _mm512_mask_blend_ps(negative, _mm512_permutex2var_ps(bound_pos0, b, bound_pos1),
                                               _mm512_permutex2var_ps(bound_neg0, b, bound_neg1));
@@ -177,20 +178,19 @@ ZERO_AVX512_CODES inline void encode_codes_avx512(const float* x, std::size_t n,
     const __mmask16 above = _mm512_cmp_ps_mask(bound, y, _CMP_LT_OQ);
     __mmask16 defer = _mm512_cmp_ps_mask(bound, y, _CMP_EQ_OQ);
     const __m512i s = _mm512_mask_add_epi32(first, above, first, _mm512_set1_epi32(1));
-    // Within the segment: t = fma(y, slope, offset); floor(t) cut to its codes.
-    const __m512 last = _mm512_maskz_permutexvar_ps(all, s, top);
+    // Within the segment: t = fma(y, slope, offset) counts code indices;
+    // floor(t) cut to the segment's codes is the index.
     const __m512 t =
         _mm512_fmadd_ps(y, _mm512_maskz_permutexvar_ps(all, s, slope), _mm512_maskz_permutexvar_ps(all, s, offset));
-    // t - round(t), exactly (vreduceps): near an integer above 0.5, the
-    // segment's upper edge included (the bound decided that one; deferring
-    // it costs a few more exact lookups and saves a comparison). Not near 0
-    // or below: a y under an unsigned table's first code has t far below 0.
+    // t - round(t), exactly (vreduceps): t near any integer defers, the
+    // segment's ends included (the bound decided those; deferring them
+    // costs a few more exact lookups and saves comparisons).
     const __m512 distance = _mm512_abs_ps(_mm512_maskz_reduce_ps(all, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    defer |= _mm512_cmp_ps_mask(distance, near, _CMP_LT_OQ) & _mm512_cmp_ps_mask(t, half, _CMP_GT_OQ);
+    defer |= _mm512_cmp_ps_mask(distance, near, _CMP_LT_OQ);
     const __m512 floor = _mm512_maskz_roundscale_ps(all, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 k = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, floor, zero), last);
-    const __m512i index =
-        _mm512_add_epi32(_mm512_maskz_cvttps_epi32(all, k), _mm512_maskz_permutexvar_epi32(all, s, base));
+    const __m512 k = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, floor, _mm512_maskz_permutexvar_ps(all, s, least)),
+                                         _mm512_maskz_permutexvar_ps(all, s, most));
+    const __m512i index = _mm512_maskz_cvttps_epi32(all, k);
     Avx512::narrow_u8(q + j, (Avx512::U)index);
     if (defer != 0) {
       alignas(64) float lanes[16];
