@@ -241,49 +241,61 @@ struct HostBlockStepBody {
     const Grad* const grad = a.grad;
     std::uint16_t* rest = nullptr;
     if constexpr (Args::can_split_master) rest = a.remainder;
-    const bool split = rest != nullptr;
     // Each slot's largest magnitude, folded here rather than in a pass of
     // its own: the largest of the values' bits without their sign (for
     // non-negative floats the same order; an infinity or NaN is at least
     // 0x7f800000, which quant::quantize_block then handles).
     using U = typename Isa::U;
     U largest[S > 0 ? S : 1] = {};
+    // Split (a remainder master) or not, a loop of its own: as a branch in
+    // one loop it left g++ short of registers (constants rebuilt in every
+    // iteration), as the main step found (HostStepBody).
     std::size_t i = begin;
-    for (; i + W <= end; i += W) {
-      if ((i & 31) == 0) {
-        const std::size_t p = i + ahead;
-        if (split) {
-          __builtin_prefetch(param + p, 1);
-          __builtin_prefetch(rest + p, 1);
-        } else {
-          __builtin_prefetch(master + p, 1);
+    auto update_pass = [&]<bool Split>() {
+      for (; i + W <= end; i += W) {
+        if ((i & 31) == 0) {
+          const std::size_t p = i + ahead;
+          if constexpr (Split) {
+            __builtin_prefetch(param + p, 1);
+            __builtin_prefetch(rest + p, 1);
+          } else {
+            __builtin_prefetch(master + p, 1);
+          }
+          __builtin_prefetch(grad + p, 0);
+          // The codes are read first, by the next block's pass 1: a block
+          // ahead, so that all of the next block's are, a line per 64.
+          if ((i & 63) == 0)
+            for (int k = 0; k < S; ++k) __builtin_prefetch(codes[k] + i + block, 1);
         }
-        __builtin_prefetch(grad + p, 0);
-        // The codes are read first, by the next block's pass 1: a block
-        // ahead, so that all of the next block's are, a line per 64.
-        if ((i & 63) == 0)
-          for (int k = 0; k < S; ++k) __builtin_prefetch(codes[k] + i + block, 1);
+        P w;
+        if constexpr (Split)
+          w = simd::load_joined<Isa>(param + i, rest + i);
+        else
+          w = simd::load<Isa>(master + i);
+        P st[S > 0 ? S : 1];
+        for (int k = 0; k < S; ++k) st[k] = simd::load<Isa>(scratch + static_cast<std::size_t>(k) * block + (i - begin));
+        Opt::update(scalars, w, simd::load<Isa>(grad + i) * grad_scale, st);
+        for (int k = 0; k < S; ++k) {
+          simd::store(scratch + static_cast<std::size_t>(k) * block + (i - begin), st[k]);
+          const U magnitude = (U)st[k].v & 0x7fffffffu;
+          largest[k] = largest[k] > magnitude ? largest[k] : magnitude;
+        }
+        if constexpr (Split) {
+          simd::store_split(param + i, rest + i, w);
+        } else {
+          simd::store(master + i, w);
+          if constexpr (!std::is_same_v<Param, float>)
+            store_copy<Isa>(param, i, w, a.rounding, a.ties_away, a.global_offset);
+        }
       }
-      P w;
-      if (split)
-        w = simd::load_joined<Isa>(param + i, rest + i);
+    };
+    if constexpr (Args::can_split_master) {
+      if (rest != nullptr)
+        update_pass.template operator()<true>();
       else
-        w = simd::load<Isa>(master + i);
-      P st[S > 0 ? S : 1];
-      for (int k = 0; k < S; ++k) st[k] = simd::load<Isa>(scratch + static_cast<std::size_t>(k) * a.block + (i - begin));
-      Opt::update(scalars, w, simd::load<Isa>(grad + i) * grad_scale, st);
-      for (int k = 0; k < S; ++k) {
-        simd::store(scratch + static_cast<std::size_t>(k) * a.block + (i - begin), st[k]);
-        const U magnitude = (U)st[k].v & 0x7fffffffu;
-        largest[k] = largest[k] > magnitude ? largest[k] : magnitude;
-      }
-      if (split) {
-        simd::store_split(param + i, rest + i, w);
-        continue;
-      }
-      simd::store(master + i, w);
-      if constexpr (!std::is_same_v<Param, float>)
-        store_copy<Isa>(param, i, w, a.rounding, a.ties_away, a.global_offset);
+        update_pass.template operator()<false>();
+    } else {
+      update_pass.template operator()<false>();
     }
     const std::size_t tail = i - begin;  // its states are not in `largest`
     for (; i < end; ++i) blockwise_update_element(a, b, i, scratch);  // reads the codes, not yet rewritten
