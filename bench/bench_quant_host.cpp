@@ -144,23 +144,21 @@ void run_codes(std::size_t n, int reps, bool json) {
   }
   const std::size_t avx2 = 1;  // supported_isas() lists portable, avx2, avx512
   const double values = static_cast<double>(times * block);
-  if (vbmi) best.push_back({float_permutes, 1e30});  // printed as "avx512-no-vbmi", decode only
-  for (std::size_t k = 0; k < best.size(); ++k) {
-    const bool no_vbmi = k == isas.size();
-    const char* name = no_vbmi ? "avx512-no-vbmi" : zero::simd::isa_name(isas[k]);
-    for (const bool encode : {false, true}) {
-      if (encode && no_vbmi) continue;
-      const double t = encode ? best[k].encode : best[k].decode;
-      const double peer = avx2 < isas.size() ? (encode ? best[avx2].encode : best[avx2].decode) : t;
-      if (json)
-        std::printf("{\"bench\":\"quant_host\",\"config\":\"dynamic8_%s_%s\",\"values\":%.0f,\"seconds\":%.6f,"
-                    "\"ns_per_value\":%.4f,\"speedup_over_avx2_gathers\":%.3f}\n",
-                    encode ? "encode" : "decode", name, values, t, t / values * 1e9, peer / t);
-      else
-        std::printf("dynamic8 %-6s %-14s %.3f ns/value  %.2fx avx2's gathers\n", encode ? "encode" : "decode", name,
-                    t / values * 1e9, peer / t);
-    }
+  auto print = [&](const char* name, bool encode, double t) {
+    const double peer = avx2 < isas.size() ? (encode ? best[avx2].encode : best[avx2].decode) : t;
+    if (json)
+      std::printf("{\"bench\":\"quant_host\",\"config\":\"dynamic8_%s_%s\",\"values\":%.0f,\"seconds\":%.6f,"
+                  "\"ns_per_value\":%.4f,\"speedup_over_avx2_gathers\":%.3f}\n",
+                  encode ? "encode" : "decode", name, values, t, t / values * 1e9, peer / t);
+    else
+      std::printf("dynamic8 %-6s %-14s %.3f ns/value  %.2fx avx2's gathers\n", encode ? "encode" : "decode", name,
+                  t / values * 1e9, peer / t);
+  };
+  for (std::size_t k = 0; k < isas.size(); ++k) {
+    print(zero::simd::isa_name(isas[k]), false, best[k].decode);
+    print(zero::simd::isa_name(isas[k]), true, best[k].encode);
   }
+  if (vbmi) print("avx512-no-vbmi", false, float_permutes);
   std::fflush(stdout);
 }
 #endif
