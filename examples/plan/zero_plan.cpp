@@ -131,6 +131,11 @@ void print_table(const plan::Plan& p) {
               c.options.reduce_dtype == zero::ReduceDType::fp32 ? "fp32" : plan::name(c.precision),
               c.overlap ? "on" : "off");
   if (!p.schedule.gradient_note.empty()) std::printf("%s\n\n", p.schedule.gradient_note.c_str());
+  if (p.rank < 0)
+    std::printf("each line the largest of any rank's (ranks differ by the 8-bit blocks their shards cut; --rank R "
+                "prints rank R's)\n");
+  else if (c.ranks_differ())
+    std::printf("rank %d's buffers (--rank; ranks differ by the 8-bit blocks their shards cut)\n", p.rank);
   std::printf("%-28s %14s %14s %14s\n", "per rank", "device", "host", "disk");
   for (const auto& l : p.lines) {
     if (l.total() == 0 && l.name != "params") continue;
@@ -352,9 +357,20 @@ int main(int argc, char** argv) {
                                      "parameter) or remainder (the bf16 parameters plus 16 bits: 2 bytes, exact)")
       ->check(CLI::IsMember(zero::examples::names_of(zero::all_master_weights)));
   std::string states = "fp32";
-  app.add_option("--states", states, "Options::states: the optimizer state's storage: fp32 (4 bytes per value) or "
-                                     "bf16 / bf16_stochastic (2)")
+  app.add_option("--states", states, "Options::states: the optimizer state's storage: fp32 (4 bytes per value), "
+                                     "bf16 / bf16_stochastic (2) or blockwise8 (1, and an fp32 absmax per block)")
       ->check(CLI::IsMember(zero::examples::names_of(zero::all_state_formats)));
+  app.add_option("--state-block", config.options.state_block,
+                 "Options::state_block: --states blockwise8's elements per block")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--state-fp32-below", config.options.state_fp32_below,
+                 "Options::state_fp32_below: --states blockwise8 keeps fp32 state for parameters of fewer elements")
+      ->capture_default_str();
+  app.add_option("--rank", config.rank,
+                 "Whose buffers to print: ranks differ only with --states blockwise8 (by the blocks their shards cut, "
+                 "and on the disk tier by a swap-file record); -1, the default: each line the largest of any rank's")
+      ->capture_default_str();
   app.add_flag("--hpz", config.options.hpz,
                "Options::hpz (stage 3): backward's gathers inside the node from a secondary copy of 1/ranks-per-node "
                "of the parameters (ZeRO++ hpZ)");

@@ -46,12 +46,23 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
 };
 
-// Units with a one-element parameter, primes and a tail past a SIMD pack.
-const std::vector<std::pair<const char*, std::vector<std::size_t>>>& model() {
-  static const std::vector<std::pair<const char*, std::vector<std::size_t>>> m = {
-      {"embed", {1, 6}}, {"mlp", {1021}}, {"head", {4099, 3}}};
+using Model = std::vector<std::pair<const char*, std::vector<std::size_t>>>;
+
+// The model every run trains: units with a one-element parameter, primes and
+// a tail past a SIMD pack, unless a test trains another (UsingModel).
+const Model*& model_in_use() {
+  static const Model primes = {{"embed", {1, 6}}, {"mlp", {1021}}, {"head", {4099, 3}}};
+  static const Model* m = &primes;
   return m;
 }
+const Model& model() { return *model_in_use(); }
+struct UsingModel {
+  const Model* saved = model_in_use();
+  explicit UsingModel(const Model& m) { model_in_use() = &m; }
+  ~UsingModel() { model_in_use() = saved; }
+  UsingModel(const UsingModel&) = delete;
+  UsingModel& operator=(const UsingModel&) = delete;
+};
 
 float init_value(std::size_t p, std::size_t i) {
   const float x = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(p)) * 0.5f;
@@ -692,8 +703,11 @@ TEST_CASE("8-bit states on disk: bit for bit as in memory, the codes on disk and
       const Trace disk = run<OnDisk>(ranks, o, steps);
       check_same_steps(disk, memory, steps);
       // One code per owned element and slot on disk; the absmax and the small
-      // parameters' fp32 state in host memory; as the planner says.
-      const plan::Plan planned = plan::make_plan(plan::config_for<OnDisk>(m, ranks, o, false));
+      // parameters' fp32 state in host memory; as the planner says (of
+      // rank 0, whose report the trace keeps).
+      plan::Config config = plan::config_for<OnDisk>(m, ranks, o, false);
+      config.rank = 0;
+      const plan::Plan planned = plan::make_plan(config);
       CHECK(planned.placed.optimizer_states == disk.memory.placed.optimizer_states);
       CHECK(planned.placed.master == disk.memory.placed.master);
       // On disk: the master's 4 or 2 bytes and two 1-byte codes per owned
@@ -721,6 +735,36 @@ TEST_CASE("8-bit states on disk: bit for bit as in memory, the codes on disk and
   check_same_steps(straight, in_memory, 6);
 }
 
+TEST_CASE("8-bit states on disk: a chunk that cuts a run begun inside a block, bit for bit as in memory",
+          "[engine][states][nvme]") {
+  using namespace zero;
+  using P = precision::Mixed<bf16>;
+  using O = optim::AdamW;
+  // Two ranks, blocks of 192, chunks of 4096: rank 1's shard of unit "a"
+  // begins inside a block of its first parameter, and its second chunk
+  // begins inside that run (at a block's first element, elements after the
+  // run's first), so the piece's first block has phase 0 where the run's
+  // has not; rank 1 has three records, rank 0 two.
+  const Model cut = {{"a", {5911, 4079}}, {"b", {6007}}};
+  const UsingModel using_cut(cut);
+  Options options = with_master(Options{}, MasterWeights::remainder);
+  options.states = StateFormat::blockwise8;
+  options.state_block = 192;
+  options.state_fp32_below = 4;
+  options.bucket_bytes = 1;
+  auto same_on_disk = [&]<int S>() {
+    INFO("stage " << S);
+    const Trace memory = run<ZeroOptimizer<P, O, stage<S>, offload::None, backend::Host>>(2, options, 3);
+    TempDir dir;
+    Options o = options;
+    o.nvme.directory = dir.path.string();
+    o.nvme.window_bytes = offload::disk_least_window_bytes(O::state_slots, 2, 1);
+    check_same_steps(run<ZeroOptimizer<P, O, stage<S>, offload::Nvme, backend::Host>>(2, o, 3), memory, 3);
+  };
+  same_on_disk.operator()<1>();
+  same_on_disk.operator()<3>();
+}
+
 TEST_CASE("8-bit states with a remainder master: the bytes the planner and the formula say", "[engine][states]") {
   using namespace zero;
   using Opt = ZeroOptimizer<precision::Mixed<bf16>, optim::AdamW, stage<3>, offload::None, backend::Host>;
@@ -733,7 +777,9 @@ TEST_CASE("8-bit states with a remainder master: the bytes the planner and the f
   for (const int ranks : {1, 2}) {
     INFO(ranks << " rank(s)");
     const Trace t = run<Opt>(ranks, options, 1);
-    const plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, ranks, options, false));
+    plan::Config config = plan::config_for<Opt>(m, ranks, options, false);
+    config.rank = 0;  // whose report the trace keeps
+    const plan::Plan planned = plan::make_plan(config);
     CHECK(planned.placed.optimizer_states == t.memory.placed.optimizer_states);
     CHECK(planned.model_states() == t.memory.model_states());
     CHECK(planned.paper_k == 2 + 2);  // remainder 2, m and v 1 + 1
@@ -778,6 +824,18 @@ TEST_CASE("A load that changes the state's format says so; one that keeps it say
   const std::string other_ranks = checkpoint::state_conversion_line(saved, run, 4, 3);
   CHECK(other_ranks.find("converted on load (each block quantized afresh)") != std::string::npos);
   CHECK(other_ranks.find("2 rank(s)") != std::string::npos);
+  CHECK(!checkpoint::state_conversion_line(saved, run, 2, 0).empty());  // stage 0 keeps whole units
+  // Stage 0, and one rank at any stage, keep whole units at any rank count:
+  // the same blocks, nothing converted.
+  saved.stage = 0;
+  CHECK(checkpoint::state_conversion_line(saved, run, 4, 0).empty());
+  CHECK(checkpoint::state_conversion_line(saved, run, 1, 2).empty());
+  CHECK(!checkpoint::state_conversion_line(saved, run, 2, 1).empty());
+  saved.world_size = 1;
+  saved.stage = 3;
+  CHECK(checkpoint::state_conversion_line(saved, run, 3, 0).empty());
+  CHECK(!checkpoint::state_conversion_line(saved, run, 3, 1).empty());
+  saved.world_size = 2;
   run.state_block = 256;
   CHECK(checkpoint::state_conversion_line(saved, run, 2, 3).find("blocks of 256") != std::string::npos);
   run.states = StateFormat::fp32;  // fp32 holds the saved values exactly

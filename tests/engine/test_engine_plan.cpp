@@ -195,6 +195,11 @@ struct Variant {
   int qgz_bits = 0;           // stages 1-3: Options::qgz with codes of this many bits (0: off)
   bool qgz_feedback = false;  // Options::qgz_error_feedback
   bool hpz_int8 = false;      // Options::hpz_int8
+  // Options::states blockwise8 with blocks of this many elements, every
+  // parameter of 4 or more elements 8-bit (0: fp32 states). Ranks' blocks
+  // differ where their shard boundaries cut them: each rank against the
+  // plan of its own buffers.
+  std::size_t state_block = 0;
 };
 
 // Units of unequal sizes, parameters that leave alignment gaps, a unit of one
@@ -241,9 +246,16 @@ void check_plan_against_optimizers() {
        false, 0, zero::GradWrites::accumulate, 2, false, true, 256, 8},
       {"hpZ as int8 blocks of 64: accumulate 3, prefetch 2", 3, std::size_t{32} << 20, 2, ReduceDType::same_as_grad,
        false, 0, zero::GradWrites::overwrite, 2, false, true, 0, 0, false, true},
+      {"8-bit states in blocks of 64: defaults", 1, std::size_t{32} << 20, 1, ReduceDType::same_as_grad, false, 0,
+       zero::GradWrites::overwrite, 2, false, false, 0, 0, false, false, 64},
+      {"8-bit states in blocks of 192, remainder master (bf16): one unit per bucket, the least window", 1, 1, 1,
+       ReduceDType::same_as_grad, false, 1, zero::GradWrites::overwrite, 2, true, false, 0, 0, false, false, 192},
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
+  // Ranks whose plan held fewer bytes than the largest rank's (8-bit
+  // states, stages 1-3: the test must see some).
+  int ranks_differed = 0;
   for (const auto& model : models)
     for (const int ranks : {1, 2, 3, 4, 7})
       for (const auto& v : variants) {
@@ -272,6 +284,12 @@ void check_plan_against_optimizers() {
         options.qgz = v.qgz_bits != 0;
         if (options.qgz) options.qgz_bits = v.qgz_bits;
         options.qgz_error_feedback = v.qgz_feedback;
+        if (v.state_block != 0) {
+          if (O::state_slots == 0) continue;
+          options.states = zero::StateFormat::blockwise8;
+          options.state_block = v.state_block;
+          options.state_fp32_below = 4;
+        }
         std::optional<TempDir> dir;
         if constexpr (nvme) {
           dir.emplace();
@@ -279,7 +297,8 @@ void check_plan_against_optimizers() {
           if (v.windows != 0)
             options.nvme.window_bytes =
                 v.windows * zero::offload::disk_least_window_bytes(
-                                O::state_slots, zero::master_element_bytes(options.master));
+                                O::state_slots, zero::master_element_bytes(options.master),
+                                zero::state_element_bytes(options.states));
         }
         // Host communicators do not overlap: one staging set. Two and four
         // ranks as two nodes.
@@ -290,37 +309,54 @@ void check_plan_against_optimizers() {
         const auto measured = measure<O>(model, ranks, config.options, steps, config.ranks_per_node);
         check_across_nodes(p, measured, steps);
         const std::uint64_t control_bytes = (1 + static_cast<std::uint64_t>(ranks)) * sizeof(double);
+        // The plan of each rank's buffers, and the default's: each line and
+        // place the largest of any rank's.
+        std::vector<plan::Plan> of_rank;
+        for (int r = 0; r < ranks; ++r) {
+          plan::Config rank_config = config;
+          rank_config.rank = r;
+          of_rank.push_back(config.ranks_differ() ? plan::make_plan(rank_config) : p);
+          ranks_differed += of_rank.back().total.total() != of_rank.front().total.total();
+        }
+        CHECK(p.rank == (config.ranks_differ() ? -1 : 0));
+        for (const plan::Line& l : p.lines) {
+          INFO("line " << l.name);
+          plan::Line largest{l.name};
+          for (const plan::Plan& r : of_rank) largest = zero::plan::detail::largest(largest, r.line(l.name));
+          CHECK(placed(l) == placed(largest));
+        }
         for (const auto& [m, c, swap_file] : measured) {
           INFO("rank " << m.rank);
-          CHECK(p.param_elements == m.param_elements);
-          CHECK(p.padded_elements == m.padded_elements);
+          const plan::Plan& mine = of_rank[static_cast<std::size_t>(m.rank)];
+          CHECK(mine.param_elements == m.param_elements);
+          CHECK(mine.padded_elements == m.padded_elements);
           // Every line of memory_report(), by place.
-          CHECK(p.placed.params == m.placed.params);
-          CHECK(p.placed.grads == m.placed.grads);
-          CHECK(p.placed.master == m.placed.master);
-          CHECK(p.placed.optimizer_states == m.placed.optimizer_states);
-          CHECK(p.placed.communication_buffers == m.placed.communication_buffers);
-          CHECK(placed(p.line("params")) == m.placed.params);
-          CHECK(placed(p.line("grads")) == m.placed.grads);
-          CHECK(placed(p.line("master")) == m.placed.master);
-          CHECK(placed(p.line("optimizer_states")) == m.placed.optimizer_states);
-          CHECK(p.line("padding").total() == m.padding);
-          CHECK(p.model_states() == m.model_states());
-          CHECK(p.communication_buffers() == m.communication_buffers);
+          CHECK(mine.placed.params == m.placed.params);
+          CHECK(mine.placed.grads == m.placed.grads);
+          CHECK(mine.placed.master == m.placed.master);
+          CHECK(mine.placed.optimizer_states == m.placed.optimizer_states);
+          CHECK(mine.placed.communication_buffers == m.placed.communication_buffers);
+          CHECK(placed(mine.line("params")) == m.placed.params);
+          CHECK(placed(mine.line("grads")) == m.placed.grads);
+          CHECK(placed(mine.line("master")) == m.placed.master);
+          CHECK(placed(mine.line("optimizer_states")) == m.placed.optimizer_states);
+          CHECK(mine.line("padding").total() == m.padding);
+          CHECK(mine.model_states() == m.model_states());
+          CHECK(mine.communication_buffers() == m.communication_buffers);
           // The backend keeps everything but the disk tier's in host memory,
           // or holds the parameters on the device.
           CHECK((O::backend_policy::device ? m.placed.params.device : m.placed.params.host) > 0);
           // What memory_report() leaves out: the step's control values (on
           // the backend and their host copy), and the swap files' rounding
           // to whole records, which the files on disk show.
-          CHECK(p.line("control").total() == 2 * control_bytes);
-          CHECK(p.line("control").host >= control_bytes);
-          CHECK(swap_file == m.placed.master.disk + m.placed.optimizer_states.disk + p.line("swap_padding").disk);
+          CHECK(mine.line("control").total() == 2 * control_bytes);
+          CHECK(mine.line("control").host >= control_bytes);
+          CHECK(swap_file == m.placed.master.disk + m.placed.optimizer_states.disk + mine.line("swap_padding").disk);
           CHECK(nvme == (swap_file > 0));
-          zero::PlacedBytes planned_total{p.total.device, p.total.host, p.total.disk};
+          zero::PlacedBytes planned_total{mine.total.device, mine.total.host, mine.total.disk};
           zero::PlacedBytes reported_total = m.placed.total();
-          reported_total += placed(p.line("control"));
-          reported_total += placed(p.line("swap_padding"));
+          reported_total += placed(mine.line("control"));
+          reported_total += placed(mine.line("swap_padding"));
           CHECK(planned_total == reported_total);
 
           REQUIRE(c.steps == steps);
@@ -348,6 +384,7 @@ void check_plan_against_optimizers() {
           CHECK(c.counters.calls[static_cast<std::size_t>(Collective::broadcast)] == 0);
         }
       }
+  CHECK((ranks_differed > 0) == (O::stage >= 1 && O::state_slots > 0));
 }
 
 }  // namespace
@@ -366,6 +403,44 @@ TEMPLATE_LIST_TEST_CASE("offload::Cpu: the planner's bytes by place and traffic 
 TEMPLATE_LIST_TEST_CASE("offload::Nvme: the planner's bytes by place, swap files and traffic equal the optimizer's",
                         "[engine][plan][offload][nvme]", NvmeTypes) {
   check_plan_against_optimizers<TestType>();
+}
+#endif
+
+#if defined(ZERO_TEST_DISK_TIER)
+TEST_CASE("8-bit states on disk: each rank's swap file as the plan of its rank says, the default plan the largest",
+          "[engine][plan][offload][nvme][states]") {
+  using O = Opt<3, Mixed<bf16>, AdamW, Nvme, Host>;
+  // Chunks of 4096 elements that end before a block of 192 they would cut:
+  // rank 0's 8064 owned elements are two records, rank 1's three (its
+  // shard boundaries cut the blocks elsewhere).
+  plan::Model model;
+  model.units = {{"a", {5911, 4079}}, {"b", {6007}}};
+  zero::Options options;
+  options.master = zero::MasterWeights::remainder;
+  options.states = zero::StateFormat::blockwise8;
+  options.state_block = 192;
+  options.state_fp32_below = 4;
+  TempDir dir;
+  options.nvme.directory = dir.path.string();
+  options.nvme.window_bytes = zero::offload::disk_least_window_bytes(2, 2, 1);
+  const plan::Config config = plan::config_for<O>(model, 2, options, false);
+  const auto measured = measure<O>(model, 2, options, 2, 2);
+  std::vector<plan::Plan> of_rank;
+  for (int r = 0; r < 2; ++r) {
+    plan::Config mine = config;
+    mine.rank = r;
+    of_rank.push_back(plan::make_plan(mine));
+    INFO("rank " << r);
+    REQUIRE(of_rank[static_cast<std::size_t>(r)].sizes.disk_chunk == 4096);
+    CHECK(of_rank[static_cast<std::size_t>(r)].total.disk == measured[static_cast<std::size_t>(r)].swap_file_bytes);
+  }
+  const std::uint64_t record = 4096 * 4;  // remainder 2, codes 1 + 1
+  CHECK(measured[0].swap_file_bytes == 2 * record);
+  CHECK(measured[1].swap_file_bytes == 3 * record);
+  const plan::Plan largest = plan::make_plan(config);
+  CHECK(largest.rank == -1);
+  CHECK(largest.total.disk == 3 * record);
+  CHECK(largest.sizes.swap_file_bytes == 3 * record);
 }
 #endif
 

@@ -46,6 +46,10 @@ struct BufferSpec {
   // Ranks per node (comm::Topology; 0: one node of every rank): Options::hpz
   // keeps 1/ranks_per_node of every unit.
   int ranks_per_node = 0;
+  // Whose buffers: with 8-bit block-wise states the disk tier's chunks end
+  // before the blocks this rank's shard boundaries cut, so its swap file
+  // may hold a record more or less than another rank's.
+  std::size_t rank = 0;
 };
 
 // Offloaded from a device: the owned gradient is copied to the host for the
@@ -294,10 +298,10 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     const std::size_t mb = spec.master_bytes, sb = spec.state_bytes;
     s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned, mb, sb);
     s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned, mb, sb);
-    // Chunks end before a block of 8-bit state they would cut: rank 0's
+    // Chunks end before a block of 8-bit state they would cut: this rank's
     // (another rank's shard boundaries cut a few blocks elsewhere).
     const StateBlocks blocks = options.states == StateFormat::blockwise8 && spec.state_slots > 0
-                                   ? StateBlocks::build(Ownership{spec.stage, 0, &layout}, options.state_block,
+                                   ? StateBlocks::build(Ownership{spec.stage, spec.rank, &layout}, options.state_block,
                                                         options.state_fp32_below)
                                    : StateBlocks{};
     const std::size_t records = offload::disk_chunk_starts(s.disk_chunk, owned, blocks).size() - 1;

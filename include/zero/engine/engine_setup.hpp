@@ -80,7 +80,8 @@ void Engine<P, O, B>::finalize() {
                         B::device,
                         master_element_bytes(options_.master),
                         state_element_bytes(options_.states),
-                        comm_->topology().ranks_per_node};
+                        comm_->topology().ranks_per_node,
+                        static_cast<std::size_t>(rank())};
   const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
   if (const std::string note = gradient_saving_note(sizes, spec, layout_, options_); !note.empty() && rank() == 0)
     std::fprintf(stderr, "%s\n", note.c_str());

@@ -120,6 +120,12 @@ struct Config {
   // gradient staging is double-buffered. Host communicators, and
   // backend::Host, do not overlap.
   bool overlap = true;
+  // Whose buffers the plan shows. Ranks differ only with 8-bit block-wise
+  // states (Options::states), by the blocks their shard boundaries cut and
+  // the small parameters each owns, and on the disk tier by a swap-file
+  // record; -1: each line and place the largest of any rank's, what every
+  // rank's memory must fit.
+  int rank = -1;
 
   int ranks() const { return ranks_per_node * nodes; }
   comm::Topology topology() const { return comm::Topology{ranks(), ranks_per_node}; }
@@ -136,13 +142,20 @@ struct Config {
     s.master = options.master;
     s.states = options.states;
     s.ranks_per_node = ranks_per_node;
+    s.rank = rank < 0 ? 0 : static_cast<std::size_t>(rank);
     return s;
+  }
+  // Whether ranks' buffers can differ (Config::rank).
+  bool ranks_differ() const {
+    return options.states == StateFormat::blockwise8 && state_slots > 0 && stage >= 1 && ranks() > 1;
   }
 
   void validate() const {
     require(!model.units.empty(), "plan: the model has no units");
     require(ranks_per_node >= 1 && nodes >= 1, "plan: ranks per node and nodes must be >= 1");
     require(stage >= 0 && stage <= 3, "plan: stage must be 0, 1, 2 or 3, got ", stage);
+    require(rank >= -1 && rank < ranks(), "plan: rank ", rank, " of ", ranks(),
+            " rank(s); give one from 0, or -1 for the largest of any rank's buffers");
     require(state_slots >= 0 && state_slots <= 4, "plan: state_slots must be in [0, 4]");
     require(options.master != MasterWeights::remainder || precision == Precision::bf16,
             "plan: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits; the precision is ",
@@ -208,10 +221,14 @@ inline constexpr const char* buffer_lines[] = {
 
 struct Plan {
   Config config;
+  // Whose buffers (Config::rank), or -1 where ranks differ and Config::rank
+  // is -1: then each line and place is the largest of any rank's, and
+  // `schedule` is rank 0's.
+  int rank = 0;
   std::uint64_t param_elements = 0;   // Φ
   std::uint64_t padded_elements = 0;  // Φ with the layout's padding
   Schedule schedule;                  // every buffer and collective (engine/schedule.hpp)
-  BufferSizes sizes;                  // = schedule.sizes
+  BufferSizes sizes;                  // = schedule.sizes (swap_file_bytes the largest where rank is -1)
   std::vector<Line> lines;            // model_state_lines, "padding", buffer_lines
   Line total{"total"};
   // memory_report().placed of the planned optimizer (its other lines are
@@ -292,6 +309,33 @@ inline PlacedBytes split_padding(std::uint64_t padding, const PlacedBytes& state
   return p;
 }
 
+namespace detail {
+// One rank's lines (model_state_lines, "padding", buffer_lines) from its
+// schedule and memory_report().placed.
+inline std::vector<Line> plan_lines(const Schedule& s, const MemoryReport::Placement& placed,
+                                    std::uint64_t param_elements, std::uint64_t padded_elements) {
+  std::vector<Line> lines;
+  auto line = [&](const char* name) {
+    const PlacedBytes b = s.line(name);
+    return Line{name, b.device, b.host, b.disk};
+  };
+  for (const char* name : model_state_lines) lines.push_back(line(name));
+  const PlacedBytes states = placed.model_states();
+  const PlacedBytes padding =
+      split_padding(MemoryReport::padding_share(param_elements, padded_elements, states.total()), states);
+  lines.push_back(Line{"padding", padding.device, padding.host, padding.disk});
+  for (const char* name : buffer_lines) lines.push_back(line(name));
+  return lines;
+}
+inline PlacedBytes largest(const PlacedBytes& a, const PlacedBytes& b) {
+  return {std::max(a.device, b.device), std::max(a.host, b.host), std::max(a.disk, b.disk)};
+}
+inline Line largest(const Line& a, const Line& b) {
+  const PlacedBytes l = largest(PlacedBytes{a.device, a.host, a.disk}, PlacedBytes{b.device, b.host, b.disk});
+  return Line{a.name, l.device, l.host, l.disk};
+}
+}  // namespace detail
+
 inline Plan make_plan(const Config& config) {
   config.validate();
   const int n = config.ranks();
@@ -307,21 +351,29 @@ inline Plan make_plan(const Config& config) {
   plan.config = config;
   plan.param_elements = layout.param_total();
   plan.padded_elements = layout.padded_total();
-  const ScheduleSpec spec = config.schedule_spec();
+  ScheduleSpec spec = config.schedule_spec();
   plan.schedule = schedule(layout, spec, config.options);
   plan.sizes = plan.schedule.sizes;
   plan.placed = plan.schedule.placement();
-
-  auto line = [&](const char* name) {
-    const PlacedBytes b = plan.schedule.line(name);
-    return Line{name, b.device, b.host, b.disk};
-  };
-  for (const char* name : model_state_lines) plan.lines.push_back(line(name));
-  const PlacedBytes states = plan.placed.model_states();
-  const PlacedBytes padding = split_padding(
-      MemoryReport::padding_share(plan.param_elements, plan.padded_elements, states.total()), states);
-  plan.lines.push_back(Line{"padding", padding.device, padding.host, padding.disk});
-  for (const char* name : buffer_lines) plan.lines.push_back(line(name));
+  plan.lines = detail::plan_lines(plan.schedule, plan.placed, plan.param_elements, plan.padded_elements);
+  plan.rank = static_cast<int>(spec.rank);
+  if (config.rank < 0 && config.ranks_differ()) {
+    // Each line and place the largest of any rank's: what every rank's
+    // memory must fit (one rank may hold the most host memory, another
+    // the largest swap file).
+    plan.rank = -1;
+    for (spec.rank = 1; spec.rank < N; ++spec.rank) {
+      const Schedule other = schedule(layout, spec, config.options);
+      const MemoryReport::Placement placed = other.placement();
+      const std::vector<Line> lines = detail::plan_lines(other, placed, plan.param_elements, plan.padded_elements);
+      for (std::size_t i = 0; i < lines.size(); ++i) plan.lines[i] = detail::largest(plan.lines[i], lines[i]);
+      for (auto part : {&MemoryReport::Placement::params, &MemoryReport::Placement::grads,
+                        &MemoryReport::Placement::master, &MemoryReport::Placement::optimizer_states,
+                        &MemoryReport::Placement::communication_buffers})
+        plan.placed.*part = detail::largest(plan.placed.*part, placed.*part);
+      plan.sizes.swap_file_bytes = std::max(plan.sizes.swap_file_bytes, other.sizes.swap_file_bytes);
+    }
+  }
   for (const auto& l : plan.lines) {
     if (l.name == "padding") continue;  // included in the model-state lines
     plan.total.device += l.device;
@@ -389,7 +441,8 @@ inline std::string to_json(const Plan& p) {
     << (c.overlap ? "true" : "false") << ",\"backend\":\"" << (c.device_backend ? "device" : "host")
     << "\",\"delayed_update\":" << (c.options.delayed_update ? "true" : "false")
     << ",\"nvme_window_bytes\":" << c.options.nvme.window_bytes << ",\"master\":\"" << name(c.options.master)
-    << "\",\"states\":\"" << name(c.options.states) << "\",\"hpz\":" << (c.options.hpz ? "true" : "false")
+    << "\",\"states\":\"" << name(c.options.states) << "\",\"state_block\":" << c.options.state_block
+    << ",\"state_fp32_below\":" << c.options.state_fp32_below << ",\"rank\":" << p.rank << ",\"hpz\":" << (c.options.hpz ? "true" : "false")
     << ",\"hpz_int8\":" << (c.options.hpz_int8 ? "true" : "false")
     << ",\"qwz\":" << (c.options.qwz ? "true" : "false") << ",\"qwz_block\":" << c.options.qwz_block
     << ",\"qgz\":" << (c.options.qgz ? "true" : "false") << ",\"qgz_bits\":" << c.options.qgz_bits

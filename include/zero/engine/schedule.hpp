@@ -50,6 +50,10 @@ struct ScheduleSpec {
   MasterWeights master = MasterWeights::fp32;
   StateFormat states = StateFormat::fp32;  // (Options::states)
   int ranks_per_node = 0;  // comm::Topology (0: one node of every rank): hpZ's copy and node collectives
+  // Whose buffers: ranks differ only with 8-bit block-wise states, by the
+  // blocks their shard boundaries cut and the small parameters they own
+  // (engine/state_blocks.hpp), and on the disk tier by a swap-file record.
+  std::size_t rank = 0;
 
   bool mixed() const { return element_bytes != 4; }  // 16-bit parameters beside an fp32 master
 };
@@ -211,6 +215,8 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
 // `layout` must be finalized (its padding decides every size).
 inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const Options& options) {
   require_valid_schedule(spec, options);
+  require(spec.rank < static_cast<std::size_t>(layout.ranks()), "schedule: rank ", spec.rank, " of a layout of ",
+          layout.ranks(), " rank(s); ranks count from 0");
   const StagePlan& stage = spec.stage;
   const bool offloaded = spec.offload != OffloadTier::none;
   Schedule s;
@@ -222,7 +228,7 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   const std::size_t state_bytes = state_element_bytes(spec.states);
   const BufferSpec buffer_spec{stage,        separate_master, spec.element_bytes, spec.state_slots,
                                spec.overlap, spec.offload,    spec.device_backend, master_bytes,
-                               state_bytes,  spec.ranks_per_node};
+                               state_bytes,  spec.ranks_per_node, spec.rank};
   s.sizes = buffer_sizes(layout, buffer_spec, options);
   const BufferSizes& z = s.sizes;
   const std::uint64_t eb = spec.element_bytes;
@@ -245,12 +251,12 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
   add(master_bytes == 2 ? "fp32 master remainders" : "fp32 master weights", "master", ReportedAs::master, store,
       z.master, master_bytes);
   if (spec.states == StateFormat::blockwise8 && spec.state_slots > 0) {
-    // Rank 0's runs (engine/state_blocks.hpp): another rank's differ by the
-    // blocks its shard boundaries cut and the small parameters it owns.
+    // This rank's runs (engine/state_blocks.hpp): another rank's differ by
+    // the blocks its shard boundaries cut and the small parameters it owns.
     // The disk tier keeps a code for every owned element in its records
     // (those of fp32 runs unused) and the absmax and fp32 runs in host
     // memory (offload/disk_state_store.hpp).
-    const StateBlocks blocks = StateBlocks::build(Ownership{stage, 0, &layout}, options.state_block,
+    const StateBlocks blocks = StateBlocks::build(Ownership{stage, spec.rank, &layout}, options.state_block,
                                                   options.state_fp32_below);
     const bool disk = spec.offload == OffloadTier::nvme;
     for (int k = 0; k < spec.state_slots; ++k) {

@@ -108,6 +108,32 @@ class StateBlocks {
   }
   quant::PhasedBlocks blocks_of(const StateRun& run) const { return {run.length, block_, run.phase}; }
 
+  // The 8-bit step over owned elements [offset, offset + args.n) (`Args`:
+  // kernels::FusedStepArgs), one fused step per piece of a run (the run's
+  // elements in the range): `args.part` of the piece, its block size and
+  // its first block's phase set; `aim(piece, run, into_run)` points the
+  // piece's state slots at its codes and absmax, or fp32 values (`into_run`:
+  // elements of the run before the piece), and `step(piece)` runs it. A
+  // block is quantized from all its values at once, so a piece holds whole
+  // blocks: `who` names the store in the error where an update cuts one.
+  template <class Args, class Aim, class Step>
+  void step_pieces(const char* who, std::size_t offset, const Args& args, Aim&& aim, Step&& step) const {
+    each_run(offset, args.n, [&](const StateRun& run) {
+      const std::size_t from = std::max(offset, run.begin), to = std::min(offset + args.n, run.end());
+      const std::size_t into_run = from - run.begin;
+      Args piece = args.part(from - offset, to - from);
+      piece.block = static_cast<std::uint32_t>(block_);
+      piece.block_phase = static_cast<std::uint32_t>((run.phase + into_run) % block_);
+      const bool whole_blocks = (into_run == 0 || piece.block_phase == 0) &&
+                                (to == run.end() || (run.phase + (to - run.begin)) % block_ == 0);
+      require(!run.blockwise || whole_blocks, who, ": an update of owned elements [", offset, ", ", offset + args.n,
+              ") cuts a block of the 8-bit state's run [", run.begin, ", ", run.end(), ") (blocks of ", block_,
+              "); updates are whole units");
+      aim(piece, run, into_run);
+      step(piece);
+    });
+  }
+
  private:
   void add_plain(std::size_t begin, std::size_t length) {
     runs_.push_back(StateRun{begin, length, false, fp32_, 0, 0, 0});

@@ -208,24 +208,20 @@ class ArrayStateStore {
   // offset + args.n), each pointed at its part of every array.
   template <class Grad, class Param>
   void update_runs(std::size_t offset, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
-    blocks_.each_run(offset, args.n, [&](const StateRun& run) {
-      require(run.begin >= offset && run.end() <= offset + args.n, "model-state store: an update of owned elements [",
-              offset, ", ", offset + args.n, ") cuts the 8-bit state's run [", run.begin, ", ", run.end(),
-              "); updates are whole units");
-      kernels::FusedStepArgs<Optimizer, Grad, Param> part = args.part(run.begin - offset, run.length);
-      for (int k = 0; k < state_slots; ++k) {
-        if (run.blockwise) {
-          part.state8[k] = codes_[k].data() + run.at;
-          part.absmax[k] = absmax_[k].data() + run.first_block;
-          part.code[k] = OnDevice ? code_tables_[k].data() : host_code_[k];
-        } else {
-          part.state[k] = states_[k].data() + run.at;
-        }
-      }
-      part.block = static_cast<std::uint32_t>(blocks_.block());
-      part.block_phase = run.phase;
-      Ops::fused_step(part);
-    });
+    blocks_.step_pieces(
+        "model-state store", offset, args,
+        [&](auto& piece, const StateRun& run, std::size_t into_run) {
+          for (int k = 0; k < state_slots; ++k) {
+            if (run.blockwise) {
+              piece.state8[k] = codes_[k].data() + run.at + into_run;
+              piece.absmax[k] = absmax_[k].data() + run.first_block + blocks_.blocks_of(run).of(into_run);
+              piece.code[k] = OnDevice ? code_tables_[k].data() : host_code_[k];
+            } else {
+              piece.state[k] = states_[k].data() + run.at + into_run;
+            }
+          }
+        },
+        [](auto& piece) { Ops::fused_step(piece); });
   }
 
   // 8-bit state slot values of owned elements [offset, offset + n) from

@@ -290,32 +290,24 @@ class DiskStateStore {
   // record in window slot s: one fused step per piece of a run, each
   // pointed at its codes in the record and its absmax (or, for a small
   // parameter's run, its fp32 state) in host memory. A piece begins at a
-  // block's first element (the chunk table cuts no block), so its first
-  // block's phase follows from where it begins in its run.
+  // block's first element (the chunk table cuts no block).
   template <class Args>
   void update_runs(int s, std::size_t c, std::size_t lo, const Args& part) {
-    const std::uint32_t block = static_cast<std::uint32_t>(blocks_.block());
-    blocks_.each_run(lo, part.n, [&](const StateRun& run) {
-      const std::size_t from = std::max(lo, run.begin), to = std::min(lo + part.n, run.end());
-      Args piece = part.part(from - lo, to - from);
-      const std::size_t into_run = from - run.begin;
-      const quant::PhasedBlocks geometry = blocks_.blocks_of(run);
-      for (int k = 0; k < state_slots; ++k) {
-        if (run.blockwise) {
-          piece.state8[k] = codes(s, k) + (from - starts_[c]);
-          piece.absmax[k] = absmax_[k].data() + run.first_block + geometry.of(into_run);
-          piece.code[k] = code_[k];
-        } else {
-          piece.state[k] = small_[k].data() + run.at + into_run;
-        }
-      }
-      piece.block = block;
-      piece.block_phase = static_cast<std::uint32_t>((run.phase + into_run) % block);
-      require(!run.blockwise || into_run == 0 || piece.block_phase == 0, "offload::Nvme: an update of owned elements "
-              "from ", from, " begins inside a block of the 8-bit state's run [", run.begin, ", ", run.end(),
-              "); updates are whole units, chunks whole blocks");
-      backend::Ops<backend::Host>::fused_step(piece);
-    });
+    blocks_.step_pieces(
+        "offload::Nvme", lo, part,
+        [&](Args& piece, const StateRun& run, std::size_t into_run) {
+          const std::size_t from = run.begin + into_run;
+          for (int k = 0; k < state_slots; ++k) {
+            if (run.blockwise) {
+              piece.state8[k] = codes(s, k) + (from - starts_[c]);
+              piece.absmax[k] = absmax_[k].data() + run.first_block + blocks_.blocks_of(run).of(into_run);
+              piece.code[k] = code_[k];
+            } else {
+              piece.state[k] = small_[k].data() + run.at + into_run;
+            }
+          }
+        },
+        [](Args& piece) { backend::Ops<backend::Host>::fused_step(piece); });
   }
 
   // 8-bit state slot values of owned elements [offset, offset + n) from
