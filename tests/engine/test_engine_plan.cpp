@@ -67,6 +67,9 @@ using ResidentTypes =
     Concat<std::tuple<Opt<0, Full<float>, AdamW>, Opt<0, Mixed<bf16>, AdamW>, Opt<0, Mixed<fp16>, AdamW>>,
            OffloadedTypes<None, Host>>::type;
 using CpuTypes = OffloadedTypes<Cpu, LateCopies>;
+// Master and state in device memory (8-bit states: the code tables too).
+using DeviceResidentTypes =
+    std::tuple<Opt<1, Mixed<bf16>, AdamW, None, LateCopies>, Opt<3, Mixed<fp16>, Sgd, None, LateCopies>>;
 #if defined(ZERO_TEST_DISK_TIER)
 // On the host backend the update reads and writes the backend's own buffers;
 // from a device, the gradient and parameters are staged in host memory (fp32
@@ -391,6 +394,11 @@ void check_plan_against_optimizers() {
 
 TEMPLATE_LIST_TEST_CASE("the planner's bytes and traffic equal what real optimizers allocate and send",
                         "[engine][plan]", ResidentTypes) {
+  check_plan_against_optimizers<TestType>();
+}
+
+TEMPLATE_LIST_TEST_CASE("In device memory: the planner's bytes by place and traffic equal the optimizer's",
+                        "[engine][plan]", DeviceResidentTypes) {
   check_plan_against_optimizers<TestType>();
 }
 

@@ -30,6 +30,7 @@
 #include "zero/engine/state_blocks.hpp"
 #include "zero/error.hpp"
 #include "zero/policies.hpp"
+#include "zero/quant/dynamic_code.hpp"
 
 namespace zero {
 
@@ -266,6 +267,10 @@ inline Schedule schedule(const Layout& layout, const ScheduleSpec& spec, const O
           disk ? Place::host : store, blocks.blocks(), 4);
       add("optimizer state (fp32, small parameters)", "optimizer_states", ReportedAs::optimizer_states,
           disk ? Place::host : store, blocks.fp32_elements(), 4);
+      // A device's step reads the slot's code table from device memory.
+      if (store == Place::device)
+        add("optimizer state (8-bit code table)", "optimizer_states", ReportedAs::optimizer_states, store,
+            static_cast<std::uint64_t>(quant::code_size), 4);
     }
   } else {
     for (int k = 0; k < spec.state_slots; ++k)

@@ -197,7 +197,8 @@ class ArrayStateStore {
   PlacedBytes state_bytes() const {
     std::uint64_t b = 0;
     for (int k = 0; k < state_slots; ++k)
-      b += states_[k].bytes() + states16_[k].bytes() + codes_[k].bytes() + absmax_[k].bytes();
+      b += states_[k].bytes() + states16_[k].bytes() + codes_[k].bytes() + absmax_[k].bytes() +
+           code_tables_[k].bytes();
     return place(b);
   }
 
