@@ -256,8 +256,8 @@ void check_plan_against_optimizers() {
   };
   const plan::Model models[] = {odd_model(), plan::gpt_model(2, 24, 11, 5)};
   constexpr int steps = 2;
-  // Ranks whose plan held fewer bytes than the largest rank's (8-bit
-  // states, stages 1-3: the test must see some).
+  // Ranks whose plan's total differed from rank 0's (8-bit states,
+  // stages 1-3: the test must see some).
   int ranks_differed = 0;
   for (const auto& model : models)
     for (const int ranks : {1, 2, 3, 4, 7})

@@ -115,12 +115,9 @@ inline std::string state_conversion_line(const RunState& run, const Options& o, 
   const std::string saved = describe(run.state_format.empty() ? "fp32" : run.state_format, run.state_block,
                                      run.state_fp32_below);
   const std::string here = describe(name(o.states), o.state_block, o.state_fp32_below);
-  // Ranks' shard boundaries cut the blocks: N ranks at stages 1-3 cut each
-  // unit N ways; stage 0, or one rank, keeps whole units (no cut), whatever N.
-  auto cuts = [](std::uint64_t n, std::uint64_t s) { return s == 0 || n == 1 ? std::uint64_t{1} : n; };
   const bool blocks_moved = o.states == StateFormat::blockwise8 && saved == here &&
-                            cuts(run.world_size, run.stage) !=
-                                cuts(static_cast<std::uint64_t>(ranks), static_cast<std::uint64_t>(stage));
+                            block_cuts(run.world_size, run.stage) !=
+                                block_cuts(static_cast<std::uint64_t>(ranks), static_cast<std::uint64_t>(stage));
   if (saved == here && !blocks_moved) return {};
   if (o.states == StateFormat::fp32) return {};  // fp32 holds any saved state's values exactly
   auto is_bf16 = [](const std::string& f) { return f.rfind("bf16", 0) == 0; };

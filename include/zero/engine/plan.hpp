@@ -30,6 +30,7 @@
 #include "zero/engine/reports.hpp"
 #include "zero/engine/schedule.hpp"
 #include "zero/engine/stage_plan.hpp"
+#include "zero/engine/state_blocks.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 
@@ -147,7 +148,8 @@ struct Config {
   }
   // Whether ranks' buffers can differ (Config::rank).
   bool ranks_differ() const {
-    return options.states == StateFormat::blockwise8 && state_slots > 0 && stage >= 1 && ranks() > 1;
+    return options.states == StateFormat::blockwise8 && state_slots > 0 &&
+           block_cuts(static_cast<std::uint64_t>(ranks()), static_cast<std::uint64_t>(stage)) > 1;
   }
 
   void validate() const {

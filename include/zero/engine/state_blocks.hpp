@@ -45,6 +45,12 @@ struct StateRun {
   std::size_t end() const { return begin + length; }
 };
 
+// How many ways the ranks' owned ranges cut each unit, and so its 8-bit
+// blocks: N ranks at stages 1-3 own a shard each; stage 0 (every rank
+// updates whole units), or one rank, cuts none, so the blocks are the same
+// whatever the rank count.
+inline std::uint64_t block_cuts(std::uint64_t ranks, std::uint64_t stage) { return stage == 0 ? 1 : ranks; }
+
 class StateBlocks {
  public:
   StateBlocks() = default;
@@ -110,27 +116,33 @@ class StateBlocks {
 
   // The 8-bit step over owned elements [offset, offset + args.n) (`Args`:
   // kernels::FusedStepArgs), one fused step per piece of a run (the run's
-  // elements in the range): `args.part` of the piece, its block size and
-  // its first block's phase set; `aim(piece, run, into_run)` points the
-  // piece's state slots at its codes and absmax, or fp32 values (`into_run`:
-  // elements of the run before the piece), and `step(piece)` runs it. A
-  // block is quantized from all its values at once, so a piece holds whole
-  // blocks: `who` names the store in the error where an update cuts one.
-  template <class Args, class Aim, class Step>
-  void step_pieces(const char* who, std::size_t offset, const Args& args, Aim&& aim, Step&& step) const {
+  // elements in the range): `args.part` of the piece with its block size
+  // and its first block's phase set, handed to `step(args_of_piece, piece)`,
+  // which points its state slots at the piece's codes and absmax, or fp32
+  // values, and runs it. A block is quantized from all its values at once,
+  // so a piece holds whole blocks: `who` names the store in the error where
+  // an update cuts one.
+  struct Piece {
+    std::size_t begin = 0;        // first owned element
+    bool blockwise = false;
+    std::size_t at = 0;           // its first value in its packed array (codes, or fp32 values)
+    std::size_t first_block = 0;  // blockwise: its first block's absmax in the packed absmax
+  };
+  template <class Args, class Step>
+  void step_pieces(const char* who, std::size_t offset, const Args& args, Step&& step) const {
     each_run(offset, args.n, [&](const StateRun& run) {
       const std::size_t from = std::max(offset, run.begin), to = std::min(offset + args.n, run.end());
       const std::size_t into_run = from - run.begin;
-      Args piece = args.part(from - offset, to - from);
-      piece.block = static_cast<std::uint32_t>(block_);
-      piece.block_phase = static_cast<std::uint32_t>((run.phase + into_run) % block_);
-      const bool whole_blocks = (into_run == 0 || piece.block_phase == 0) &&
+      Args part = args.part(from - offset, to - from);
+      part.block = static_cast<std::uint32_t>(block_);
+      part.block_phase = static_cast<std::uint32_t>((run.phase + into_run) % block_);
+      const bool whole_blocks = (into_run == 0 || part.block_phase == 0) &&
                                 (to == run.end() || (run.phase + (to - run.begin)) % block_ == 0);
       require(!run.blockwise || whole_blocks, who, ": an update of owned elements [", offset, ", ", offset + args.n,
               ") cuts a block of the 8-bit state's run [", run.begin, ", ", run.end(), ") (blocks of ", block_,
               "); updates are whole units");
-      aim(piece, run, into_run);
-      step(piece);
+      const std::size_t first_block = run.blockwise ? run.first_block + blocks_of(run).of(into_run) : 0;
+      step(part, Piece{from, run.blockwise, run.at + into_run, first_block});
     });
   }
 

@@ -209,20 +209,18 @@ class ArrayStateStore {
   // offset + args.n), each pointed at its part of every array.
   template <class Grad, class Param>
   void update_runs(std::size_t offset, kernels::FusedStepArgs<Optimizer, Grad, Param>& args) {
-    blocks_.step_pieces(
-        "model-state store", offset, args,
-        [&](auto& piece, const StateRun& run, std::size_t into_run) {
-          for (int k = 0; k < state_slots; ++k) {
-            if (run.blockwise) {
-              piece.state8[k] = codes_[k].data() + run.at + into_run;
-              piece.absmax[k] = absmax_[k].data() + run.first_block + blocks_.blocks_of(run).of(into_run);
-              piece.code[k] = OnDevice ? code_tables_[k].data() : host_code_[k];
-            } else {
-              piece.state[k] = states_[k].data() + run.at + into_run;
-            }
-          }
-        },
-        [](auto& piece) { Ops::fused_step(piece); });
+    blocks_.step_pieces("model-state store", offset, args, [&](auto& part, const StateBlocks::Piece& piece) {
+      for (int k = 0; k < state_slots; ++k) {
+        if (piece.blockwise) {
+          part.state8[k] = codes_[k].data() + piece.at;
+          part.absmax[k] = absmax_[k].data() + piece.first_block;
+          part.code[k] = OnDevice ? code_tables_[k].data() : host_code_[k];
+        } else {
+          part.state[k] = states_[k].data() + piece.at;
+        }
+      }
+      Ops::fused_step(part);
+    });
   }
 
   // 8-bit state slot values of owned elements [offset, offset + n) from

@@ -286,28 +286,25 @@ class DiskStateStore {
     io_->wait();  // rethrows an I/O error
   }
 
-  // The 8-bit step over chunk c's owned elements [lo, lo + part.n), its
+  // The 8-bit step over chunk c's owned elements [lo, lo + args.n), its
   // record in window slot s: one fused step per piece of a run, each
   // pointed at its codes in the record and its absmax (or, for a small
   // parameter's run, its fp32 state) in host memory. A piece begins at a
   // block's first element (the chunk table cuts no block).
   template <class Args>
-  void update_runs(int s, std::size_t c, std::size_t lo, const Args& part) {
-    blocks_.step_pieces(
-        "offload::Nvme", lo, part,
-        [&](Args& piece, const StateRun& run, std::size_t into_run) {
-          const std::size_t from = run.begin + into_run;
-          for (int k = 0; k < state_slots; ++k) {
-            if (run.blockwise) {
-              piece.state8[k] = codes(s, k) + (from - starts_[c]);
-              piece.absmax[k] = absmax_[k].data() + run.first_block + blocks_.blocks_of(run).of(into_run);
-              piece.code[k] = code_[k];
-            } else {
-              piece.state[k] = small_[k].data() + run.at + into_run;
-            }
-          }
-        },
-        [](Args& piece) { backend::Ops<backend::Host>::fused_step(piece); });
+  void update_runs(int s, std::size_t c, std::size_t lo, const Args& args) {
+    blocks_.step_pieces("offload::Nvme", lo, args, [&](Args& part, const StateBlocks::Piece& piece) {
+      for (int k = 0; k < state_slots; ++k) {
+        if (piece.blockwise) {
+          part.state8[k] = codes(s, k) + (piece.begin - starts_[c]);
+          part.absmax[k] = absmax_[k].data() + piece.first_block;
+          part.code[k] = code_[k];
+        } else {
+          part.state[k] = small_[k].data() + piece.at;
+        }
+      }
+      backend::Ops<backend::Host>::fused_step(part);
+    });
   }
 
   // 8-bit state slot values of owned elements [offset, offset + n) from
