@@ -121,7 +121,7 @@ class HostCompute {
   // x[n] = wte[token n] + wpe[n mod T].
   void embed_forward(const std::uint8_t* tokens, const float* wte, const float* wpe, std::size_t N, int T, int C,
                      float* x) {
-    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) ZERO_FLATTEN {
       for (std::size_t n = n0; n < n1; ++n)
         for (int c = 0; c < C; ++c)
           x[n * C + c] = ops::add(wte[static_cast<std::size_t>(tokens[n]) * C + c], wpe[(n % T) * C + c]);
@@ -130,7 +130,7 @@ class HostCompute {
   // dwte[token n] += d[n], dwpe[n mod T] += d[n] (rows in order: deterministic).
   void embed_backward(const std::uint8_t* tokens, const float* d, std::size_t N, int T, int C, float* dwte,
                       float* dwpe) {
-    by_column_block(C, [&](int c0, int c1) {
+    by_column_block(C, [&](int c0, int c1) ZERO_FLATTEN {
       for (std::size_t n = 0; n < N; ++n)
         for (int c = c0; c < c1; ++c) {
           dwte[static_cast<std::size_t>(tokens[n]) * C + c] += d[n * C + c];
@@ -141,7 +141,7 @@ class HostCompute {
 
   void layernorm_forward(const float* x, const float* w, const float* b, std::size_t N, int C, float* out,
                          float* mean, float* rstd) {
-    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) ZERO_FLATTEN {
       for (std::size_t n = n0; n < n1; ++n) {
         const ops::RowStats s = ops::layernorm_forward_row(x + n * C, w, b, out + n * C, C);
         mean[n] = s.mean;
@@ -152,16 +152,16 @@ class HostCompute {
   // dx += d(loss)/d(x); dw, db overwritten.
   void layernorm_backward(const float* dout, const float* x, const float* w, const float* mean, const float* rstd,
                           std::size_t N, int C, float* dx, float* dw, float* db) {
-    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) {
+    vector_ranges(N, kRowGrain, [&](std::size_t n0, std::size_t n1) ZERO_FLATTEN {
       for (std::size_t n = n0; n < n1; ++n)
         ops::layernorm_backward_row(dout + n * C, x + n * C, w, ops::RowStats{mean[n], rstd[n]}, dx + n * C, C);
     });
-    by_column_block(C, [&](int c0, int c1) {
+    by_column_block(C, [&](int c0, int c1) ZERO_FLATTEN {
       const float* d = dout + c0;
-      sum_rows(N, c1 - c0, dw + c0, [&](std::size_t n, int c) {
+      sum_rows(N, c1 - c0, dw + c0, [&](std::size_t n, int c) ZERO_FLATTEN {
         return d[n * C + c] * ops::layernorm_normalized(x[n * C + c0 + c], ops::RowStats{mean[n], rstd[n]});
       });
-      sum_rows(N, c1 - c0, db + c0, [&](std::size_t n, int c) { return d[n * C + c]; });
+      sum_rows(N, c1 - c0, db + c0, [&](std::size_t n, int c) ZERO_FLATTEN { return d[n * C + c]; });
     });
   }
 
@@ -180,7 +180,7 @@ class HostCompute {
 #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
     for (int t = 0; t < blocks; ++t) {
       const std::size_t r0 = block_begin(N, t, blocks), r1 = block_begin(N, t + 1, blocks);
-      zero::simd::dispatch<Vectorised>(level, [&] { bias_rows(out, b, residual, r0, r1, O); });
+      zero::simd::dispatch<Vectorised>(level, [&]() ZERO_FLATTEN { bias_rows(out, b, residual, r0, r1, O); });
       sgemm(false, true, static_cast<int>(r1 - r0), O, I, in + r0 * I, I, w, I, 1.0f, out + r0 * o, O);
       if (gelu_out != nullptr) zero::simd::dispatch<GeluForward>(level, out, gelu_out, 0, r0 * o, r1 * o);
     }
@@ -214,10 +214,10 @@ class HostCompute {
         float* db_t = t == 0 ? db : partials + (t - 1) * stride + dw_size;
         sgemm(true, false, O, I, rows, d, O, in + r0 * i, I, 0.0f, dw_t, I);
         sgemm(false, false, rows, I, O, d, O, w, I, 0.0f, din + r0 * i, I);
-        zero::simd::dispatch<Vectorised>(level, [&] {
+        zero::simd::dispatch<Vectorised>(level, [&]() ZERO_FLATTEN {
           for (int c0 = 0; c0 < O; c0 += kColumnBlock)
             sum_rows(r1 - r0, std::min(kColumnBlock, O - c0), db_t + c0,
-                     [&](std::size_t n, int c) { return d[n * o + c0 + c]; });
+                     [&](std::size_t n, int c) ZERO_FLATTEN { return d[n * o + c0 + c]; });
         });
         if (gelu_in != nullptr) zero::simd::dispatch<GeluBackward>(level, gelu_in, din, 0, r0 * i, r1 * i);
       }
@@ -225,7 +225,7 @@ class HostCompute {
       const std::size_t ranges = blocks > 1 ? (stride + kSumGrain - 1) / kSumGrain : 0;
 #pragma omp for schedule(static)
       for (std::size_t r = 0; r < ranges; ++r) {
-        zero::simd::dispatch<Vectorised>(level, [&] {
+        zero::simd::dispatch<Vectorised>(level, [&]() ZERO_FLATTEN {
           const std::size_t e0 = r * kSumGrain, e1 = std::min(stride, e0 + kSumGrain);
           for (int t = 1; t < blocks; ++t) {
             const float* part = partials + (t - 1) * stride;
@@ -240,7 +240,7 @@ class HostCompute {
   // `matrices` T x T score matrices back to back; row r is row r mod T of
   // its matrix, defined up to the end of its query block (key_end).
   void causal_softmax(float* att, std::size_t matrices, int T, float scale) {
-    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) {
+    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) ZERO_FLATTEN {
       for (std::size_t r = r0; r < r1; ++r) {
         const int row = static_cast<int>(r % T);
         ops::causal_softmax_row(att + r * T, row, key_end(row, T), scale);
@@ -248,7 +248,7 @@ class HostCompute {
     });
   }
   void causal_softmax_backward(const float* att, float* datt, std::size_t matrices, int T, float scale) {
-    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) {
+    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) ZERO_FLATTEN {
       for (std::size_t r = r0; r < r1; ++r) {
         const int row = static_cast<int>(r % T);
         ops::causal_softmax_backward_row(att + r * T, datt + r * T, row, key_end(row, T), scale);
@@ -277,14 +277,14 @@ class HostCompute {
   // for the CPU's instruction set, so expf's vector version is the widest.
   struct GeluForward {
     template <class Isa>
-    static void run(const float* x, float* y, int, std::size_t begin, std::size_t end) {
+    ZERO_FLATTEN static void run(const float* x, float* y, int, std::size_t begin, std::size_t end) {
       ZERO_GPT_SIMD_LOOP
       for (std::size_t i = begin; i < end; ++i) y[i] = ops::gelu_forward(x[i]);
     }
   };
   struct GeluBackward {
     template <class Isa>
-    static void run(const float* x, float* d, int, std::size_t begin, std::size_t end) {
+    ZERO_FLATTEN static void run(const float* x, float* d, int, std::size_t begin, std::size_t end) {
       ZERO_GPT_SIMD_LOOP
       for (std::size_t i = begin; i < end; ++i) d[i] = ops::gelu_backward(x[i], d[i]);
     }
@@ -346,7 +346,7 @@ class HostCompute {
   // build's default target is SSE2: the row loops of gpt_ops.hpp ran 4 wide.
   struct Vectorised {
     template <class Isa, class F>
-    static void run(const F& f) {
+    ZERO_FLATTEN static void run(const F& f) {
       f();
     }
   };
@@ -359,7 +359,7 @@ class HostCompute {
     const std::size_t ranges = (n + grain - 1) / grain;
 #pragma omp parallel for schedule(static)
     for (std::size_t r = 0; r < ranges; ++r)
-      zero::simd::dispatch<Vectorised>(level, [&] { body(r * grain, std::min(n, (r + 1) * grain)); });
+      zero::simd::dispatch<Vectorised>(level, [&]() ZERO_FLATTEN { body(r * grain, std::min(n, (r + 1) * grain)); });
   }
 
   // body(c0, c1) for each block of kColumnBlock columns of `cols`, side by
@@ -367,14 +367,16 @@ class HostCompute {
   template <class Body>
   static void by_column_block(int cols, const Body& body) {
     vector_ranges(static_cast<std::size_t>(cols), kColumnBlock,
-                  [&](std::size_t c0, std::size_t c1) { body(static_cast<int>(c0), static_cast<int>(c1)); });
+                  [&](std::size_t c0, std::size_t c1) ZERO_FLATTEN {
+                    body(static_cast<int>(c0), static_cast<int>(c1));
+                  });
   }
 
   // out[c] = the sum of term(n, c) over the rows n in order, for c in
   // [0, width), width <= kColumnBlock: the sums of a block stay in registers
   // (in memory, each add would wait for the last one's store).
   template <class Term>
-  static void sum_rows(std::size_t N, int width, float* out, const Term& term) {
+  ZERO_FLATTEN static void sum_rows(std::size_t N, int width, float* out, const Term& term) {
     float acc[kColumnBlock] = {};
     if (width == kColumnBlock) {
       for (std::size_t n = 0; n < N; ++n)

@@ -47,6 +47,36 @@
 #define ZERO_HOST_SIMD_X86 0
 #endif
 
+// On every function and lambda between a per-instruction-set entry
+// (simd::detail::run_avx512 / run_avx2, zero/simd/dispatch.hpp) and the
+// instruction set's helpers. The entry's `flatten` is meant to compile the
+// whole call tree into it, for its target: g++'s does; Clang's (through LLVM
+// 22 at least) inlines only the calls written in the entry itself, so what
+// those call was compiled for baseline x86-64 and called each helper out of
+// line (Clang 14: the bf16 AdamW step 10x slower than g++'s). flatten on each
+// level carries the inlining down a level at a time. A user's optimizer
+// policy needs nothing: its update is called from a level that has it.
+// tests/kernels/check_isa_inlined.py holds every engine to it.
+//
+// ZERO_FLATTEN_INLINE, for a lambda handed to a ZERO_FORCE_INLINE helper
+// that calls it: g++ first inlined the lambda's own always-inline callees
+// into it, where the helpers' targets do not fit, and kept those calls out
+// of line even after flattening the lambda into the entry; always_inline on
+// the lambda avoids that. (Not on every level: on the others it made g++
+// keep the optimizer's update out of line the same way.)
+//
+// Only when optimizing: at -O0 nothing is inlined but what is always_inline,
+// and Clang 14 there inlined a flattened call to an instruction set's helper
+// into a function without that target, which its backend cannot compile
+// ("Do not know how to split the result of this operator").
+#if ZERO_HOST_SIMD_X86 && defined(__OPTIMIZE__)
+#define ZERO_FLATTEN __attribute__((flatten))
+#define ZERO_FLATTEN_INLINE __attribute__((always_inline, flatten))
+#else
+#define ZERO_FLATTEN
+#define ZERO_FLATTEN_INLINE
+#endif
+
 #if defined(_OPENMP)
 #define ZERO_HAS_OPENMP 1
 #else

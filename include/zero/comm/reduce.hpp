@@ -137,7 +137,7 @@ struct ReduceBody {
   static constexpr std::size_t step = pairs ? 2 * Isa::width : Isa::width;
 
   template <class Isa>
-  static void run(const ReduceArgs& a) {
+  ZERO_FLATTEN static void run(const ReduceArgs& a) {
     std::size_t i = a.begin;
 #if ZERO_HOST_SIMD_X86
     if constexpr (Isa::width > 1 && StorageType<T>) {

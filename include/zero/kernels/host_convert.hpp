@@ -30,7 +30,7 @@ namespace detail {
 template <class From, class To>
 struct HostConvertBody {
   template <class Isa>
-  static void run(const From* src, To* dst, int /*thread*/, std::size_t begin, std::size_t end) {
+  ZERO_FLATTEN static void run(const From* src, To* dst, int /*thread*/, std::size_t begin, std::size_t end) {
     if constexpr (std::is_same_v<From, To>) {
       // Same type: a bit copy (NaN payloads and all), not a round trip.
       if (end > begin) std::memcpy(dst + begin, src + begin, (end - begin) * sizeof(To));
@@ -54,7 +54,7 @@ struct HostConvertBody {
 template <class To, class From>
 struct HostAccumulateBody {
   template <class Isa>
-  static void run(const From* src, To* dst, int /*thread*/, std::size_t begin, std::size_t end) {
+  ZERO_FLATTEN static void run(const From* src, To* dst, int /*thread*/, std::size_t begin, std::size_t end) {
     std::size_t i = begin;
 #if ZERO_HOST_SIMD_X86
     if constexpr (Isa::width > 1) {
@@ -69,8 +69,8 @@ struct HostAccumulateBody {
 template <class To>
 struct HostConvertStochasticBody {
   template <class Isa>
-  static void run(const float* src, To* dst, const StochasticRounding& rounding, std::uint64_t global_offset,
-                  int /*thread*/, std::size_t begin, std::size_t end) {
+  ZERO_FLATTEN static void run(const float* src, To* dst, const StochasticRounding& rounding,
+                               std::uint64_t global_offset, int /*thread*/, std::size_t begin, std::size_t end) {
     // Element-wise: the random bits depend on the global index only, so the
     // result is the same for any thread count or shard split. A local copy of
     // the settings lets g++ hoist the per-call part of the hash out of the

@@ -113,7 +113,7 @@ ZERO_FORCE_INLINE auto largest_lane(const V& v) {
 template <class T>
 struct QuantizeBody {
   template <class Isa>
-  static void run(const T* x, float* residual, std::size_t n, const quant::Format& f, void* payload) {
+  ZERO_FLATTEN static void run(const T* x, float* residual, std::size_t n, const quant::Format& f, void* payload) {
 #if ZERO_HOST_SIMD_X86
     if constexpr (Isa::width > 1) {
       packs<Isa>(x, residual, n, f, payload);
@@ -144,7 +144,7 @@ struct QuantizeBody {
 
 #if ZERO_HOST_SIMD_X86
   template <class Isa>
-  static void packs(const T* x, float* residual, std::size_t n, const quant::Format& f, void* payload) {
+  ZERO_FLATTEN static void packs(const T* x, float* residual, std::size_t n, const quant::Format& f, void* payload) {
     using U = typename Isa::U;
     constexpr int W = Isa::width;
     const quant::PayloadView p = quant::PayloadView::at(payload, n, f);
@@ -167,12 +167,12 @@ struct QuantizeBody {
       // largest_half_magnitude_bits); a block whose largest bits are an
       // infinity's or a NaN's is folded again with them screened out.
       U most[2] = {};  // two chains of maxima, so each waits on half the loads
-      auto fold = [&](auto screen, int c, const T* xs, const float* rs) {
+      auto fold = [&](auto screen, int c, const T* xs, const float* rs) ZERO_FLATTEN {
         U m = (U)fed<Isa>(xs, rs).v & 0x7fffffffu;
         if constexpr (decltype(screen)::value) m &= ~(U)(m > 0x7f800000u);  // a NaN is 0
         most[c] = m > most[c] ? m : most[c];
       };
-      auto fold_block = [&](auto screen) {
+      auto fold_block = [&](auto screen) ZERO_FLATTEN {
         most[0] = most[1] = U{};
         std::size_t i = begin;
         for (; i + 2 * W <= whole; i += 2 * W) {
@@ -196,7 +196,7 @@ struct QuantizeBody {
       const float inverse = quant::symmetric_inverse(absmax, levels);
       const float scale = quant::symmetric_scale(absmax, levels);
       // Codes (int4: W codes in W / 2 bytes; packs start even) and residuals.
-      auto code = [&](auto finite_block, const T* xs, float* rs, std::uint8_t* codes) {
+      auto code = [&](auto finite_block, const T* xs, float* rs, std::uint8_t* codes) ZERO_FLATTEN {
         const simd::Pack<Isa> y = fed<Isa>(xs, rs);
         SignedLanes<Isa> q;
         symmetric_codes<Isa, decltype(finite_block)::value>(y, inverse, q);
@@ -209,7 +209,7 @@ struct QuantizeBody {
           simd::store(rs, y - value * simd::broadcast<Isa>(scale));
         }
       };
-      auto code_block = [&](auto finite_block) {
+      auto code_block = [&](auto finite_block) ZERO_FLATTEN {
         std::size_t i = begin;
         // bf16 to int8 (qwZ's parameters, hpZ's copy), four packs at a
         // time: unpacking bf16 bits beside zeros makes the fp32 values and
@@ -261,7 +261,7 @@ struct QuantizeBody {
     using V = typename VectorOf<std::uint16_t, sizeof(typename Isa::U)>::type;
     constexpr std::size_t lanes = sizeof(V) / 2;
     V most{};
-    auto fold = [&](V& v) {
+    auto fold = [&](V& v) ZERO_FLATTEN {
       v &= 0x7fffu;
       most = v > most ? v : most;
     };
@@ -310,8 +310,8 @@ ZERO_FORCE_INLINE simd::Pack<Isa> code_values(const std::uint8_t* codes, std::si
 // Each block's whole packs of codes, then its partial pack from a
 // zero-padded copy of its codes: visit(values, first element, count).
 template <class Isa, class Visit>
-ZERO_FORCE_INLINE void each_pack_of_values(const quant::ConstPayloadView& p, std::size_t n, const quant::Format& f,
-                                           Visit&& visit) {
+ZERO_FORCE_INLINE ZERO_FLATTEN void each_pack_of_values(const quant::ConstPayloadView& p, std::size_t n,
+                                                        const quant::Format& f, Visit&& visit) {
   constexpr int W = Isa::width;
   for (std::size_t b = 0; b < f.blocks(n); ++b) {
     const std::size_t begin = b * f.block, end = f.block_end(b, n);
@@ -331,11 +331,12 @@ ZERO_FORCE_INLINE void each_pack_of_values(const quant::ConstPayloadView& p, std
 template <class T>
 struct DequantizeBody {
   template <class Isa>
-  static void run(const void* payload, std::size_t n, const quant::Format& f, T* out) {
+  ZERO_FLATTEN static void run(const void* payload, std::size_t n, const quant::Format& f, T* out) {
     const quant::ConstPayloadView p = quant::ConstPayloadView::at(payload, n, f);
 #if ZERO_HOST_SIMD_X86
     if constexpr (Isa::width > 1) {
-      each_pack_of_values<Isa>(p, n, f, [&](const simd::Pack<Isa>& v, std::size_t i, std::size_t count) {
+      each_pack_of_values<Isa>(p, n, f,
+                               [&](const simd::Pack<Isa>& v, std::size_t i, std::size_t count) ZERO_FLATTEN_INLINE {
         if (count == Isa::width) {
           simd::store(out + i, v);
           return;
@@ -357,14 +358,16 @@ struct DequantizeBody {
 
 struct DequantizeSumBody {
   template <class Isa>
-  static void run(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
-                  const quant::Format& f, float* out) {
+  ZERO_FLATTEN static void run(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
+                               const quant::Format& f, float* out) {
     for (std::size_t k = 0; k < count; ++k) {
       const quant::ConstPayloadView p =
           quant::ConstPayloadView::at(static_cast<const std::uint8_t*>(payloads) + k * payload_stride, n, f);
 #if ZERO_HOST_SIMD_X86
       if constexpr (Isa::width > 1) {
-        each_pack_of_values<Isa>(p, n, f, [&](const simd::Pack<Isa>& v, std::size_t i, std::size_t elements) {
+        each_pack_of_values<Isa>(p, n, f,
+                                 [&](const simd::Pack<Isa>& v, std::size_t i,
+                                     std::size_t elements) ZERO_FLATTEN_INLINE {
           if (elements == Isa::width) {
             simd::store(out + i, k == 0 ? v : simd::load<Isa>(out + i) + v);
             return;

@@ -48,7 +48,7 @@ struct HostStepBody {
   using Args = FusedStepArgs<Opt, Grad, Param>;
 
   template <class Isa>
-  static void run(const Args& a, int /*thread*/, std::size_t begin, std::size_t end) {
+  ZERO_FLATTEN static void run(const Args& a, int /*thread*/, std::size_t begin, std::size_t end) {
     std::size_t i = begin;
 #if ZERO_HOST_SIMD_X86
     if constexpr (Isa::width > 1) {
@@ -84,7 +84,7 @@ struct HostStepBody {
       // S16: the state in bf16. Both are compiled loops of their own: as
       // branches in one loop they cost today's bf16 step 10-30% (register
       // pressure beside the update; bench_step_host, 2-core EPYC).
-      auto packs = [&]<int U, bool Split, bool S16>(std::size_t at) {
+      auto packs = [&]<int U, bool Split, bool S16>(std::size_t at) ZERO_FLATTEN {
         if ((at & 15) == 0 && at + ahead < end) {
           for (int u = 0; u < U; u += (W >= 16 ? 1 : 2)) {
             const std::size_t p = at + ahead + static_cast<std::size_t>(u * W);
@@ -144,11 +144,11 @@ struct HostStepBody {
         }
       };
       constexpr int unroll = W >= 16 ? 2 : 1;
-      auto loop = [&]<bool Split, bool S16>() {
+      auto loop = [&]<bool Split, bool S16>() ZERO_FLATTEN {
         for (; i + unroll * W <= end; i += unroll * W) packs.template operator()<unroll, Split, S16>(i);
         for (; i + W <= end; i += W) packs.template operator()<1, Split, S16>(i);
       };
-      auto with_states = [&]<bool Split>() {
+      auto with_states = [&]<bool Split>() ZERO_FLATTEN {
         if (a.states_in_bf16())
           loop.template operator()<Split, true>();
         else
@@ -192,7 +192,8 @@ struct HostBlockStepBody {
   static_assert(S <= CodeLookups::max_slots, "an 8-bit state step for more state slots than CodeLookups holds");
 
   template <class Isa>
-  static void run(const Args& a, const CodeLookups& lookups, int /*thread*/, std::size_t first, std::size_t last) {
+  ZERO_FLATTEN static void run(const Args& a, const CodeLookups& lookups, int /*thread*/, std::size_t first,
+                               std::size_t last) {
     // Room for one block's states (slots x block fp32, 16 KiB for Adam at
     // the paper's 2048): kept per thread across steps.
     thread_local std::vector<float> scratch;
@@ -214,7 +215,7 @@ struct HostBlockStepBody {
 
 #if ZERO_HOST_SIMD_X86
   template <class Isa>
-  static void block(const Args& a, const CodeLookups& lookups, std::size_t b, float* scratch) {
+  ZERO_FLATTEN static void block(const Args& a, const CodeLookups& lookups, std::size_t b, float* scratch) {
     using P = simd::Pack<Isa>;
     constexpr int W = Isa::width;
     const std::size_t begin = a.block_begin(b), end = a.block_end(b), n = end - begin;
@@ -251,7 +252,7 @@ struct HostBlockStepBody {
     // one loop it left g++ short of registers (constants rebuilt in every
     // iteration), as the main step found (HostStepBody).
     std::size_t i = begin;
-    auto update_pass = [&]<bool Split>() {
+    auto update_pass = [&]<bool Split>() ZERO_FLATTEN {
       for (; i + W <= end; i += W) {
         if ((i & 31) == 0) {
           const std::size_t p = i + ahead;
@@ -324,7 +325,7 @@ struct HostBlockStepBody {
 template <class Grad>
 struct HostGradStatsBody {
   template <class Isa>
-  static void run(const Grad* g, GradStats* partial, int thread, std::size_t begin, std::size_t end) {
+  ZERO_FLATTEN static void run(const Grad* g, GradStats* partial, int thread, std::size_t begin, std::size_t end) {
     GradStats s;
     std::size_t i = begin;
 #if ZERO_HOST_SIMD_X86
