@@ -240,7 +240,8 @@ class HostCompute {
   // `matrices` T x T score matrices back to back; row r is row r mod T of
   // its matrix, defined up to the end of its query block (key_end).
   void causal_softmax(float* att, std::size_t matrices, int T, float scale) {
-    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) ZERO_FLATTEN {
+    const std::size_t rows = matrices * static_cast<std::size_t>(T);
+    vector_ranges(rows, kRowGrain, [&](std::size_t r0, std::size_t r1) ZERO_FLATTEN {
       for (std::size_t r = r0; r < r1; ++r) {
         const int row = static_cast<int>(r % T);
         ops::causal_softmax_row(att + r * T, row, key_end(row, T), scale);
@@ -248,7 +249,8 @@ class HostCompute {
     });
   }
   void causal_softmax_backward(const float* att, float* datt, std::size_t matrices, int T, float scale) {
-    vector_ranges(matrices * static_cast<std::size_t>(T), kRowGrain, [&](std::size_t r0, std::size_t r1) ZERO_FLATTEN {
+    const std::size_t rows = matrices * static_cast<std::size_t>(T);
+    vector_ranges(rows, kRowGrain, [&](std::size_t r0, std::size_t r1) ZERO_FLATTEN {
       for (std::size_t r = r0; r < r1; ++r) {
         const int row = static_cast<int>(r % T);
         ops::causal_softmax_backward_row(att + r * T, datt + r * T, row, key_end(row, T), scale);
@@ -359,7 +361,8 @@ class HostCompute {
     const std::size_t ranges = (n + grain - 1) / grain;
 #pragma omp parallel for schedule(static)
     for (std::size_t r = 0; r < ranges; ++r)
-      zero::simd::dispatch<Vectorised>(level, [&]() ZERO_FLATTEN { body(r * grain, std::min(n, (r + 1) * grain)); });
+      zero::simd::dispatch<Vectorised>(level,
+                                       [&]() ZERO_FLATTEN { body(r * grain, std::min(n, (r + 1) * grain)); });
   }
 
   // body(c0, c1) for each block of kColumnBlock columns of `cols`, side by
