@@ -28,9 +28,10 @@
 # OUTDIR gets: summary.txt (results, step outcomes, environment; with the
 # offload step's split into GPU wait, CPU update and transfers, and device
 # memory against memory_report(), from the tests' log), build.log,
-# tests.log, sanitizer.log, bench.log (the benchmarks' stderr),
-# bench_step_cuda.jsonl and torch_cuda_optim.jsonl (JSON lines only), and
-# bench_comm_cuda.json (LocalDevice and Nccl bandwidths, bench_comm's schema).
+# tests.log, sanitizer.log, bench.log (the benchmarks' stderr, the GPT runs,
+# the host step's lines), bench_step_cuda.jsonl and torch_cuda_optim.jsonl
+# (JSON lines only), and bench_comm_cuda.json (LocalDevice and Nccl
+# bandwidths, bench_comm's schema).
 set -u -o pipefail
 
 if [ "${1:-}" = --prepare-carry ]; then
@@ -129,7 +130,7 @@ fi
   echo "c++: $(timeout 10 c++ --version 2>&1 | head -1)"
   echo "python3: $(command -v python3) $(python3 --version 2>&1)"
   timeout 60 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -1
-  echo "cpus: $(nproc)"
+  echo "cpus: $(nproc) $(grep -m1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2-)"
 } >>"$ENVLOG" 2>&1
 
 ARCH=${ZERO_GPU_ARCH:-}
@@ -187,6 +188,11 @@ if [ $configured = 1 ]; then
       targets+=("bench/cuda/$bench")
     fi
   done
+  # The host step too: this machine's CPU cores are the ones ZeRO-Offload's
+  # update runs on, and more of them than CI's 2 (issue 21's host figures).
+  if has_target bench/bench_step_host; then
+    targets+=(bench/bench_step_host)
+  fi
   if run_step build 240 "$BUILDLOG" ninja -C "$BUILD" "${targets[@]}"; then build_ok=1; fi
   if [ ! -x "$BENCH_BIN" ]; then
     # bench/meson.build does not reach bench/cuda: build it the way bench/cuda/meson.build would.
@@ -269,6 +275,17 @@ else
 fi
 run_step torch_cuda_optim 120 "$BENCHLOG" --stdout "$TORCHJSON" \
   env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_fused_adamw.py" --json
+# The host step on this machine's cores (bench.log): the bf16-mixed step,
+# the remainder master, bf16 and 8-bit states, each beside a probe of its
+# own bytes (docs/lean-states.md). Where memory, not arithmetic, bounds the
+# step (more cores than CI's 2), the 8-bit step's 14 bytes per parameter
+# against the bf16 step's 28 show.
+HOST_BIN=$BUILD/bench/bench_step_host
+if [ -x "$HOST_BIN" ]; then
+  run_step bench_step_host 60 "$BENCHLOG" "$HOST_BIN" --n 64M --reps 5 --only bf16_
+else
+  STATUS_LINES+=("$(printf '%-22s %s' bench_step_host "NOT RUN (not built)")")
+fi
 
 # ---- sanitizers (last: slowest, and unavailable on some virtualised GPUs) --------------------
 SANLOG=$OUT/sanitizer.log
@@ -321,6 +338,9 @@ fi
   echo "GPT --save/--resume on this GPU (bench.log, gpt_resume):"
   awk '/^== / { inside = ($2 == "gpt_resume" || $2 == "gpt_resume:") }
        inside && /^(FAIL:|uninterrupted val_loss|refused as expected|checkpoints:)/ { print "  " $0 }' "$BENCHLOG"
+  echo
+  echo "host step on this machine's $(nproc) cores (bench.log, bench_step_host):"
+  grep -hE '^bf16_[a-z0-9_]+ +n=' "$BENCHLOG" 2>/dev/null | sed 's/^/  /'
   echo
   echo "offload::Cpu on this GPU (tests.log, test_cuda_engine --only offload):"
   grep -hE '^offload::Cpu (stage 2, 64 Mi|step split)' "$TESTLOG" 2>/dev/null | sed 's/^/  /'
