@@ -74,7 +74,8 @@ struct ConfigChoices {
 // The ZeRO choices as one zero::Config (zero/runtime/config.hpp), from a
 // file and the command line: --config FILE (a JSON file, docs/configuration.md),
 // then --stage, --precision, --optimizer, --offload, --master, --states,
-// --nvme-dir DIR and --nvme-window-mib MIB.
+// --nvme-dir DIR, --nvme-window-mib MIB and the ZeRO++ flags (--hpz,
+// --hpz-int8, --qwz, --qgz, --qgz-bits, --qgz-block, --qgz-feedback).
 //
 // Contract: after app.parse(), `config` holds what it held before, with
 // every setting FILE has replaced (zero::load_config_into: keys FILE does not

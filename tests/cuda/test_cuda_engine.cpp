@@ -12,7 +12,7 @@
 // Self-contained (GPU machines may lack Catch2): a tiny CHECK harness, a
 // closing "N passed, M failed" line, exit 77 (skip) without a CUDA device.
 //
-//   test_cuda_engine [--quick] [--only ops|collectives|engine|reports|alloc|nccl]
+//   test_cuda_engine [--quick] [--only ops|collectives|engine|offload|reports|alloc|nccl]
 //     --quick (or ZERO_CUDA_TEST_QUICK=1, as the cuda-memcheck setup sets):
 //     the equivalence runs only with 2 ranks and accumulation + clipping.
 #include <cuda_runtime.h>

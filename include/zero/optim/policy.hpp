@@ -1,8 +1,8 @@
 // Why: an optimizer is a policy, not a class hierarchy. The library's fused
 // step kernels (host SIMD and CUDA) are templates over the policy, so a
 // user's own optimizer (see examples/lion_optimizer.cpp) gets the same fused,
-// sharded step (and, once ZeRO-Offload lands, the offloaded one) without
-// touching the library. This concept is the
+// sharded step (and ZeRO-Offload's, on the host's cores) without touching
+// the library. This concept is the
 // whole contract; a type that misses a piece fails here with the missing
 // requirement named, not deep inside a kernel.
 #pragma once
