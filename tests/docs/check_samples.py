@@ -10,7 +10,8 @@ block is compared with what it prints: the whole output, or its JSON report
 lines only where the rest holds timings. The docs wrap long JSON lines at
 commas (a wrapped line starts with a space); they are joined before the
 comparison. Why: samples went stale unnoticed as reports gained fields and
-buffers shrank (a reader checks the docs' arithmetic against them).
+buffers shrank (a reader checks the docs' arithmetic against them). The
+samples print the same under g++ and Clang.
 """
 import difflib
 import os
@@ -25,6 +26,7 @@ SAMPLES = [
     ("zero-math.md",
      "build/examples/zero_plan --params 7.5B --ranks-per-node 8 --nodes 8 --stage 3 --precision fp16 --optimizer adam",
      "all"),
+    ("custom-optimizer.md", "build/examples/lion_optimizer", "all"),
 ]
 
 
