@@ -9,7 +9,7 @@
 //
 //   // my_kernels.cu
 //   #include "zero/kernels/cuda_instantiate.cuh"
-//   ZERO_INSTANTIATE_CUDA_KERNELS()               // casts, statistics, reductions
+//   ZERO_INSTANTIATE_CUDA_KERNELS()               // casts, statistics, reductions, ZeRO++'s quantizer
 //   ZERO_INSTANTIATE_CUDA_STEP(zero::optim::AdamW) // each optimizer you use
 //
 // (the build's src/zero_kernels_cuda.cu is that file for the built-in

@@ -3,7 +3,7 @@
 // ZeroOptimizer runs on device memory with zero::backend::Cuda. It mirrors
 // Ops<Host> function for function and bit for bit (convert, accumulate and
 // the fused step round exactly as the host does), so CPU and GPU runs agree,
-// as the two halves of the planned ZeRO-Offload will have to.
+// as ZeRO-Offload's two halves must (the device computes, the host steps).
 //
 // Ordering is by streams, never by host synchronisation. Every operation
 // here is enqueued on Ops<Cuda>::stream(), the calling thread's current

@@ -17,6 +17,7 @@
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/adam.hpp"
 #include "zero/precision/types.hpp"
+#include "zero/quant/symmetric.hpp"
 
 namespace zero::backend {
 
@@ -47,8 +48,9 @@ concept BackendOverlap = std::default_initializable<Overlap> && std::constructib
                          };
 
 // What the engine calls, checked on the element types it uses. The
-// operations are stream-ordered on a device: copy, zero, convert, accumulate
-// and fused_step are enqueued; upload returns when the host source may be
+// operations are stream-ordered on a device: copy, zero, convert, accumulate,
+// fused_step and ZeRO++'s quantize, dequantize and dequantize_sum are
+// enqueued; upload returns when the host source may be
 // reused; download, grad_stats and grad_stats_pieces (several ranges, one
 // result) return when the result is on the host.
 template <class O>
@@ -57,7 +59,8 @@ concept BackendOps =
     BackendBuffer<typename O::template Buffer<bf16>, bf16> && BackendOverlap<typename O::Overlap> &&
     requires(float* f, const float* cf, bf16* h, const bf16* ch, double* d, const double* cd, std::size_t n, bool b,
              const kernels::FusedStepArgs<optim::AdamW, bf16, bf16>& args,
-             std::pair<const bf16*, std::size_t> (*pieces)(std::size_t)) {
+             std::pair<const bf16*, std::size_t> (*pieces)(std::size_t), const quant::Pieces& parts,
+             const quant::Format& format, void* payload, const void* cpayload) {
       { O::allocation_count() } -> std::convertible_to<std::uint64_t>;
       O::copy(f, cf, n);
       O::zero(h, n);
@@ -68,6 +71,9 @@ concept BackendOps =
       O::accumulate(h, ch, n, b);
       O::accumulate(h, cf, n, b);
       O::fused_step(args);
+      O::quantize(ch, f, parts, format, payload);
+      O::dequantize(cpayload, parts, format, h);
+      O::dequantize_sum(cpayload, n, n, n, format, f);
       { O::grad_stats(ch, n) } -> std::same_as<kernels::GradStats>;
       { O::grad_stats_pieces(n, pieces) } -> std::same_as<kernels::GradStats>;
       O::synchronize();

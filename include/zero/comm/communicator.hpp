@@ -183,7 +183,7 @@ struct ByteCounters {
 };
 
 // The contract. Buffers live where the communicator expects them (host memory
-// for Local/Mpi, device memory for Nccl and the device mode of Local). All
+// for Local/Mpi, device memory for Nccl and LocalDevice). All
 // calls are collective: every rank makes the same calls in the same order.
 //   all_reduce(buf, count, dtype, op)          in place
 //   reduce_scatter(send, recv, recv_count, dtype)  send holds size()*recv_count

@@ -32,7 +32,7 @@ struct BufferSpec {
   StagePlan stage = stage_plan(0);
   bool separate_master = true;   // an fp32 master beside the parameters (mixed precision, or any offload)
   std::size_t grad_bytes = 2;    // bytes per gradient element (2 for bf16/fp16, 4 for fp32)
-  int state_slots = 2;           // fp32 optimizer-state arrays (Adam: m and v; SGD: momentum)
+  int state_slots = 2;           // optimizer-state slots (Adam: m and v; SGD: momentum), in Options::states' format
   bool overlap = false;          // communication overlaps compute: gradient staging double-buffered
   // The offload buffers (BufferSizes::host_grads and below) are sized from
   // these two; left at their defaults, there are none.
@@ -41,7 +41,8 @@ struct BufferSpec {
   // Bytes of the master per owned element: 4 (fp32), or 2 (a remainder
   // master's remainders beside the bf16 parameters; Options::master).
   std::size_t master_bytes = 4;
-  // Bytes of one optimizer-state element: 4 (fp32) or 2 (bf16; Options::states).
+  // Bytes of one optimizer-state element: 4 (fp32), 2 (bf16) or 1
+  // (blockwise8's codes; Options::states).
   std::size_t state_bytes = 4;
   // Ranks per node (comm::Topology; 0: one node of every rank): Options::hpz
   // keeps 1/ranks_per_node of every unit.
@@ -160,9 +161,9 @@ inline GradientBuckets gradient_buckets(const Layout& layout, std::size_t grad_b
 
 // Stage 3's gather arena: at most prefetch_units + 1 units are held at once
 // (acquired or prefetched), so an arena of the prefetch_units + 1 largest
-// units' elements holds any set of them; ZeroOptimizer places each unit
+// units' elements holds any set of them; ParamGatherer places each unit
 // against an end of the arena, which for up to two units always fits (see
-// gather_into_slot).
+// arena_place).
 inline std::size_t gather_arena_elements(const Layout& layout, std::size_t slots) {
   std::vector<std::size_t> sizes;
   for (const auto& u : layout.units()) sizes.push_back(u.padded);
@@ -179,7 +180,7 @@ struct BufferSizes {
   std::size_t params = 0;          // low-precision (or fp32) parameters: whole, or the shard at stage 3
   std::size_t grads = 0;           // gradient accumulator: whole, or the shard at stages 2-3
   std::size_t master = 0;          // fp32 master (0 when fp32 parameters are their own master)
-  std::size_t state_per_slot = 0;  // each optimizer-state array (fp32)
+  std::size_t state_per_slot = 0;  // each optimizer-state slot, in Options::states' format
   // Communication buffers.
   GradientBuckets buckets;         // which units are reduced together, and where each is staged
   std::size_t staging_sets = 1;    // buckets staged at once (staging_set_count)

@@ -29,7 +29,9 @@
 // shares (buffer_sizes.hpp); the steady-state step allocates nothing.
 //
 // Ranks never silently disagree. finalize() compares the layout, precision,
-// optimizer, stage, tier and every Options field across ranks; set_param()
+// optimizer, stage, tier and every Options field that ranks must share (not
+// the rank-local offload threads, pinned-memory and disk settings) across
+// ranks; set_param()
 // compares a fingerprint of the values (detection moves 8 bytes per rank
 // instead of broadcasting the parameter, and a rank-dependent
 // initialisation is a bug worth hearing about); step() re-validates hyper()

@@ -189,7 +189,8 @@ struct Options {
   // to even: what MasterWeights::remainder implies; set it with an fp32
   // master to compare a run with a remainder run bit for bit.
   bool round_ties_away = false;
-  // The optimizer state's storage (StateFormat): bf16 halves it.
+  // The optimizer state's storage (StateFormat): bf16 halves it, blockwise8
+  // takes about a quarter.
   StateFormat states = StateFormat::fp32;
   // StateFormat::blockwise8: elements per block (one fp32 absmax each; the
   // paper's 2048), counted from each parameter's first element, and the
@@ -240,7 +241,7 @@ struct Options {
   int qgz_bits = 4;
   std::size_t qgz_block = 256;
   bool qgz_error_feedback = false;
-  // Offload (offload::Cpu): CPU threads of the host update (0: OpenMP's
+  // Offload (cpu or nvme): CPU threads of the host update (0: OpenMP's
   // default, OMP_NUM_THREADS), and whether host buffers that could not be
   // page-locked are an error (true) or a warning and pageable memory (false).
   int offload_threads = 0;

@@ -108,14 +108,17 @@ struct Config {
   int stage = 0;
   Precision precision = Precision::bf16;
   std::string optimizer = "adamw";
-  int state_slots = 2;  // fp32 arrays per parameter: Adam/AdamW 2, SGD 1 (kept even without momentum)
+  int state_slots = 2;  // state slots per parameter: Adam/AdamW 2, SGD 1 (kept even without momentum)
   Offload offload = Offload::none;
   // The backend's memory is a device's (backend::Cuda); false: backend::Host,
   // where every buffer but the disk tier's is host memory.
   bool device_backend = true;
-  // Options that size buffers: bucket_bytes, prefetch_units,
-  // grad_accumulation_steps, reduce_dtype, delayed_update (two host
-  // gradient sets) and nvme.window_bytes (the disk tier's host window).
+  // Options that size buffers: the buckets and their staging (bucket_bytes,
+  // grad_writes, live_buckets, grad_accumulation_steps, reduce_dtype), stage
+  // 3's arena (prefetch_units), the state formats (master, states,
+  // state_block, state_fp32_below), ZeRO++ (hpz*, qwz*, qgz*),
+  // delayed_update (two host gradient sets) and nvme.window_bytes (the disk
+  // tier's host window).
   Options options{};
   // Communication on a stream of its own (comm::Nccl's default on GPUs):
   // gradient staging is double-buffered. Host communicators, and

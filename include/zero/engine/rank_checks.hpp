@@ -1,9 +1,9 @@
 // Why: what ZeroOptimizer checks across ranks (its settings at finalize(),
 // the step's reports) and the error it gives for a failed allocation depend
-// on a few values of its type (stage, names, flags), not on the type itself.
-// Written once here as plain functions taking those values, they are
-// compiled once per program instead of once per optimizer type: a program
-// that chooses among its 36 or 63 types at run time compiles this code once.
+// on a few values of the engine and its plan (stage, tier, names, flags),
+// not on its type. Written once here as plain functions taking those values,
+// they are compiled once per program instead of once per engine (nine per
+// backend for the built-in precisions and optimizers).
 #pragma once
 
 #include "zero/config.hpp"
@@ -39,7 +39,7 @@ struct EngineIdentity {
   const char* optimizer;  // Optimizer::name
   bool mixed;             // Precision::mixed
   DType param_dtype;
-  const char* offload;  // Offload::name
+  const char* offload;  // name(OffloadTier) of the plan
 };
 
 // What every rank must agree on (see agreement.hpp), checked at finalize().

@@ -59,7 +59,8 @@ struct MemoryReport {
   // Model states, bytes held by this rank.
   std::uint64_t params = 0;            // low-precision (or fp32) parameters
   std::uint64_t grads = 0;             // gradient accumulators
-  std::uint64_t master = 0;            // fp32 master weights (0 when fp32 params are their own master)
+  std::uint64_t master = 0;            // fp32 master, or its 16-bit remainders (Options::master); 0 when fp32
+                                       // params are their own master
   std::uint64_t optimizer_states = 0;  // e.g. Adam's m and v
   // Of the four lines above, the bytes that are padding (not additional).
   std::uint64_t padding = 0;

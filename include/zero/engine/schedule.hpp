@@ -40,11 +40,11 @@ struct ScheduleSpec {
   OffloadTier offload = OffloadTier::none;
   bool device_backend = true;      // backend::Cuda; false: backend::Host (everything in host memory)
   std::size_t element_bytes = 2;   // a parameter or gradient element (one type): 2 mixed precision, 4 fp32
-  int state_slots = 2;             // fp32 optimizer-state arrays (Adam: m and v; SGD: momentum)
+  int state_slots = 2;             // optimizer-state slots (Adam: m and v; SGD: momentum)
   bool overlap = false;            // communication on a stream of its own: gradient staging double-buffered
   // Stage 3: acquire_unit() calls per unit and micro-batch, each a gather:
   // the documented training loop acquires every unit once in forward and
-  // once in backward (zero_optimizer.hpp).
+  // once in backward (engine/engine.hpp).
   int acquires_per_micro_batch = 2;
   // How the master of 16-bit parameters is kept (Options::master is the
   // engine's; the schedule reads it from here).

@@ -3,7 +3,7 @@
 // nvcc defines them, for the types a program uses, with the lines below:
 //
 //   #include "zero/kernels/cuda_instantiate.cuh"
-//   ZERO_INSTANTIATE_CUDA_KERNELS()               // casts, statistics, reductions
+//   ZERO_INSTANTIATE_CUDA_KERNELS()               // casts, statistics, reductions, ZeRO++'s quantizer
 //   ZERO_INSTANTIATE_CUDA_STEP(zero::optim::AdamW) // once per optimizer policy
 //
 // The step is instantiated for every gradient and parameter type pair
@@ -49,7 +49,8 @@
   template void ::zero::comm::detail::launch_reduce<T>(void*, const ::zero::comm::detail::ReduceInputs&, int, \
                                                        std::size_t, bool, cudaStream_t);
 
-// The casts, accumulation, gradient statistics and LocalDevice's reduction, for every storage type.
+// The casts, accumulation, gradient statistics, ZeRO++'s quantize/dequantize and LocalDevice's reduction,
+// for every storage type.
 #define ZERO_INSTANTIATE_CUDA_KERNELS()                                                       \
   ZERO_DETAIL_CUDA_PAIRS(ZERO_DETAIL_CUDA_CONVERT)                                            \
   ZERO_DETAIL_CUDA_PAIRS(ZERO_DETAIL_CUDA_ACCUMULATE)                                         \

@@ -3,7 +3,7 @@
 // compiles the engine (nearly all of its code and compile time) while nvcc
 // compiles only the kernels. The definitions are beside the kernels, in the
 // .cuh headers (kernels/cuda_elementwise.cuh, kernels/cuda_step.cuh,
-// comm/reduce.cuh). A program gets them in one of two ways:
+// kernels/cuda_quantize.cuh, comm/reduce.cuh). A program gets them in one of two ways:
 //   - a .cu file that includes zero/zero_cuda.cuh sees the definitions and
 //     instantiates what it uses (header-only, as any template);
 //   - host-compiled files link an object that instantiates them:
@@ -37,12 +37,6 @@ void cuda_convert(To* dst, const From* src, std::size_t n, cudaStream_t stream);
 template <class T, class S>
 void cuda_accumulate(T* dst, const S* src, std::size_t n, cudaStream_t stream);
 
-// One fused optimizer step over a device shard (see FusedStepArgs), enqueued
-// on `stream`. Every pointer must be device-accessible; the arrays are used
-// 16 bytes at a time when they can all be aligned by skipping the same number
-// of leading elements, else element by element. Results are bit-identical to
-// host_fused_step on the same inputs. Throws InvalidArgument for a null
-// array or a bad launch shape, BackendError when the launch fails.
 // ZeRO++'s payloads (quant/symmetric.hpp), enqueued on `stream`, the bytes
 // and values of the host loops: the pieces of x (plus the residual,
 // replaced by the new error, where not null) quantized into their payloads;
@@ -59,6 +53,12 @@ template <class Out>
 void cuda_dequantize_sum(const void* payloads, std::size_t count, std::size_t payload_stride, std::size_t n,
                          const quant::Format& format, Out* out, cudaStream_t stream);
 
+// One fused optimizer step over a device shard (see FusedStepArgs), enqueued
+// on `stream`. Every pointer must be device-accessible; the arrays are used
+// 16 bytes at a time when they can all be aligned by skipping the same number
+// of leading elements, else element by element. Results are bit-identical to
+// host_fused_step on the same inputs. Throws InvalidArgument for a null
+// array or a bad launch shape, BackendError when the launch fails.
 template <class Opt, class Grad, class Param>
 void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t stream, const CudaLaunch& launch = {});
 

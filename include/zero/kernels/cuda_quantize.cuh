@@ -1,8 +1,8 @@
 // Why: ZeRO++ quantizes on the device that holds the values: qwZ a stage-3
 // shard before the all-gather and every rank's payload after it, qgZ the
 // gradient pieces before each all-to-all and their sums after. The
-// per-element code is quant/symmetric.hpp's, shared with the host loops
-// there, so a GPU and the host produce the same payload bytes and the same
+// per-element code is quant/symmetric.hpp's, shared with the host loops of
+// kernels/host_quantize.hpp, so a GPU and the host produce the same payload bytes and the same
 // values from it. Quantize: one thread block per quantization block of a
 // piece (its largest magnitude is a block-wide reduction, then each thread
 // codes its elements, int4 two at a time); dequantize and the sum: a

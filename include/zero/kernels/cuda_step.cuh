@@ -4,9 +4,12 @@
 // indices (a shard can exceed 2^31 elements). The arithmetic is NOT written
 // here: every element goes through fused_step_element (zero/kernels/
 // fused_step.hpp), the same body as the host kernel, so the GPU and the CPU
-// produce bit-identical master weights, states and copies (as the planned
-// ZeRO-Offload needs; device code built with -ftz=true is refused for that,
-// zero/cuda/exact_math.cuh).
+// produce bit-identical master weights, states and copies (as ZeRO-Offload
+// needs: its host step must match; device code built with -ftz=true is
+// refused for that, zero/cuda/exact_math.cuh). With 8-bit states each state
+// block is one thread block (fused_block_step_kernel): the block's values go
+// through blockwise_update_element, the host's per-block body, with the
+// block's absmax reduced in shared memory.
 // The gradient statistics (squared norm, inf/NaN) are a second, read-only
 // pass that the step needs before it can run; it is one launch too (its
 // workspace and host side: cuda_grad_stats.hpp). The launchers defined here

@@ -1,8 +1,7 @@
-// Why: the Host backend changes the precision of whole buffers (16-bit
-// gradients widened for an fp32 reduction and rounded back, accumulated),
-// and the planned ZeRO-Offload and checkpoints will do so all the time (the
-// copy sent back to the GPU, gradient shards widened for the CPU step,
-// checkpoints loaded in another dtype). A scalar loop over from_float would
+// Why: the Host backend changes the precision of whole buffers: 16-bit
+// gradients widened for an fp32 reduction and rounded back, or accumulated;
+// qgZ's one-rank nodes; the run-time handle's fp32 views (acquire_fp32,
+// grad_buffer_fp32). A scalar loop over from_float would
 // be neither vectorised (no -march in a user's build) nor threaded, so these
 // converters reuse the host-kernel machinery: one body written against SIMD
 // packs, compiled per instruction set and split across OpenMP threads

@@ -22,7 +22,7 @@ inline constexpr std::size_t disk_window_chunks = 3;
 
 // A record holds, for each of its chunk's elements, the master
 // (`master_bytes`: 4 for fp32, 2 for a remainder master's remainders) and
-// every state slot (`state_bytes` each: 4 for fp32, 2 for bf16), array
+// every state slot (`state_bytes` each: 4 for fp32, 2 for bf16, 1 for 8-bit codes), array
 // after array; each array of a record is a whole number of 4 KiB blocks
 // (O_DIRECT), so a chunk is a multiple of 4096 / (the narrowest array's
 // element) elements.

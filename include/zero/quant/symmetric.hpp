@@ -2,8 +2,9 @@
 // nodes as block-quantized integers: each block of `block` elements travels
 // as one fp32 scale and one small integer per element, half the bytes of
 // 16-bit values for int8, a quarter for int4. This header is that
-// quantizer, written once per element for the host loops here and the CUDA
-// kernels (kernels/cuda_quantize.cuh), so both give the same bits.
+// quantizer, written once per element for the host loops
+// (kernels/host_quantize.hpp) and the CUDA kernels (kernels/cuda_quantize.cuh),
+// so both give the same bits.
 //
 // The code: symmetric, one scale per block. With L levels (127 for int8, 7
 // for int4) and the block's largest magnitude A, the scale is s = A / L and

@@ -4,8 +4,9 @@
 // packs of float lanes (GCC vector extensions) and are compiled several
 // times, once per instruction set, behind target attributes (see
 // zero/simd/dispatch.hpp). Arithmetic on a pack is generic vector code; the
-// few operations with no generic form (sqrt, fma, fp16 conversion through
-// F16C) come from the instruction-set descriptor Isa.
+// operations with no generic form (sqrt, fma, F16C conversions, gathers), or
+// whose generic form the compilers lower poorly (16- and 8-bit widening and
+// narrowing, rounding to int), come from the instruction-set descriptor Isa.
 #pragma once
 
 #include "zero/config.hpp"
