@@ -48,15 +48,13 @@ def shown_output(page_text, command):
 
 
 def unwrap_json(lines):
-    """The JSON lines, each wrapped line joined to the one it continues."""
+    """The JSON lines, each wrapped line (a space, then the rest) joined to the one it continues."""
     out = []
     for line in lines:
         if line.startswith("{"):
             out.append(line)
         elif line.startswith(" ") and out and not out[-1].endswith("}"):
             out[-1] += line[1:]
-        elif out and not out[-1].endswith("}"):
-            out[-1] += line
     return out
 
 

@@ -9,8 +9,8 @@ attributes. A function instantiated for an instruction set (zero::simd::Avx512
 or Avx2 among its template arguments, or one of their helpers) that the
 optimized build still holds as a function of its own was not inlined: a
 body's function is then compiled for baseline x86-64, and a helper is called
-out of line, the whole step many times slower (Clang 14 before ZERO_FLATTEN, zero/config.hpp: the
-bf16 AdamW step 10x g++'s). Reads the symbol tables with readelf; fails
+out of line, the whole step many times slower (Clang 14 before ZERO_FLATTEN,
+zero/config.hpp: the bf16 AdamW step 10x g++'s). Reads the symbol tables with readelf; fails
 naming each such function.
 """
 import re

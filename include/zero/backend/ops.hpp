@@ -50,9 +50,9 @@ concept BackendOverlap = std::default_initializable<Overlap> && std::constructib
 // What the engine calls, checked on the element types it uses. The
 // operations are stream-ordered on a device: copy, zero, convert, accumulate,
 // fused_step and ZeRO++'s quantize, dequantize and dequantize_sum are
-// enqueued; upload returns when the host source may be
-// reused; download, grad_stats and grad_stats_pieces (several ranges, one
-// result) return when the result is on the host.
+// enqueued; upload returns when the host source may be reused; download,
+// grad_stats and grad_stats_pieces (several ranges, one result) return when
+// the result is on the host.
 template <class O>
 concept BackendOps =
     BackendBuffer<typename O::template Buffer<float>, float> &&

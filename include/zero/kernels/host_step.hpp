@@ -1,8 +1,9 @@
 // Why: the Host backend runs the fused step here, and so does the CPU side
-// of ZeRO-Offload (offload cpu and nvme). It must reach the memory-bandwidth limit of its own access pattern on
-// any x86-64 machine, whatever flags the user compiled with: the body is
-// written once against SIMD packs and compiled per instruction set
-// (zero/simd/dispatch.hpp), then split across OpenMP threads.
+// of ZeRO-Offload (offload cpu and nvme). It must reach the memory-bandwidth
+// limit of its own access pattern on any x86-64 machine, whatever flags the
+// user compiled with: the body is written once against SIMD packs and
+// compiled per instruction set (zero/simd/dispatch.hpp), then split across
+// OpenMP threads.
 #pragma once
 
 #include "zero/config.hpp"
