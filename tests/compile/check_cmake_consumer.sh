@@ -42,27 +42,56 @@ said() {  # said NAME TEXT: NAME's log says TEXT (CMake wraps its messages: line
   tr -s ' \n' '  ' <"$work/$1.log" | grep -qF "$2" || { echo "FAIL: $1 did not say: $2"; cat "$work/$1.log"; exit 1; }
 }
 probe() {  # probe NAME FIND_PACKAGE_ARGS: configures a project that only calls find_package
+  rm -rf "$work/$1"
   mkdir -p "$work/$1"
-  printf 'cmake_minimum_required(VERSION 3.16)\nproject(probe LANGUAGES CXX)\nfind_package(%s)\n' "$2" \
-    >"$work/$1/CMakeLists.txt"
-  "${configure[@]}" -S "$work/$1" -B "$work/$1/build" >"$work/$1.log" 2>&1
+  # It says where it found NCCL, as the consumer does, so that a probe that
+  # should not have found it names the copy to hide next.
+  printf '%s\n' 'cmake_minimum_required(VERSION 3.16)' 'project(probe LANGUAGES CXX)' "find_package($2)" \
+    'if(TARGET zero::nccl)' \
+    '  message(STATUS "zero::nccl: NCCL at ${ZERO_NCCL_INCLUDE_DIR} and ${ZERO_NCCL_LIBRARY}")' \
+    'endif()' >"$work/$1/CMakeLists.txt"
+  "${configure[@]}" "${hide[@]}" -S "$work/$1" -B "$work/$1/build" >"$work/$1.log" 2>&1
 }
+hide=()
 if probe major "zero 1.0 CONFIG REQUIRED"; then
   echo "FAIL: find_package(zero 1.0) accepted version 0.x"; cat "$work/major.log"; exit 1
 fi
 said major "zeroConfig.cmake, version: 0."
 echo "find_package(zero 1.0) refused, as it must be"
-# COMPONENTS nccl: found here, it must succeed; then, with NCCL's folders
-# hidden (or where there is none), it must fail naming what is missing.
-hide=()
-if nccl=$(grep -o "zero::nccl: NCCL at .*" "$work/configure.log"); then
+# COMPONENTS nccl: found here, it must succeed; then, with NCCL hidden (or
+# where there is none), it must fail naming what is missing. A machine may hold
+# several copies (the toolkit's, one in /usr/local/include, a distribution's)
+# and reach a folder through a link (/usr/local/cuda -> cuda-13.0): each round
+# hides the folders of the copy the last probe found, as found and as resolved,
+# until none is found. CMAKE_IGNORE_PATH matches folders exactly, so nothing
+# else a folder's parent holds is hidden.
+if grep -q "zero::nccl: NCCL at " "$work/configure.log"; then
   step nccl probe nccl "zero CONFIG REQUIRED COMPONENTS nccl"
-  read -r _ _ _ header_dir _ library <<<"$nccl"
-  hide=(-DCMAKE_IGNORE_PATH="$header_dir;$(dirname "$library")")
-  echo "find_package(zero COMPONENTS nccl) found NCCL; now hiding $header_dir and $(dirname "$library")"
 fi
-configure+=("${hide[@]}")
-if probe no_nccl "zero CONFIG REQUIRED COMPONENTS nccl"; then
+hidden=()
+hide_copy() {  # hide_copy LOG: adds the folders of the NCCL copy LOG reports to hidden
+  local header_dir library dir
+  read -r _ _ _ header_dir _ library < <(grep -o "zero::nccl: NCCL at .*" "$work/$1.log")
+  for dir in "$header_dir" "$(dirname "$library")"; do
+    hidden+=("$dir" "$(realpath -m "$dir")")
+  done
+  hide=(-DCMAKE_IGNORE_PATH="$(IFS=';'; echo "${hidden[*]}")")
+  echo "found NCCL at $header_dir and $library; hiding its folders"
+}
+found=configure
+for round in 1 2 3 4 5 6; do
+  grep -q "zero::nccl: NCCL at " "$work/$found.log" || break
+  hide_copy "$found"
+  if ! probe no_nccl "zero CONFIG REQUIRED COMPONENTS nccl"; then
+    break
+  fi
+  found=no_nccl
+  if ((round == 6)); then
+    echo "FAIL: COMPONENTS nccl succeeded without NCCL: still found after hiding ${hidden[*]}"
+    cat "$work/no_nccl.log"; exit 1
+  fi
+done
+if ((${#hidden[@]} == 0)) && probe no_nccl "zero CONFIG REQUIRED COMPONENTS nccl"; then
   echo "FAIL: COMPONENTS nccl succeeded without NCCL"; cat "$work/no_nccl.log"; exit 1
 fi
 said no_nccl "zero: the 'nccl' component (zero::nccl) was asked for, but"
