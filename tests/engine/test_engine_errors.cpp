@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine_harness.hpp"
+#include "rank_divergence.hpp"
 
 namespace {
 using Opt3 = zero::ZeroOptimizer<zero::precision::Mixed<zero::bf16>, zero::optim::AdamW, zero::stage<3>,
@@ -169,8 +170,10 @@ TEST_CASE("Ranks in different collective calls get an error naming each rank's c
     }
   });
   for (const auto& m : messages)
-    CHECK_THAT(m, Catch::Contains("rank 1 called reduce_scatter(512 x fp32) in grad_ready() while rank 0 called "
-                                  "all_gather(512 x fp32) in gather_masters()"));
+    CHECK_THAT(m, Catch::Contains("rank 1 reduce-scatters the gradient of unit 'layer0' (exchange #2 of the "
+                                  "optimizer) with reduce_scatter(512 x fp32) in grad_ready() while rank 0 gathers "
+                                  "the values of unit 'layer0' (exchange #2 of the optimizer) with all_gather(512 x "
+                                  "fp32) in gather_masters()"));
 }
 
 TEST_CASE("A rank that returns or throws fails the others' collectives at once, not after the timeout",
@@ -305,4 +308,25 @@ TEST_CASE("Names a checkpoint or a safetensors file cannot hold are refused at a
   for (const char* good : {"caf\xC3\xA9.w", "\xE5\xB1\x82.bias", "emoji\xF0\x9F\x98\x80", "a/b c", "__metadata__x"})
     CHECK_NOTHROW(layout.add_param(u, good, 4));
   CHECK_NOTHROW(layout.add_unit("__metadata__"));  // a unit name is only part of a tensor's name
+}
+
+TEST_CASE("Ranks that take different paths get an error naming each rank's exchange, never mixed values",
+          "[engine][errors][comm]") {
+  namespace dv = zero::test::divergence;
+  for (int ranks : {2, 3}) {
+    for (dv::Scenario scenario : dv::scenarios) {
+      INFO(ranks << " ranks: " << dv::name(scenario));
+      std::vector<dv::Outcome> outcomes(static_cast<std::size_t>(ranks));
+      zero::comm::LocalGroup group(ranks);
+      group.run([&](zero::comm::Local& c) { outcomes[static_cast<std::size_t>(c.rank())] = dv::run(c, scenario); });
+      for (const auto& o : outcomes) {
+        CHECK(o.other_error == "");
+        for (const auto& word : dv::expected_words(scenario)) CHECK_THAT(o.error, Catch::Contains(word));
+        for (double sum : o.sums) {
+          INFO("an acquired unit sums to " << sum << " (a: 1024, b: 2048)");
+          CHECK((sum == 1024.0 || sum == 2048.0));
+        }
+      }
+    }
+  }
 }

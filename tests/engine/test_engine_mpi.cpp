@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_RUNNER
 #include "c_trainer_fit.hpp"
 #include "engine_harness.hpp"
+#include "rank_divergence.hpp"
 #include "zero/comm/mpi.hpp"
 
 namespace {
@@ -233,6 +234,44 @@ TEST_CASE("A C-style trainer fitted per layer over its own memory trains at ever
   }
   const auto memory = [](const zero::test::CTrainerRun& r) { return r.memory.total() + r.peak_resident; };
   CHECK(static_cast<double>(memory(others[2])) <= 0.6 * static_cast<double>(memory(s0)));
+}
+
+TEST_CASE("Ranks that take different paths get an error naming each rank's exchange, never mixed values, over MPI",
+          "[mpi][engine][errors]") {
+  // (test_engine_errors.cpp: the same scenarios over in-process ranks)
+  namespace dv = zero::test::divergence;
+  for (dv::Scenario scenario : dv::scenarios) {
+    INFO("rank " << world().rank() << ": " << dv::name(scenario));
+    const dv::Outcome o = dv::run(world(), scenario);
+    CHECK(o.other_error == "");
+    for (const auto& word : dv::expected_words(scenario)) CHECK_THAT(o.error, Catch::Contains(word));
+    for (double sum : o.sums) {
+      INFO("an acquired unit sums to " << sum << " (a: 1024, b: 2048)");
+      CHECK((sum == 1024.0 || sum == 2048.0));
+    }
+  }
+}
+
+TEST_CASE("comm::Mpi refuses calls that differ in kind or size on every rank, naming each", "[mpi][comm][errors]") {
+  auto& c = world();
+  std::vector<float> send(8 * static_cast<std::size_t>(c.size())), recv(send.size());
+  std::string message;
+  try {
+    const zero::comm::ApiCall call("step");
+    if (c.rank() == 1)
+      c.all_gather(send.data(), recv.data(), 8, zero::DType::f32, false);
+    else
+      c.all_reduce(send.data(), 4, zero::DType::f32, zero::comm::ReduceOp::sum, false);
+  } catch (const zero::CommError& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("rank 1 called all_gather #"));
+  CHECK_THAT(message, Catch::Contains("(8 elements of fp32 per rank) in step() while rank 0 called all_reduce #"));
+  CHECK_THAT(message, Catch::Contains("(4 elements of fp32) in step()"));
+  // The communicator is usable again: every rank stopped at the same check.
+  std::vector<float> one(1, 1.0f);
+  c.all_reduce(one.data(), 1, zero::DType::f32, zero::comm::ReduceOp::sum, false);
+  CHECK(one[0] == static_cast<float>(c.size()));
 }
 
 int main(int argc, char** argv) {

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "zero/comm/topology.hpp"
 #include "zero/error.hpp"
@@ -106,6 +107,77 @@ class ApiCall {
  private:
   const char* outer_;
   static inline thread_local const char* current_ = nullptr;
+};
+
+// What one of the optimizer's exchanges is for, so that ranks whose calls
+// agree in kind and size but not in purpose are caught before any value is
+// handed out: two ranks acquiring two equal-sized units in different orders
+// make the same all_gathers, and a communicator that pairs calls by size and
+// order alone would hand each rank half of one unit and half of the other.
+// The engine names each exchange in a comm::PurposeScope around its
+// collectives (a thread-local pointer, as ApiCall: nothing allocated);
+// comm::Local, comm::LocalDevice and comm::Mpi compare every rank's fingerprint of the call
+// and its purpose with each collective and throw the same CommError on every
+// rank, naming each rank's exchange, when they differ.
+//
+//   "gathers unit 'a' (exchange #12 of the optimizer)"
+struct Purpose {
+  const char* verb = "";         // "gathers", "reduce-scatters the gradient of", ...
+  const char* subject = nullptr;  // "unit", "bucket", or nullptr when the verb says it all
+  std::string_view name;          // the subject's name ("fc1"), or empty for a bucket's number
+  std::uint64_t index = 0;        // the unit's or bucket's number
+  std::uint64_t sequence = 0;     // the optimizer's count of its exchanges, from 1
+
+  // Equal on every rank for the same exchange at the same point; the name is
+  // not hashed (ranks agree on the units' names at finalize(), and the index
+  // tells them apart).
+  std::uint64_t code() const {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (const char* c = verb; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+    for (const char* c = subject != nullptr ? subject : ""; *c != '\0'; ++c)
+      h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+    for (std::uint64_t v : {index, sequence}) h = (h ^ v) * 0x100000001b3ull;
+    return h;
+  }
+  std::string describe() const {
+    std::string s = verb;
+    if (subject != nullptr) {
+      s += zero::detail::concat(" ", subject, " ");
+      s += name.empty() ? zero::detail::concat(index) : zero::detail::concat("'", name, "'");
+    }
+    return s + zero::detail::concat(" (exchange #", sequence, " of the optimizer)");
+  }
+
+  // The purpose of this thread's collectives now, or nullptr (a caller's own
+  // collective, outside the optimizer).
+  static const Purpose* current() noexcept { return current_; }
+  // How messages name a rank's collective: "gathers unit 'a' (exchange #3 of
+  // the optimizer) with all_gather(4 x f32)", or "called all_gather(4 x f32)"
+  // outside the optimizer; `call` is the communicator's own description.
+  static std::string describe_call(const Purpose* purpose, const std::string& call) {
+    return purpose != nullptr ? purpose->describe() + " with " + call : "called " + call;
+  }
+  static std::uint64_t code_of(const Purpose* purpose) { return purpose != nullptr ? purpose->code() : 0; }
+
+ private:
+  friend class PurposeScope;
+  static inline thread_local const Purpose* current_ = nullptr;
+};
+
+// The purpose of the collectives this thread makes while it lives (nested
+// scopes: the innermost).
+class PurposeScope {
+ public:
+  explicit PurposeScope(const Purpose& purpose) noexcept : purpose_(purpose), outer_(Purpose::current_) {
+    Purpose::current_ = &purpose_;
+  }
+  PurposeScope(const PurposeScope&) = delete;
+  PurposeScope& operator=(const PurposeScope&) = delete;
+  ~PurposeScope() { Purpose::current_ = outer_; }
+
+ private:
+  Purpose purpose_;
+  const Purpose* outer_;
 };
 
 struct ByteCounters {

@@ -7,8 +7,10 @@
 // the collective and library call (comm::ApiCall) each waiter is in; one
 // that stops calling collectives without leaving fails them after the
 // timeout. Ranks that make different calls at the same point (kind, element
-// count, type, operation or root) all get a CommError naming both calls and
-// the library call each rank was in, before any rank touches another's buffer.
+// count, type, operation or root), or the same call for different purposes
+// (comm::Purpose: another unit, bucket or exchange of the optimizer), all get
+// a CommError naming both calls, their purposes and the library call each
+// rank was in, before any rank touches another's buffer.
 //
 // Speed: the ranks move data in parallel, straight between the user's
 // buffers (no staging copies), so a collective runs near the memory bandwidth
@@ -73,6 +75,8 @@ class LocalGroup {
         recv_(static_cast<std::size_t>(ranks)),
         calls_(static_cast<std::size_t>(ranks)),
         api_calls_(static_cast<std::size_t>(ranks)),
+        purposes_(static_cast<std::size_t>(ranks)),
+        purpose_codes_(static_cast<std::size_t>(ranks)),
         topology_(Topology::checked(ranks, options.ranks_per_node, "comm::LocalGroup::Options::ranks_per_node")) {
     require(ranks >= 1, "comm::LocalGroup needs at least 1 rank, got ", ranks);
   }
@@ -116,19 +120,33 @@ class LocalGroup {
   };
 
   // After the rendezvous that follows every rank's posting of its Call:
-  // throws the same CommError on every rank if any rank's call differs from
-  // rank 0's (so no rank goes on to read a buffer of the wrong size).
-  void check_same_call() const {
+  // throws the same CommError on every rank if any rank's call, or what the
+  // optimizer made it for (comm::Purpose), differs from rank 0's (so no rank
+  // goes on to read a buffer of the wrong size, or a shard of another unit).
+  // Every rank finds the same difference; they meet once more before
+  // throwing, since the message reads the others' purposes, which live in
+  // their scopes (comm::PurposeScope) until they throw.
+  void check_same_call(int rank) {
+    const std::string differ = differing_call();
+    if (differ.empty()) return;
+    arrive_and_wait(rank, "the check that every rank makes the same call");
+    throw CommError(differ);
+  }
+  // The first rank's call that differs from rank 0's, described, or empty.
+  std::string differing_call() const {
     for (int s = 1; s < ranks_; ++s) {
       const auto i = static_cast<std::size_t>(s);
-      if (calls_[i] == calls_[0]) continue;
-      throw CommError(zero::detail::concat("comm::Local", label_, ": rank ", global(s), " called ", calls_[i].describe(),
-                                           ApiCall::where(api_calls_[i]), " while rank ", global(0), " called ",
-                                           calls_[0].describe(),
-                                           ApiCall::where(api_calls_[0]),
-                                           "; every rank must make the same collective calls (kind, element count, "
-                                           "type, operation or root) in the same order"));
+      if (calls_[i] == calls_[0] && purpose_codes_[i] == purpose_codes_[0]) continue;
+      return zero::detail::concat(
+          "comm::Local", label_, ": rank ", global(s), " ", describe_posted(i), " while rank ", global(0), " ",
+          describe_posted(0), "; every rank must make the same collective calls (kind, element count, type, "
+          "operation or root), for the same units and buckets, in the same order (ranks that acquire units in "
+          "different orders, or one more than the others, pair the wrong exchanges)");
     }
+    return {};
+  }
+  std::string describe_posted(std::size_t i) const {
+    return Purpose::describe_call(purposes_[i], calls_[i].describe()) + ApiCall::where(api_calls_[i]);
   }
 
   // Waits until all ranks arrive. Throws CommError if the group was aborted,
@@ -258,6 +276,8 @@ class LocalGroup {
   std::vector<void*> recv_;
   std::vector<Call> calls_;
   std::vector<const char*> api_calls_;  // the library call (ApiCall) each rank posted its call from
+  std::vector<const Purpose*> purposes_;  // what the optimizer made each rank's call for (Purpose::current())
+  std::vector<std::uint64_t> purpose_codes_;  // and their Purpose::code_of()
   Topology topology_;
   const char* label_ = "";  // which communicator of a split, in messages
   int first_ = 0, stride_ = 1;  // a split's rank r is rank first_ + r * stride_ of the whole group
@@ -445,10 +465,12 @@ class Local {
     // The previous collective's last rendezvous guarantees nobody still reads the slots.
     group_->calls_[rank_] = call;
     group_->api_calls_[rank_] = ApiCall::current();
+    group_->purposes_[rank_] = Purpose::current();
+    group_->purpose_codes_[rank_] = Purpose::code_of(group_->purposes_[rank_]);
     group_->send_[rank_] = send;
     group_->recv_[rank_] = recv;
     group_->arrive_and_wait(rank_, what);
-    group_->check_same_call();
+    group_->check_same_call(rank_);
   }
 
   LocalGroup* group_;

@@ -123,7 +123,7 @@ class LocalDevice {
     require(t != DType::u8, "comm::LocalDevice: ", detail::reduce_bytes_refused);
     const std::size_t bytes = dtype_bytes(t);
     const int n = size();
-    publish(buf, buf, "all_reduce");
+    publish({Call::Kind::all_reduce, count, t, op}, buf, buf, "all_reduce");
     // Rank r reduces chunk r of every buffer into its own buffer, then every
     // rank copies the other chunks from their owners.
     const std::size_t begin = chunk_begin(count, rank_, n), end = chunk_begin(count, rank_ + 1, n);
@@ -143,7 +143,7 @@ class LocalDevice {
     require(t != DType::u8, "comm::LocalDevice: ", detail::reduce_bytes_refused);
     const std::size_t bytes = dtype_bytes(t);
     const int n = size();
-    publish(send, recv, "reduce_scatter");
+    publish({Call::Kind::reduce_scatter, recv_count, t}, send, recv, "reduce_scatter");
     for (int s = 0; s < n; ++s)
       inputs_[s] = static_cast<const char*>(peer(s).send) + static_cast<std::size_t>(rank_) * recv_count * bytes;
     // Only this rank reads block `rank` of any buffer, so writing recv (which
@@ -156,7 +156,7 @@ class LocalDevice {
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, bool control = false) {
     const std::size_t bytes = dtype_bytes(t);
     const int n = size();
-    publish(send, recv, "all_gather");
+    publish({Call::Kind::all_gather, send_count, t}, send, recv, "all_gather");
     for (int s = 0; s < n; ++s)
       copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * send_count * bytes, peer(s).send,
            send_count * bytes);
@@ -167,7 +167,7 @@ class LocalDevice {
   void broadcast(void* buf, std::size_t count, DType t, int root) {
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this group of ", size());
     const std::size_t bytes = dtype_bytes(t);
-    publish(buf, buf, "broadcast");
+    publish({Call::Kind::broadcast, count, t, ReduceOp::sum, root}, buf, buf, "broadcast");
     if (rank_ != root) copy(buf, peer(root).send, count * bytes);
     finish("broadcast");
     counters_.count_broadcast(count * bytes, size(), crosses());
@@ -180,7 +180,7 @@ class LocalDevice {
     const std::size_t block_bytes = count * dtype_bytes(t);
     const int n = size();
     detail::require_apart("comm::LocalDevice", send, recv, block_bytes * static_cast<std::size_t>(n));
-    publish(send, recv, "all_to_all");
+    publish({Call::Kind::all_to_all, count, t}, send, recv, "all_to_all");
     for (int s = 0; s < n; ++s)
       copy(static_cast<char*>(recv) + static_cast<std::size_t>(s) * block_bytes,
            static_cast<const char*>(peer(s).send) + static_cast<std::size_t>(rank_) * block_bytes, block_bytes);
@@ -211,9 +211,12 @@ class LocalDevice {
     if (bytes != 0 && dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
 
-  // Posts this rank's buffers, waits until every rank has, and orders this
-  // stream after every peer's writes to its buffers.
-  void publish(const void* send, void* recv, const char* what) {
+  using Call = LocalGroup::Call;
+
+  // Posts this rank's call and buffers, waits until every rank has, checks
+  // that all made the same call for the same purpose (as comm::Local does),
+  // and orders this stream after every peer's writes to its buffers.
+  void publish(const Call& call, const void* send, void* recv, const char* what) {
     slot_.send = send;
     slot_.recv = recv;
     const cudaStream_t caller = zero::cuda::current_stream();
@@ -221,8 +224,14 @@ class LocalDevice {
     if (caller != stream_) zero::cuda::order_after(stream_, caller, slot_.ready);
     ZERO_CUDA_CHECK(cudaEventRecord(slot_.ready, stream_));
     // The previous collective's last rendezvous guarantees nobody still reads the table.
-    group_->send_[static_cast<std::size_t>(rank_)] = &slot_;
+    const auto me = static_cast<std::size_t>(rank_);
+    group_->send_[me] = &slot_;
+    group_->calls_[me] = call;
+    group_->api_calls_[me] = ApiCall::current();
+    group_->purposes_[me] = Purpose::current();
+    group_->purpose_codes_[me] = Purpose::code_of(group_->purposes_[me]);
     group_->arrive_and_wait(rank_, what);
+    group_->check_same_call(rank_);
     // Read the table now: nobody writes it again before this collective ends.
     for (int s = 0; s < size(); ++s) peers_[s] = static_cast<const Slot*>(group_->send_[static_cast<std::size_t>(s)]);
     wait_peers(&Slot::ready);

@@ -266,7 +266,7 @@ class Mpi {
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
     require(t != DType::u8, "comm::Mpi: ", detail::reduce_bytes_refused);
-    Call call = start("all_reduce", count, t);
+    Call call = start("all_reduce", count, t, static_cast<int>(op));
     (void)to_int(count);  // (refuses a count beyond MPI's int)
     // A reduce-scatter of nearly equal blocks, then an all-gather of them.
     const std::size_t n = static_cast<std::size_t>(size_), base = count / n, extra = count % n;
@@ -304,7 +304,7 @@ class Mpi {
 
   void broadcast(void* buf, std::size_t count, DType t, int root) {
     require(root >= 0 && root < size_, "broadcast root ", root, " is not a rank of this communicator of ", size_);
-    Call call = start("broadcast", count, t);
+    Call call = start("broadcast", count, t, root);
     complete(call, MPI_Ibcast(buf, to_int(count), type(t), root, comm_, &call.request), "MPI_Ibcast");
     counters_.count_broadcast(count * dtype_bytes(t), size_, crosses());
   }
@@ -368,22 +368,87 @@ class Mpi {
 
   using clock = std::chrono::steady_clock;
 
-  // One collective in flight: what it is (for messages), when it started,
-  // and its request.
+  // One collective in flight: what it is (for messages), what the optimizer
+  // made it for (comm::Purpose), when it started, and its request.
   struct Call {
     const char* kind;
     std::size_t count;
     DType dtype;
     std::uint64_t number;
     clock::time_point started;
-    const char* api;  // the library call it is made in (ApiCall), or nullptr
+    const char* api;          // the library call it is made in (ApiCall), or nullptr
+    const Purpose* purpose;  // what for, or nullptr (a caller's own collective)
     MPI_Request request = MPI_REQUEST_NULL;
 
     std::string describe() const { return describe_collective(kind, number, count, dtype) + ApiCall::where(api); }
+    // With its purpose, for the message of ranks that disagree.
+    std::string describe_with_purpose() const {
+      return Purpose::describe_call(purpose, describe_collective(kind, number, count, dtype)) + ApiCall::where(api);
+    }
   };
 
-  Call start(const char* kind, std::size_t count, DType t) {
-    return Call{kind, count, t, ++calls_, clock::now(), ApiCall::current()};
+  // `detail`: what else must agree (all_reduce's operation, broadcast's root).
+  Call start(const char* kind, std::size_t count, DType t, int detail = 0) {
+    Call call{kind, count, t, ++calls_, clock::now(), ApiCall::current(), Purpose::current()};
+    if (size_ > 1) check_same_call(call, detail);
+    return call;
+  }
+
+  // Before any data moves: every rank's fingerprint of its call and purpose
+  // in one all-reduce of 16 bytes (the minimum of h and of ~h: equal to h and
+  // ~h on every rank exactly when every rank's h is the same, so every rank
+  // learns the answer at once). Ranks that differ exchange their calls'
+  // descriptions and all throw the same CommError, instead of pairing ring
+  // steps of different units or sizes (mixed values, a truncation, or a
+  // wait until the timeout). Not counted in counters(): a check, as Nccl's
+  // barrier is. Every collective of this communicator starts with it, so
+  // ranks whose collectives differ in kind still meet here.
+  void check_same_call(Call& call, int detail) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (const char* c = call.kind; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+    for (std::uint64_t v : {std::uint64_t{call.count}, std::uint64_t{static_cast<std::uint8_t>(call.dtype)},
+                            static_cast<std::uint64_t>(detail), Purpose::code_of(call.purpose)})
+      h = (h ^ v) * 0x100000001b3ull;
+    std::uint64_t least[2] = {h, ~h};
+    exchange(call, MPI_Iallreduce(MPI_IN_PLACE, least, 2, MPI_UINT64_T, MPI_MIN, comm_, &call.request),
+             "MPI_Iallreduce (the check that every rank makes the same call)");
+    if (least[0] == h && least[1] == ~h) return;
+    // Every rank is here (each saw a minimum other than its own h or ~h).
+    constexpr std::size_t width = 400;
+    std::string mine = call.describe_with_purpose();
+    mine.resize(width, '\0');
+    std::vector<char> all(width * static_cast<std::size_t>(size_));
+    exchange(call, MPI_Iallgather(mine.data(), static_cast<int>(width), MPI_CHAR, all.data(), static_cast<int>(width),
+                                  MPI_CHAR, comm_, &call.request),
+             "MPI_Iallgather (the calls of ranks that differ)");
+    auto text = [&](int r) {
+      const char* at = all.data() + static_cast<std::size_t>(r) * width;
+      return std::string(at, strnlen(at, width));
+    };
+    // The ranks whose call reads differently from rank 0's; every other rank
+    // when only what the descriptions leave out differs (all_reduce's
+    // operation, broadcast's root).
+    std::vector<int> shown;
+    for (int r = 1; r < size_; ++r)
+      if (text(r) != text(0)) shown.push_back(r);
+    if (shown.empty())
+      for (int r = 1; r < size_; ++r) shown.push_back(r);
+    std::string differ;
+    for (int r : shown) differ += zero::detail::concat(differ.empty() ? "" : ", ", "rank ", r, " ", text(r));
+    throw CommError(zero::detail::concat(
+        "comm::Mpi: ", differ, " while rank 0 ", text(0), " (seen by rank ", rank_, "); every rank must make the "
+        "same collective calls (kind, element count, type, operation or root), for the same units and buckets, in "
+        "the same order (ranks that acquire units in different orders, or one more than the others, pair the wrong "
+        "exchanges)"));
+  }
+  // Waits for a step of the check above, which `issued` started.
+  void exchange(Call& call, int issued, const char* function) {
+    check(issued, function, &call);
+    await(call, call.started, 0, [&] {
+      int done = 0;
+      check(MPI_Test(&call.request, &done, MPI_STATUS_IGNORE), "MPI_Test", &call);
+      return done != 0;
+    });
   }
 
   // Waits for the call that an MPI_I* function (which returned `issued`)

@@ -8,13 +8,16 @@
 // optimizer, in one place instead of in each part.
 //
 // `channel->all_gather(...)` calls the communicator; `channel.lane()`,
-// `mark`, `wait`, `join` and `communicate` order the work around it.
+// `mark`, `wait`, `join` and `communicate` order the work around it;
+// `channel.exchange(...)` names what the collectives are for, so that the
+// communicator can check that every rank makes them for the same purpose.
 #pragma once
 
 #include "zero/config.hpp"
 
 #include <cstddef>
 #include <memory>
+#include <string_view>
 #include <utility>
 
 #include "zero/comm/any_communicator.hpp"
@@ -43,6 +46,14 @@ class CommChannel {
     stream_ = comm_->stream_handle();
     overlap_ = Overlap(stream_, events);
   }
+  // The collectives made while the returned scope lives are for this
+  // exchange (comm::Purpose: "gathers unit 'a'"), numbered in the order this
+  // optimizer makes its exchanges; the communicator compares every rank's.
+  [[nodiscard]] comm::PurposeScope exchange(const char* verb, const char* subject = nullptr,
+                                            std::string_view name = {}, std::uint64_t index = 0) {
+    return comm::PurposeScope(comm::Purpose{verb, subject, name, index, ++exchanges_});
+  }
+
   // Whether communication runs beside compute (a GPU with a communicator stream).
   bool overlaps() const { return overlap_.active(); }
 
@@ -74,6 +85,7 @@ class CommChannel {
   std::unique_ptr<comm::AnyCommunicator> comm_;
   Overlap overlap_;
   void* stream_ = nullptr;  // the communicator's stream at open()
+  std::uint64_t exchanges_ = 0;  // exchange() calls so far: the sequence number of each purpose
 };
 
 }  // namespace zero::detail

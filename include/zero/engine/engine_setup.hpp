@@ -52,8 +52,8 @@ void Engine<P, O, B>::check_master_format(const Options& options) {
               ? "an fp16 value's upper bits are not an fp32 value's; use precision::Mixed<bf16>, or "
                 "Options::master = MasterWeights::fp32)"
               : "fp32 training keeps no master apart from its parameters; set Options::master = fp32)");
-  require(!options.round_ties_away || std::is_same_v<param_type, bf16>, "Options::round_ties_away rounds bf16 "
-          "parameter copies, but the parameters are ", precision, ": clear the option");
+  const std::string copies = bf16_copy_option_problem(options, precision_choice<P>());
+  require(copies.empty(), "ZeroOptimizer: Options::", copies);
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
@@ -214,6 +214,7 @@ std::vector<std::uint64_t> Engine<P, O, B>::all_gather_control(const std::vector
   comm_.communicate([&] {
     std::uint64_t* slot = exchange.data() + static_cast<std::size_t>(rank()) * k;
     Ops::upload(slot, mine.data(), k);
+    const auto purpose = comm_.exchange("exchanges control values");
     comm_->all_gather(slot, exchange.data(), k, DType::u64, true);
     Ops::download(all.data(), exchange.data(), all.size());
   });

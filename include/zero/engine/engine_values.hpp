@@ -93,9 +93,11 @@ void Engine<P, O, B>::gather_units(T* out, Fill fill) {
   Buffer<T> unit_buffer(layout_.max_unit());
   const Ownership own = ownership();
   comm_.communicate([&] {
-    for (const auto& u : layout_.units()) {
+    for (std::size_t unit = 0; unit < layout_.units().size(); ++unit) {
+      const UnitInfo& u = layout_.units()[unit];
       T* mine = unit_buffer.data() + own.update_begin(u);
       fill(u, mine);
+      const auto purpose = comm_.exchange("gathers the values of", "unit", u.name, unit);
       if (own.rules.states_sharded)
         comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<T>::dtype, true);
       Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);

@@ -168,6 +168,7 @@ class ParamGatherer {
   // With hpZ, from the node's secondary parts once it has them.
   void gather_unit(std::size_t unit, T* dst) {
     const UnitInfo& u = layout_->units()[unit];
+    const auto purpose = channel_->exchange("gathers", "unit", u.name, unit);
     if (node_ != nullptr && secondary_valid_[unit]) {
       const std::size_t part = hpz_part_of(unit);
       if (hpz_block_ != 0) {

@@ -96,6 +96,7 @@ class StepControl {
     else
       Ops::upload(control_.data(), control, control_size);
     comm.communicate([&] {
+      const auto purpose = comm.exchange("all-reduces the step's gradient norm and checks");
       comm->all_reduce(control_.data(), control_size, DType::f64, comm::ReduceOp::sum, true);
       Ops::download(control, control_.data(), control_size);
     });
