@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -106,32 +107,49 @@ std::string error_of(const Options& options, const std::function<void(Opt<S, Pre
   return message;
 }
 
+// Up to two micro-batches, each a step, in which `write(unit, g)` writes unit
+// b's then unit a's gradient: fp16 refuses its marker only when it is seen
+// twice running (the first step is skipped as an overflow), the other
+// precisions at the first sight.
+template <int S, class Precision, class Write>
+auto two_micro_batches(Write write) {
+  return [write](Opt<S, Precision>& opt) {
+    for (int k = 0; k < 2; ++k) {
+      for (const zero::UnitId u : {zero::UnitId{1}, zero::UnitId{0}}) {
+        opt.acquire_unit(u);
+        write(u, opt.grad_buffer(u));
+        opt.grad_ready(u);
+        opt.release_unit(u);
+      }
+      const auto result = opt.step();
+      CHECK(result.skipped_overflow == (k == 0));  // reached only by fp16: its first sight of the marker skips
+    }
+  };
+}
+
 template <int S, class Precision>
 void overwrite_catches_adding_and_skipping() {
   using G = typename Precision::grad_type;
   INFO("stage " << S);
-  const zero::UnitId a{0}, b{1};
-  // An adding backward (+=) on what the buffer holds.
-  auto adds = [&](Opt<S, Precision>& opt) {
-    opt.acquire_unit(b);
-    G* g = opt.grad_buffer(b);
-    for (int i = 0; i < 10; ++i) g[i] = zero::from_float<G>(zero::to_float(g[i]) + 0.25f);
-    opt.grad_ready(b);
-  };
+  // An adding backward (+=) on what unit b's buffer holds.
+  auto adds = two_micro_batches<S, Precision>([](zero::UnitId u, G* g) {
+    for (int i = 0; i < (u.index == 1 ? 10 : 300); ++i)
+      g[i] = u.index == 1 ? zero::from_float<G>(zero::to_float(g[i]) + 0.25f) : zero::from_float<G>(0.5f);
+  });
   const std::string added = error_of<S, Precision>({}, adds);
-  CHECK_THAT(added, Catch::Contains("grad_ready('b'): 10 of 10 gradient elements (the first: 'b.w'[0]) were not "
-                                    "assigned in the run's first micro-batch"));
+  // bf16's NaN marker comes back from to_float/from_float as the canonical NaN.
+  CHECK_THAT(added, Catch::Contains(std::is_same_v<G, zero::bf16>
+                                        ? "grad_ready('b'): 10 of 10 gradient elements (the first: 'b.w'[0]) hold inf "
+                                          "or NaN in the run's first micro-batch: either backward added (+=) to the "
+                                          "marker"
+                                        : "grad_ready('b'): 10 of 10 gradient elements (the first: 'b.w'[0]) were not "
+                                          "assigned in the run's first micro-batch"));
   CHECK_THAT(added, Catch::Contains("Options::grad_writes = GradWrites::accumulate"));
-  // A backward that leaves one element alone.
-  auto skips = [&](Opt<S, Precision>& opt) {
-    opt.acquire_unit(a);
-    G* g = opt.grad_buffer(a);
-    for (int i = 0; i < 300; ++i)
-      if (i != 123) g[i] = zero::from_float<G>(0.5f);
-    opt.grad_ready(a);
-  };
-  const std::string skipped = error_of<S, Precision>({}, skips);
-  CHECK_THAT(skipped, Catch::Contains("1 of 300 gradient elements (the first: 'a.w'[123])"));
+  // A backward that leaves one element of unit a alone.
+  auto skips = two_micro_batches<S, Precision>([](zero::UnitId u, G* g) {
+    for (int i = 0; i < (u.index == 1 ? 10 : 300); ++i)
+      if (u.index == 1 || i != 123) g[i] = zero::from_float<G>(0.5f);
+  });
   // Both are right with accumulate (zeroed buffers), and so is assigning
   // every element with overwrite: no error, at the first step or later.
   auto three_steps = [](auto write) {
@@ -164,6 +182,40 @@ TEST_CASE("overwrite: a backward that adds into its gradients or skips an elemen
   overwrite_catches_adding_and_skipping<1, zero::precision::Mixed<zero::bf16>>();
   overwrite_catches_adding_and_skipping<2, zero::precision::Mixed<zero::fp16>>();
   overwrite_catches_adding_and_skipping<3, zero::precision::Full<float>>();
+}
+
+TEST_CASE("overwrite: no gradient a correct backward computes is taken for the unwritten-gradient marker",
+          "[engine][grad_writes]") {
+  // fp16: a scaled gradient that rounds to 65504 (fp16's largest value, the
+  // marker) at the initial scale of 65536: the first step is skipped as an
+  // overflow would be, the later ones update; nothing is refused.
+  using F16 = zero::precision::Mixed<zero::fp16>;
+  std::vector<bool> skipped;
+  const std::string fp16_error = error_of<2, F16>({}, [&](Opt<2, F16>& opt) {
+    for (int k = 0; k < 3; ++k) {
+      const auto scaled = zero::from_float<zero::fp16>(0.99951171875f * static_cast<float>(opt.loss_scale()));
+      for (const zero::UnitId u : {zero::UnitId{1}, zero::UnitId{0}}) {
+        zero::fp16* g = opt.grad_buffer(u);
+        std::fill_n(g, opt.layout().unit(u).numel, scaled);
+        opt.grad_ready(u);
+      }
+      skipped.push_back(opt.step().skipped_overflow);
+    }
+  });
+  CHECK(fp16_error == "");
+  CHECK(skipped == std::vector<bool>{true, false, false});
+  // fp32 and bf16: their largest finite values (the old markers) are gradients like any other.
+  auto assigns = [](auto value) {
+    return [value](auto& opt) {
+      for (const zero::UnitId u : {zero::UnitId{1}, zero::UnitId{0}}) {
+        auto* g = opt.grad_buffer(u);
+        std::fill_n(g, opt.layout().unit(u).numel, value);
+        opt.grad_ready(u);
+      }
+    };
+  };
+  CHECK(error_of<1, zero::precision::Full<float>>({}, assigns(std::numeric_limits<float>::max())) == "");
+  CHECK(error_of<3, zero::precision::Mixed<zero::bf16>>({}, assigns(zero::bf16{0x7F7F})) == "");
 }
 
 TEST_CASE("accumulate: a gradient after its grad_ready, and more live buckets than allowed, are errors naming the fix",

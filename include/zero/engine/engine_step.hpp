@@ -52,6 +52,9 @@ StepResult Engine<P, O, B>::step() {
   reducer_.reduce_at_step();  // stage 1 reduce-scatters the accumulated gradient now, in place
   update_.gradients_to_host(rules.reduce_scatter_on_flush);
   const kernels::GradStats stats = update_.grad_stats(rules.reduce_scatter_at_step);
+  // fp16's unwritten-gradient marker seen for the first time counts as an
+  // overflow: the step is skipped, on every rank (GradientReducer's UnwrittenCheck).
+  const bool non_finite = stats.non_finite || reducer_.take_marker_seen();
 
   // The hyper-parameters may have changed since the last step (a schedule):
   // validated here, and their fingerprint compared across ranks below.
@@ -66,7 +69,7 @@ StepResult Engine<P, O, B>::step() {
   // One control all-reduce decides: the global norm, overflow (fp16 skips),
   // the ranks' hyper-parameters agreeing (errors on every rank otherwise).
   const auto decision = control_.decide(
-      stats.sum_squares, step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, stats.non_finite),
+      stats.sum_squares, step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, non_finite),
       invalid_hyper, {steps_ + 1, rules.norm_needs_all_reduce(), rules.states_sharded, &options_});
   if (decision.skip) {
     result.skipped_overflow = true;
@@ -98,7 +101,9 @@ void Engine<P, O, B>::publish_params() {
   if (plan_.rules.all_gather_after_step) {
     const Ownership own = ownership();
     comm_.communicate([&] {
-      for (const auto& u : layout_.units()) {
+      for (std::size_t unit = 0; unit < layout_.units().size(); ++unit) {
+        const UnitInfo& u = layout_.units()[unit];
+        const auto purpose = comm_.exchange("gathers the updated parameters of", "unit", u.name, unit);
         param_type* full = params_.data() + u.full_offset;
         comm_->all_gather(full + own.update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);
       }

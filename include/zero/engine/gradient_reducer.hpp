@@ -27,10 +27,13 @@
 #include "zero/config.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
-#include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zero/comm/communicator.hpp"
@@ -41,56 +44,127 @@
 #include "zero/engine/quantized_reducer.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/error.hpp"
+#include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::detail {
 
 // GradWrites::overwrite, the run's first micro-batch: a handed-out gradient
-// buffer is filled with the type's largest finite value, which a backward
-// that assigns every element replaces and one that adds (+=) keeps (x + g ==
-// x for any gradient below 1e31 in fp32, below 16 in fp16), and check()
-// names the first element still holding it. Also the fp32 adapter's
-// (zero/runtime/make_optimizer.hpp) over its own fp32 buffer.
+// buffer is filled with a marker that a backward which assigns every element
+// replaces, and one that forgets an element, or adds (+=) into it, keeps;
+// check() names the first element still marked. No gradient a correct
+// backward computes is refused:
+//   - fp32 and bf16: the marker is a quiet NaN with a payload no arithmetic
+//     produces (arithmetic on numbers makes the default NaN; on a NaN it
+//     passes that NaN's payload on, so x86's `g += x` keeps the marker).
+//     Adding to it through a conversion or on a GPU makes the canonical NaN
+//     instead, so where nothing skips a non-finite gradient (no loss scaling)
+//     an inf or NaN is refused here too, naming the element and both causes
+//     (the step would refuse it anyway). Under loss scaling (the fp32 adapter
+//     of an fp16 run) only the marker's own bits count: an inf or NaN there
+//     may be an overflow, which the step skips.
+//   - fp16: a NaN may be an overflow the loss scaler skips, and conversions
+//     make every NaN the canonical one, so the marker is fp16's largest
+//     finite value, 65504, which adding anything below 16 keeps, and which a
+//     scaled gradient may also round to. So a micro-batch that shows it is
+//     not refused: its step is skipped as an overflow (the scale halves,
+//     nothing is updated) and the next micro-batch is checked again, where
+//     the marker is refused. A gradient that rounded to 65504 is below it at
+//     half the scale.
+// Also the fp32 adapter's (zero/runtime/make_optimizer.hpp) over its own
+// fp32 buffer.
 template <class Ops, class G>
 class UnwrittenCheck {
  public:
-  void fill(G* g, std::size_t n) {
+  // A micro-batch that shows fp16's marker is a suspicion, not an error (above).
+  static constexpr bool tolerates_once = std::is_same_v<G, fp16>;
+
+  // `loss_scaled`: an inf or NaN gradient may be an overflow (see above).
+  void fill(G* g, std::size_t n, bool loss_scaled = tolerates_once) {
+    loss_scaled_ = loss_scaled;
     host_.assign(n, marker());
     Ops::upload(g, host_.data(), n);
   }
-  void check(const Layout& layout, const UnitInfo& u, const G* g) {
+  // Throws when unit u's gradient `g` holds marked elements; returns true
+  // when it holds fp16's marker in the first micro-batch that shows it (the
+  // step must be skipped and the next micro-batch checked again).
+  bool check(const Layout& layout, const UnitInfo& u, const G* g) {
     host_.resize(u.padded);
     Ops::download(host_.data(), g, u.padded);
     const G m = marker();
-    std::size_t left = 0, elements = 0, first_index = 0;
-    const ParamInfo* first_param = nullptr;
+    // Of each kind: how many, and the first (its parameter and index).
+    struct Found {
+      std::size_t count = 0;
+      const ParamInfo* param = nullptr;
+      std::size_t index = 0;
+      void add(const ParamInfo& p, std::size_t i) {
+        if (count++ != 0) return;
+        param = &p;
+        index = i;
+      }
+    } unassigned, non_finite;
+    std::size_t elements = 0;
     for (const std::size_t p : u.params) {
       const ParamInfo& info = layout.params()[p];
       elements += info.numel;
-      for (std::size_t i = 0; i < info.numel; ++i)
-        if (std::memcmp(&host_[info.offset + i], &m, sizeof(G)) == 0 && left++ == 0) {
-          first_param = &info;
-          first_index = i;
-        }
+      for (std::size_t i = 0; i < info.numel; ++i) {
+        const G& x = host_[info.offset + i];
+        if (std::memcmp(&x, &m, sizeof(G)) == 0)
+          unassigned.add(info, i);
+        else if (!loss_scaled_ && !std::isfinite(to_float(x)))
+          non_finite.add(info, i);
+      }
     }
-    if (left != 0)
+    if (unassigned.count == 0 && non_finite.count == 0) return false;
+    if (tolerates_once && !seen_before_) {
+      seen_now_ = true;
+      return true;
+    }
+    const Found& named = unassigned.count != 0 ? unassigned : non_finite;
+    const std::string what = concat("grad_ready('", u.name, "'): ", named.count, " of ", elements,
+                                    " gradient elements (the first: '", named.param->name, "'[", named.index, "])");
+    const char* fix = "With Options::grad_writes = overwrite (the default) backward must assign (=) every element; a "
+                      "backward that adds into its gradients (+=) or leaves some alone needs Options::grad_writes = "
+                      "GradWrites::accumulate, which hands out zeroed buffers";
+    if (unassigned.count == 0)
       throw InvalidArgument(concat(
-          "grad_ready('", u.name, "'): ", left, " of ", elements, " gradient elements (the first: '",
-          first_param->name, "'[", first_index, "]) were not assigned in the run's first micro-batch; they still "
-          "hold the marker grad_buffer() filled them with. With Options::grad_writes = overwrite (the default) "
-          "backward must assign (=) every element; a backward that adds into its gradients (+=) or leaves some "
-          "alone needs Options::grad_writes = GradWrites::accumulate, which hands out zeroed buffers"));
+          what, " hold inf or NaN in the run's first micro-batch: either backward added (+=) to the marker "
+          "grad_buffer() filled them with (a NaN), or it computed inf or NaN itself, which with bf16/fp32 no loss "
+          "scaling skips (check the loss and the learning rate). ", fix));
+    throw InvalidArgument(concat(what, " were not assigned in the run's first micro-batch: ", marker_words(), ". ",
+                                 fix));
+  }
+  // The micro-batch is over: whether it showed fp16's marker (then the next
+  // one is checked too, and refuses it).
+  bool micro_batch_over() {
+    seen_before_ = seen_before_ || seen_now_;
+    return std::exchange(seen_now_, false);
   }
   // The check is over: its host copy goes.
   void release() { std::vector<G>().swap(host_); }
 
  private:
   static G marker() {
-    if constexpr (std::is_same_v<G, float>) return std::numeric_limits<float>::max();
-    else if constexpr (std::is_same_v<G, bf16>) return bf16{0x7F7F};
-    else return fp16{0x7BFF};
+    if constexpr (std::is_same_v<G, float>)
+      return std::bit_cast<float>(std::uint32_t{0x7FE5A5A5});  // quiet NaN, payload 0x65A5A5
+    else if constexpr (std::is_same_v<G, bf16>)
+      return bf16{0x7FE5};  // quiet NaN, payload 0x25
+    else
+      return fp16{0x7BFF};  // 65504
   }
+  static const char* marker_words() {
+    if constexpr (tolerates_once)
+      return "in two micro-batches running they hold the marker grad_buffer() filled them with (65504, fp16's "
+             "largest value, which adding (+=) anything below 16 keeps; the first time, the step was skipped as an "
+             "overflow in case a scaled gradient had rounded to it)";
+    else
+      return "they still hold the marker grad_buffer() filled them with (a NaN of its own)";
+  }
+
   std::vector<G> host_;  // a unit's values on the host
+  bool loss_scaled_ = tolerates_once;
+  bool seen_now_ = false;      // fp16's marker, in this micro-batch
+  bool seen_before_ = false;   // ... in an earlier one: refused now
 };
 
 template <class Ops, class G>
@@ -151,6 +225,9 @@ class GradientReducer {
   // last micro-batch (stages 2-3 with offload: the host copy the CPU update
   // reads, unit u's shard at u.shard_offset), or nullptr.
   void copy_final_shards_to(G* host) { final_copy_ = host; }
+  // Whether fp16's marker was first seen in this step's micro-batches
+  // (UnwrittenCheck): the step is skipped as an overflow. Asked once per step.
+  bool take_marker_seen() { return std::exchange(marker_in_window_, false); }
   // A unit was ready in this micro-batch: backward is under way (stage 3
   // prefetches downwards then).
   bool in_backward() const { return in_backward_; }
@@ -209,7 +286,7 @@ class GradientReducer {
       hand_out(unit, first, last);  // no gradient in this micro-batch: zeros
     G* g = where(unit);
     for (const auto& [b, e] : u.gaps) Ops::zero(g + b, e - b);
-    if (check_writes_) unwritten_.check(*layout_, u, g);
+    if (check_writes_ && unwritten_.check(*layout_, u, g)) marker_in_window_ = true;
     const std::size_t b = buckets_.bucket_of[unit];
     pending_[b].push_back(Pending{unit, g});
     ready_this_micro_[unit] = true;
@@ -261,7 +338,9 @@ class GradientReducer {
     std::fill(handed_this_micro_.begin(), handed_this_micro_.end(), false);
     next_flush_ = 0;
     in_backward_ = false;
-    if (check_writes_) {  // the first micro-batch is checked, the steady state is not
+    // The first micro-batch is checked, the steady state is not; after one
+    // that showed fp16's marker, the next one is checked too.
+    if (check_writes_ && !unwritten_.micro_batch_over()) {
       check_writes_ = false;
       unwritten_.release();
     }
@@ -298,6 +377,7 @@ class GradientReducer {
         comm->group_begin();
         for (const Pending& p : pending) {
           const UnitInfo& u = layout_->units()[p.unit];
+          const auto purpose = comm.exchange("all-reduces the gradient of", "unit", u.name, p.unit);
           if (in_fp32)
             comm->all_reduce(wide(p), u.padded, DType::f32, comm::ReduceOp::sum, false);
           else
@@ -316,6 +396,7 @@ class GradientReducer {
       for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
         G* acc = b_.accumulator.data() + u.shard_offset;
+        const auto purpose = comm.exchange("exchanges the quantized gradient of", "unit", u.name, p.unit);
         Ops::accumulate(acc, qgz_.reduce(p.unit, p.written), u.shard, first);
         copy_final_shard(u, acc, last);
       }
@@ -327,6 +408,7 @@ class GradientReducer {
       comm->group_begin();
       for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
+        const auto purpose = comm.exchange("reduce-scatters the gradient of", "unit", u.name, p.unit);
         if (in_fp32)
           comm->reduce_scatter(wide(p), wide(p) + r * u.shard, u.shard, DType::f32);
         else
@@ -359,6 +441,7 @@ class GradientReducer {
         const UnitInfo& u = layout_->units()[unit];
         G* g = b_.accumulator.data() + u.full_offset;
         G* mine = g + r * u.shard;
+        const auto purpose = comm.exchange("reduce-scatters the gradient of", "unit", u.name, unit);
         if (qgz_.bound()) {
           Ops::convert(mine, qgz_.reduce(unit, g), u.shard);
         } else if (b_.staging_fp32.size() != 0) {
@@ -449,6 +532,7 @@ class GradientReducer {
   std::vector<bool> handed_this_micro_;          // hand_out() seen for each unit in this micro-batch
   bool in_backward_ = false;
   bool check_writes_ = false;                    // overwrite, first micro-batch: markers are checked
+  bool marker_in_window_ = false;                // fp16's marker seen in this step's micro-batches: it is skipped
   UnwrittenCheck<Ops, G> unwritten_;
   G* final_copy_ = nullptr;
   QuantizedReducer<Ops, G> qgz_;  // Options::qgz (bind_qgz), else unbound
