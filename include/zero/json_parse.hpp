@@ -9,6 +9,7 @@
 
 #include "zero/config.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,19 +27,24 @@ struct ParsedJson {
 };
 
 // Parses `text`; a syntax error throws nlohmann::json::parse_error (its
-// byte() says where; text_position turns that into a line and a column).
-inline ParsedJson parse_json_noting_duplicates(std::string_view text) {
+// byte() says where; text_position turns that into a line and a column), a
+// number beyond a double's range (1e400) nlohmann::json::out_of_range, which
+// says neither where nor whose. Either way `key_at_error`, where given, is
+// then the key path of the value being read ("loss_scale.min_scale"; "" at
+// the top level).
+inline ParsedJson parse_json_noting_duplicates(std::string_view text, std::string* key_at_error = nullptr) {
   struct Frame {
     bool object = false;
     std::vector<std::string> keys;  // seen so far, the last one the value being parsed
   };
   std::vector<Frame> open;
   ParsedJson out;
-  auto path_to = [&open](const std::string& key) {
+  // The key path of the value being parsed: the last key of each object around it.
+  auto current_path = [&open] {
     std::string path;
-    for (std::size_t i = 0; i + 1 < open.size(); ++i)
-      if (open[i].object && !open[i].keys.empty()) path += open[i].keys.back() + ".";
-    return path + key;
+    for (const Frame& f : open)
+      if (f.object && !f.keys.empty()) path += (path.empty() ? "" : ".") + f.keys.back();
+    return path;
   };
   auto callback = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
@@ -49,18 +55,21 @@ inline ParsedJson parse_json_noting_duplicates(std::string_view text) {
     } else if (event == E::key && !open.empty()) {
       const std::string& key = parsed.get_ref<const std::string&>();
       auto& seen = open.back().keys;
-      if (out.duplicate_key.empty())
-        for (const auto& k : seen)
-          if (k == key) {
-            out.duplicate_key = key;
-            out.duplicate_path = path_to(key);
-            break;
-          }
+      const bool again = std::find(seen.begin(), seen.end(), key) != seen.end();
       seen.push_back(key);
+      if (again && out.duplicate_key.empty()) {
+        out.duplicate_key = key;
+        out.duplicate_path = current_path();
+      }
     }
     return true;
   };
-  out.value = nlohmann::json::parse(text.begin(), text.end(), callback);
+  try {
+    out.value = nlohmann::json::parse(text.begin(), text.end(), callback);
+  } catch (const nlohmann::json::exception&) {
+    if (key_at_error != nullptr) *key_at_error = current_path();
+    throw;
+  }
   return out;
 }
 

@@ -414,6 +414,54 @@ TEST_CASE("manifest: round trip and precise errors", "[checkpoint][manifest]") {
   }
 }
 
+TEST_CASE("manifest: a state_format this library does not write is refused, naming the file and the key",
+          "[checkpoint][manifest][errors]") {
+  TempDir tmp;
+  save_model(tmp.path, 2);
+  const fs::path file = tmp.path / manifest_file_name;
+  const nlohmann::json j = nlohmann::json::parse(read_text(file));
+  auto error_with = [&](const std::string& name, std::uint64_t block, std::uint64_t fp32_below) {
+    nlohmann::json c = j;
+    c["state_format"] = {{"name", name}, {"block", block}, {"fp32_below", fp32_below}};
+    try {
+      parse_manifest(c.dump(), file);
+    } catch (const zero::CheckpointError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // What Options::states, state_block and state_fp32_below write.
+  CHECK(error_with("fp32", 0, 0) == "(no error)");
+  CHECK(error_with("bf16", 0, 0) == "(no error)");
+  CHECK(error_with("bf16_stochastic", 0, 0) == "(no error)");
+  CHECK(error_with("blockwise8", 2048, 4096) == "(no error)");
+  CHECK(error_with("blockwise8", 64, 0) == "(no error)");
+  CHECK(error_with("blockwise8", 4096, 1) == "(no error)");
+
+  const std::string at = file.string() + ": ";
+  CHECK_THAT(error_with("blockwise9", 2048, 4096),
+             Catch::Contains(at + "field 'state_format.name' is \"blockwise9\", not one of fp32, bf16, "
+                                  "bf16_stochastic, blockwise8"));
+  CHECK_THAT(error_with("", 0, 0), Catch::Contains(at + "field 'state_format.name' is \"\""));
+  for (const std::uint64_t block : {0, 65, 32, 4160, 8192}) {
+    INFO(block);
+    CHECK_THAT(error_with("blockwise8", block, 4096),
+               Catch::Contains(at + "field 'state_format.block' is " + std::to_string(block) +
+                               ", but blockwise8 blocks are a multiple of 64 in [64, 4096] elements"));
+  }
+  // The other formats keep no blocks: the saver writes 0 for both.
+  CHECK_THAT(error_with("fp32", 2048, 0),
+             Catch::Contains(at + "field 'state_format.block' is 2048, but fp32 states have no blocks"));
+  CHECK_THAT(error_with("bf16", 0, 4096),
+             Catch::Contains(at + "field 'state_format.fp32_below' is 4096, but bf16 states have no blocks"));
+
+  // At load, on every rank, before anything is read.
+  nlohmann::json edited = j;
+  edited["state_format"] = {{"name", "blockwise9"}, {"block", 2048}, {"fp32_below", 4096}};
+  write_text(file, edited.dump());
+  require_error_everywhere(load_errors(tmp.path, 2), {"manifest.json", "'state_format.name'", "blockwise9"});
+}
+
 TEST_CASE("checkpoint: saved by 3 ranks, loaded by 1, 2, 4 and a stage-0 replica, exactly", "[checkpoint][reshard]") {
   TempDir tmp;
   save_model(tmp.path, 3);

@@ -57,3 +57,19 @@ TEST_CASE("Stochastic rounding of parameter copies does not depend on ranks or s
   // Another seed gives other bits.
   CHECK(run<2>(4, 8).params != one.params);
 }
+
+TEST_CASE("Stochastic rounding is refused where the parameter copies are not bf16", "[engine][rounding][errors]") {
+  using namespace zero;
+  comm::LocalGroup group(1);
+  group.run([&](comm::Local& c) {
+    Options options;
+    options.stochastic_rounding = true;
+    using Fp16 = ZeroOptimizer<precision::Mixed<fp16>, optim::AdamW, stage<1>, offload::None, backend::Host>;
+    using Fp32 = ZeroOptimizer<precision::Full<float>, optim::AdamW, stage<1>, offload::None, backend::Host>;
+    CHECK_THROWS_WITH(Fp16(c, {}, options), Catch::Contains("Options::stochastic_rounding is on, but the precision is "
+                                                            "fp16") &&
+                                                Catch::Contains("turn stochastic_rounding off"));
+    CHECK_THROWS_WITH(Fp32(c, {}, options),
+                      Catch::Contains("Options::stochastic_rounding is on, but the precision is fp32"));
+  });
+}

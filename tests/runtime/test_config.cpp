@@ -275,6 +275,38 @@ TEST_CASE("Config::validate refuses what the compile-time API refuses, in its wo
   CHECK_THAT(validate(c, false), Catch::Contains("Options::master is remainder and Options::stochastic_rounding is on"));
 }
 
+TEST_CASE("Config::validate refuses options that would do nothing, naming the option and the fix",
+          "[runtime][config]") {
+  const auto validate = [](Config c) { return error_of([&] { c.validate(false); }); };
+  // stochastic_rounding rounds bf16 parameter copies: fp16 copies are always
+  // rounded to nearest even, and fp32 training keeps none.
+  Config c;
+  c.options.stochastic_rounding = true;
+  CHECK(validate(c) == "(no InvalidArgument thrown)");  // bf16: the default precision
+  for (const PrecisionChoice p : {PrecisionChoice::fp16, PrecisionChoice::fp32}) {
+    c.precision = p;
+    const std::string e = validate(c);
+    INFO(e);
+    CHECK_THAT(e, Catch::Contains(std::string("zero::Config: stochastic_rounding is on, but the precision is ") +
+                                  zero::name(p)));
+    CHECK_THAT(e, Catch::Contains("turn stochastic_rounding off, or use precision bf16"));
+  }
+  // round_ties_away, the other option of the bf16 copies: the same rule, the same words.
+  c = Config{};
+  c.precision = PrecisionChoice::fp16;
+  c.options.round_ties_away = true;
+  CHECK_THAT(validate(c), Catch::Contains("round_ties_away is on, but the precision is fp16") &&
+                              Catch::Contains("turn round_ties_away off, or use precision bf16"));
+
+  // qgz_error_feedback keeps what qgZ's quantization dropped: nothing without qgz.
+  c = Config{};
+  c.options.qgz_error_feedback = true;
+  CHECK_THAT(validate(c), Catch::Contains("Options::qgz_error_feedback") &&
+                              Catch::Contains("but Options::qgz is off: turn qgz on, or qgz_error_feedback off"));
+  c.options.qgz = true;
+  CHECK(validate(c) == "(no InvalidArgument thrown)");
+}
+
 TEST_CASE("The static_asserts say what Config::validate says", "[runtime][config]") {
   // The compile-time messages live in string literals a run-time check
   // cannot share; these phrases must stay in both (tests/compile checks the
@@ -340,6 +372,27 @@ TEST_CASE("load_config names the file in every error", "[runtime][config]") {
     CHECK_THROWS_AS(zero::load_config_into(c, bad.path.string()), zero::InvalidArgument);
     CHECK(c.stage == 0);
   }
+}
+
+TEST_CASE("A number beyond a double's range names the file and the key", "[runtime][config]") {
+  // nlohmann refuses these while parsing (out_of_range 406), before any key is read.
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"stage": 1e400})", "'stage' must be a number a double holds"},
+      {R"({"clip_norm": 1e309})", "'clip_norm' must be a number a double holds"},
+      {R"({"optimizer": {"type": "sgd", "params": {"lr": 1e400}}})",
+       "'optimizer.params.lr' must be a number a double holds"},
+      {R"({"stage": 2, "loss_scale": {"initial_scale": 1024, "min_scale": -1e400}})",
+       "'loss_scale.min_scale' must be a number a double holds"},
+  };
+  for (const auto& [text, message] : cases) {
+    const TempFile f(text);
+    const std::string e = error_of([&] { (void)zero::load_config(f.path.string()); });
+    INFO(text);
+    CHECK_THAT(e, Catch::Contains("zero config file '" + f.path.string() + "': " + message));
+    CHECK_THAT(e, Catch::Contains("docs/configuration.md"));
+  }
+  const TempFile f(R"({"clip_norm": 1e309})");
+  CHECK_THAT(error_of([&] { (void)zero::load_config(f.path.string()); }), Catch::Contains("not 1e309"));
 }
 
 TEST_CASE("The example file of docs/configuration.md loads, and the page names every key", "[runtime][config]") {

@@ -5,7 +5,8 @@
 // coordinates no rank count changes (unit, element range of the unit's
 // unpadded data), so any number of ranks at any stage finds its bytes. Its
 // parser is strict and fuzzed: an unknown version, a missing field, a wrong
-// type or ranges that overlap or leave holes are errors naming the field.
+// type, a state format this library does not write or ranges that overlap or
+// leave holes are errors naming the field.
 #pragma once
 
 #include "zero/config.hpp"
@@ -28,6 +29,7 @@
 #include "zero/error.hpp"
 #include "zero/json_parse.hpp"
 #include "zero/precision/types.hpp"
+#include "zero/runtime/config.hpp"
 #include "zero/shape.hpp"
 
 namespace zero::checkpoint {
@@ -93,9 +95,10 @@ struct RunState {
   LossScalerState loss_scaler;
   std::optional<std::uint64_t> rounding_seed;  // stochastic rounding's seed, when it is on
   // How the saving run stored its optimizer state (Options::states, and for
-  // blockwise8 its block and small-parameter size). The files hold fp32
-  // values either way; a load into another format converts (and says so).
-  // Empty in a manifest from before it was recorded.
+  // blockwise8 its block and small-parameter size; 0 and 0 for the other
+  // formats). The files hold fp32 values either way; a load into another
+  // format converts (and says so). Empty in a manifest from before it was
+  // recorded.
   std::string state_format;
   std::uint64_t state_block = 0, state_fp32_below = 0;
   nlohmann::json extra = nlohmann::json::object();  // the caller's own (epoch, data order, ...)
@@ -214,6 +217,33 @@ class ManifestFields {
   static std::string describe(const nlohmann::json& v) { return zero::detail::describe_json_value(v); }
   std::filesystem::path file_;
 };
+
+// state_format as the saver writes it (optimizer_io.hpp): a name of
+// Options::states and, for blockwise8, an Options::state_block and
+// state_fp32_below (any size is one), 0 and 0 for the other formats. Anything
+// else is a manifest this library did not write, whose word on how the state
+// was kept cannot be trusted: refused, naming the field.
+inline void read_state_format(const nlohmann::json& state_format, const ManifestFields& f, RunState& run) {
+  const char* fix = "; zero writes no such manifest (was it edited?): correct the field, or remove 'state_format' "
+                    "to read the state as fp32, which the files hold in every format";
+  run.state_format = f.str(state_format, "state_format", "name");
+  run.state_block = f.u64(state_format, "state_format", "block");
+  run.state_fp32_below = f.u64(state_format, "state_format", "fp32_below");
+  const std::optional<StateFormat> format = parse_state_format(run.state_format);
+  if (!format)
+    fail(f.file(), "field 'state_format.name' is \"", run.state_format, "\", not one of ",
+         zero::detail::names_of(all_state_formats), fix);
+  if (*format == StateFormat::blockwise8) {
+    if (!allowed_state_block(run.state_block))
+      fail(f.file(), "field 'state_format.block' is ", run.state_block, ", but blockwise8 blocks are ",
+           state_block_rule, " elements (Options::state_block)", fix);
+    return;
+  }
+  for (const auto& [key, value] : {std::pair{"block", run.state_block}, std::pair{"fp32_below", run.state_fp32_below}})
+    if (value != 0)
+      fail(f.file(), "field 'state_format.", key, "' is ", value, ", but ", run.state_format,
+           " states have no blocks: the saver writes 0", fix);
+}
 
 }  // namespace detail
 
@@ -397,12 +427,7 @@ inline Manifest parse_manifest(std::string_view text, const std::filesystem::pat
   m.run.loss_scaler.growth_counter = f.u64(ls, "loss_scaler", "growth_counter");
   m.run.loss_scaler.hysteresis_left = f.u64(ls, "loss_scaler", "hysteresis_left");
   if (!f.field(j, "", "rounding_seed").is_null()) m.run.rounding_seed = f.u64(j, "", "rounding_seed");
-  if (j.contains("state_format")) {
-    const auto& sf = f.object(j, "", "state_format");
-    m.run.state_format = f.str(sf, "state_format", "name");
-    m.run.state_block = f.u64(sf, "state_format", "block");
-    m.run.state_fp32_below = f.u64(sf, "state_format", "fp32_below");
-  }
+  if (j.contains("state_format")) detail::read_state_format(f.object(j, "", "state_format"), f, m.run);
   m.run.extra = f.object(j, "", "extra");
   const auto& cs = f.object(j, "", "checksum");
   if (f.str(cs, "checksum", "algorithm") != checksum_algorithm)

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "zero/backend/pieced_buffer.hpp"
+#include "zero/engine/stage_plan.hpp"
 #include "zero/error.hpp"
 #include "zero/simd/dispatch.hpp"
 
@@ -88,6 +89,11 @@ constexpr std::size_t master_element_bytes(MasterWeights m) { return m == Master
 constexpr std::size_t state_element_bytes(StateFormat f) {
   return f == StateFormat::fp32 ? 4 : f == StateFormat::blockwise8 ? 1 : 2;
 }
+// Options::state_block's rule, which a checkpoint manifest's
+// state_format.block meets too (checkpoint/manifest.hpp): the manifest says
+// how the saving run's blocks fell, and no run had blocks outside it.
+inline constexpr const char* state_block_rule = "a multiple of 64 in [64, 4096]";
+constexpr bool allowed_state_block(std::uint64_t block) { return block >= 64 && block <= 4096 && block % 64 == 0; }
 
 struct LossScaleOptions {
   double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
@@ -180,7 +186,8 @@ struct Options {
   ReduceDType reduce_dtype = ReduceDType::same_as_grad;
   // Seed for anything random the optimizer does (stochastic rounding).
   std::uint64_t seed = 0x5eed;
-  // bf16 parameter copies written with stochastic rounding.
+  // bf16 parameter copies written with stochastic rounding (refused with
+  // another precision, whose copies it would not change).
   bool stochastic_rounding = false;
   // The fp32 master of bf16 parameters as the parameters plus a 16-bit
   // remainder (MasterWeights::remainder): 2 bytes per parameter less.
@@ -236,7 +243,7 @@ struct Options {
   // residual per gradient element and node partial, per rank: 4 bytes x
   // (1 + 1/ranks_per_node) per parameter) and adds it to the next call's
   // gradient, so that errors do not add up over steps; not saved in
-  // checkpoints (a resumed run starts with none).
+  // checkpoints (a resumed run starts with none). Needs qgz.
   bool qgz = false;
   int qgz_bits = 4;
   std::size_t qgz_block = 256;
@@ -273,9 +280,8 @@ struct Options {
                   "stochastic rounding needs an fp32 master: set one of them off"
                 : "Options::round_ties_away and Options::stochastic_rounding are both on: the bf16 copies are "
                   "rounded one way; set one of them off");
-    require(state_block >= 64 && state_block <= 4096 && state_block % 64 == 0, "Options::state_block is ",
-            state_block, "; it must be a multiple of 64 in [64, 4096] (elements per 8-bit state block: 2048 is "
-            "the paper's, 256 bitsandbytes' today)");
+    require(allowed_state_block(state_block), "Options::state_block is ", state_block, "; it must be ",
+            state_block_rule, " (elements per 8-bit state block: 2048 is the paper's, 256 bitsandbytes' today)");
     require(qwz_block >= 32 && qwz_block <= (std::size_t{1} << 20), "Options::qwz_block is ", qwz_block,
             "; it must be in [32, 1048576] (elements per int8 block of qwZ's gathers, each with one fp32 scale; "
             "256 is the default)");
@@ -286,6 +292,8 @@ struct Options {
     require(qgz_block >= 32 && qgz_block <= (std::size_t{1} << 20) && qgz_block % 2 == 0, "Options::qgz_block is ",
             qgz_block, "; it must be even and in [32, 1048576] (elements per block of qgZ's gradient codes, each "
             "with one fp32 scale; int4 codes are two to a byte; 256 is the default)");
+    require(!qgz_error_feedback || qgz, "Options::qgz_error_feedback carries what qgZ's gradient quantization "
+            "dropped into the next step, but Options::qgz is off: turn qgz on, or qgz_error_feedback off");
     require(prefetch_units >= 0 && prefetch_units <= 16, "Options::prefetch_units is ", prefetch_units,
             "; it must be in [0, 16]");
     require(live_buckets >= 1 && live_buckets <= 64, "Options::live_buckets is ", live_buckets,
@@ -314,7 +322,8 @@ struct Options {
             ls.initial_scale, "; it must be >= 1");
     require(ls.growth_interval >= 1, "Options::loss_scale.growth_interval is ", ls.growth_interval,
             "; it must be >= 1");
-    require(ls.growth_factor > 1, "Options::loss_scale.growth_factor is ", ls.growth_factor, "; it must be > 1");
+    require(std::isfinite(ls.growth_factor) && ls.growth_factor > 1, "Options::loss_scale.growth_factor is ",
+            ls.growth_factor, "; it must be a finite number > 1");
     require(ls.backoff_factor > 0 && ls.backoff_factor < 1, "Options::loss_scale.backoff_factor is ",
             ls.backoff_factor, "; it must be in (0, 1)");
     require(ls.hysteresis >= 1, "Options::loss_scale.hysteresis is ", ls.hysteresis, "; it must be >= 1");
@@ -322,5 +331,21 @@ struct Options {
             ls.min_scale, "; it must be in [1, initial_scale]");
   }
 };
+
+// An option of the bf16 parameter copies set where there are none, or "":
+// fp16 copies are always rounded to nearest even and fp32 training keeps no
+// copy, so the option would silently change nothing. For every place that
+// checks (the engine, zero::Config, the planner), each naming itself first.
+inline std::string bf16_copy_option_problem(const Options& options, PrecisionChoice precision) {
+  if (precision == PrecisionChoice::bf16) return "";
+  const char* option = options.stochastic_rounding ? "stochastic_rounding"
+                       : options.round_ties_away   ? "round_ties_away"
+                                                   : nullptr;
+  if (option == nullptr) return "";
+  return detail::concat(option, " is on, but the precision is ", name(precision), ": it rounds bf16 parameter copies, ",
+                        precision == PrecisionChoice::fp16 ? "and fp16 copies are always rounded to nearest even"
+                                                           : "and fp32 training keeps no 16-bit copy",
+                        ", so it would change nothing: turn ", option, " off, or use precision bf16");
+}
 
 }  // namespace zero

@@ -165,6 +165,8 @@ struct Config {
     require(options.master != MasterWeights::remainder || precision == Precision::bf16,
             "plan: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits; the precision is ",
             name(precision), ": use bf16, or master fp32");
+    const std::string copies = bf16_copy_option_problem(options, precision);
+    require(copies.empty(), "plan: ", copies);
     options.validate();
   }
 };

@@ -113,9 +113,8 @@ struct Config {
     const std::string zeropp = zeropp_stage_problem(options.hpz, options.qwz, options.qgz, stage);
     require(zeropp.empty(), "zero::Config: ", zeropp, " (\"hpz\", \"qwz\" and \"qgz\" in a config file, --hpz, --qwz "
             "and --qgz on the command line)");
-    require(!options.round_ties_away || precision == PrecisionChoice::bf16,
-            "zero::Config: round_ties_away rounds bf16 parameter copies, but the precision is ", name(precision),
-            ": clear it");
+    const std::string copies = bf16_copy_option_problem(options, precision);
+    require(copies.empty(), "zero::Config: ", copies);
     options.validate();
   }
 };

@@ -271,8 +271,8 @@ inline Config config_from_json(const nlohmann::json& j) {
 // the file does not have keeps its value; optimizer.params replaces all the
 // hyper-parameters). Every error is an InvalidArgument naming the path: a
 // file that cannot be read, JSON syntax (with the line, the column and the
-// byte), a key given twice, and config_from_json's; `config` is then
-// unchanged.
+// byte), a number beyond a double's range (with its key), a key given twice,
+// and config_from_json's; `config` is then unchanged.
 inline void load_config_into(Config& config, const std::string& path) {
   const std::string source = "zero config file '" + path + "'";
   std::error_code ec;
@@ -284,8 +284,9 @@ inline void load_config_into(Config& config, const std::string& path) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw InvalidArgument(detail::concat(source, " cannot be read (", std::strerror(errno), ")"));
   detail::ParsedJson parsed;
+  std::string key_at_error;
   try {
-    parsed = detail::parse_json_noting_duplicates(text);
+    parsed = detail::parse_json_noting_duplicates(text, &key_at_error);
   } catch (const nlohmann::json::parse_error& e) {
     // nlohmann's message without its "[json.exception.parse_error.101] parse error at ...: " preamble.
     std::string problem = e.what();
@@ -294,6 +295,17 @@ inline void load_config_into(Config& config, const std::string& path) {
     const auto at = detail::text_position(text, e.byte);
     throw InvalidArgument(detail::concat(source, " is not valid JSON: line ", at.line, ", column ", at.column,
                                          " (byte ", e.byte, "): ", problem));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // The one out_of_range nlohmann's parser throws: "[json.exception.out_of_range.406] number overflow parsing
+    // '1e400'", a number no double holds (it would read as infinity).
+    const std::string message = e.what();
+    const auto quote = message.find('\'');
+    const std::string number =
+        quote == std::string::npos ? message : message.substr(quote + 1, message.rfind('\'') - quote - 1);
+    const std::string whose = key_at_error.empty() ? "the top-level value" : "'" + key_at_error + "'";
+    throw InvalidArgument(detail::concat(source, ": ", whose, " must be a number a double holds (of at most about "
+                                         "1.8e308 in magnitude), not ", number, "; each key's bounds are in "
+                                         "docs/configuration.md"));
   }
   if (!parsed.duplicate_key.empty())
     throw InvalidArgument(detail::concat(source, ": the key '", parsed.duplicate_path,
