@@ -330,3 +330,45 @@ TEST_CASE("Ranks that take different paths get an error naming each rank's excha
     }
   }
 }
+
+TEST_CASE("An update that makes the parameters non-finite is the error, not the gradients a forward on them makes",
+          "[engine][errors]") {
+  // loss = |w|^2 / 2 (gradient w) with SGD at lr 1e30: step 1 moves w to
+  // -1e30, step 2 to inf, and step 3's gradients are inf.
+  auto run = [](auto stage) {
+    constexpr int S = decltype(stage)::value;
+    using Opt = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::Sgd, zero::stage<S>,
+                                    zero::offload::None, zero::backend::Host>;
+    std::vector<std::string> messages(2);
+    zero::comm::LocalGroup group(2);
+    group.run([&](zero::comm::Local& c) {
+      zero::optim::Sgd::Hyper h;
+      h.lr = 1e30;
+      Opt opt(c, h);
+      const auto u = opt.add_unit("layer");
+      opt.add_param(u, "layer.w", 64);
+      opt.finalize();
+      const std::vector<float> ones(64, 1.0f);
+      opt.set_param(zero::ParamId{0}, ones.data());
+      try {
+        for (int step = 0; step < 4; ++step) {
+          const float* w = opt.acquire_unit(u);
+          float* g = opt.grad_buffer(u);
+          std::copy_n(w, 64, g);
+          opt.grad_ready(u);
+          opt.release_unit(u);
+          opt.step();
+        }
+      } catch (const zero::InvalidArgument& e) {
+        messages[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    for (const auto& m : messages) {
+      INFO("stage " << S);
+      CHECK_THAT(m, Catch::Contains("step 3: the parameters are already inf or NaN ('layer.w'["));
+      CHECK_THAT(m, Catch::Contains("the update of step 2 made them so; the learning rate is 1e+30 now"));
+    }
+  };
+  run(std::integral_constant<int, 1>{});
+  run(std::integral_constant<int, 3>{});
+}

@@ -387,6 +387,9 @@ class Engine {
   // After the parameters changed: stage 3 drops its gathered copies, stages
   // 1-2 all-gather the updated shards (collective).
   void publish_params();
+  // step(): inf or NaN gradients without loss scaling; blames the last update
+  // when the parameters are already non-finite (engine_step.hpp).
+  [[noreturn]] void blame_non_finite(const NonFiniteGradients& gradients_error);
   // Your own memory: the unit's gradient into the reducer's buffer for it
   // (added where that sums micro-batches in place).
   void take_own_grads(std::size_t unit);

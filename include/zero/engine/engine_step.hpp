@@ -9,7 +9,11 @@
 
 #include "zero/config.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "zero/engine/engine.hpp"
 #include "zero/engine/rank_checks.hpp"
@@ -68,9 +72,15 @@ StepResult Engine<P, O, B>::step() {
   }
   // One control all-reduce decides: the global norm, overflow (fp16 skips),
   // the ranks' hyper-parameters agreeing (errors on every rank otherwise).
-  const auto decision = control_.decide(
-      stats.sum_squares, step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, non_finite),
-      invalid_hyper, {steps_ + 1, rules.norm_needs_all_reduce(), rules.states_sharded, &options_});
+  const auto decision = [&] {
+    try {
+      return control_.decide(stats.sum_squares,
+                             step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, non_finite), invalid_hyper,
+                             {steps_ + 1, rules.norm_needs_all_reduce(), rules.states_sharded, &options_});
+    } catch (const NonFiniteGradients& e) {
+      blame_non_finite(e);
+    }
+  }();
   if (decision.skip) {
     result.skipped_overflow = true;
     return result;
@@ -90,6 +100,54 @@ StepResult Engine<P, O, B>::step() {
     aim_final_copies();  // the delayed update reads one host set; the next shards go to the other
   result.stepped = true;
   return result;
+}
+
+// The step found inf or NaN in the gradients and nothing skips them (every
+// rank is here: the reports said so to all). When the parameters themselves
+// are already non-finite, the gradients are only what a forward on them
+// computed: the last update made them so (a learning rate far too large),
+// and that is the error. One control exchange finds the first non-finite
+// parameter element any rank owns; reading the owned parameters costs a
+// pass over them, on this error's path only.
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::blame_non_finite(const NonFiniteGradients& gradients_error) {
+  const Ownership own = ownership();
+  std::vector<std::uint64_t> mine = {0, 0, 0};  // found, parameter, element
+  std::vector<param_type> host;
+  for (std::size_t unit = 0; unit < layout_.units().size() && mine[0] == 0; ++unit) {
+    const UnitInfo& u = layout_.units()[unit];
+    host.resize(own.update_size(u));
+    Ops::download(host.data(), param_ptr(u), host.size());
+    const std::size_t begin = own.update_begin(u);  // the owned range's place in the padded unit
+    for (const std::size_t p : u.params) {
+      const ParamInfo& info = layout_.params()[p];
+      const std::size_t lo = std::max(info.offset, begin), hi = std::min(info.offset + info.numel, begin + host.size());
+      for (std::size_t i = lo; i < hi; ++i)
+        if (!std::isfinite(to_float(host[i - begin]))) {
+          mine = {1, p, i - info.offset};
+          break;
+        }
+      if (mine[0] != 0) break;
+    }
+  }
+  const std::vector<std::uint64_t> all = all_gather_control(mine);
+  for (int r = 0; r < ranks(); ++r) {
+    const std::uint64_t* found = all.data() + 3 * static_cast<std::size_t>(r);
+    if (found[0] == 0) continue;
+    const ParamInfo& info = layout_.params()[found[1]];
+    std::string lr;
+    if constexpr (requires { hyper_.lr; }) lr = concat("; the learning rate is ", hyper_.lr, " now");
+    throw InvalidArgument(concat(
+        "step() on rank ", rank(), ", step ", steps_ + 1, ": the parameters are already inf or NaN ('", info.name,
+        "'[", found[2], "], held by rank ", r, "), so the gradients are too: ",
+        steps_ == 0 ? std::string("no update ran yet, so they were so from the start (set_param, or your "
+                                  "initialisation)")
+                    : concat("the update of step ", steps_, " made them so", lr,
+                             ": lower it (or check the other hyper-parameters); the gradients are only what a "
+                             "forward on those parameters computes"),
+        "; nothing was updated"));
+  }
+  throw gradients_error;
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

@@ -299,6 +299,14 @@ struct StepReports {
   std::uint64_t report(int r) const { return static_cast<std::uint64_t>(reports[r]); }
 };
 
+// The step's error for inf or NaN gradients that no loss scaling skips: a
+// type of its own, so that the engine can look for the cause first (an
+// update that made the parameters non-finite: Engine::blame_non_finite).
+class NonFiniteGradients : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
 // Throws on every rank when a rank's hyper-parameters are invalid or differ
 // from rank 0's, or a gradient holds inf/NaN without loss scaling to skip it.
 inline void check_step_reports(const StepReports& s, const std::string& invalid_hyper, bool overflow) {
@@ -329,7 +337,7 @@ inline void check_step_reports(const StepReports& s, const std::string& invalid_
         !s.states_sharded ? std::string("found by every rank: stage 0 checks the whole all-reduced gradient")
                           : "found by rank(s) " + ranks_where([](std::uint64_t v) { return (v & report_non_finite) != 0; }) +
                                 " in the summed gradient of the parameters they own";
-    throw InvalidArgument(concat("step() on rank ", s.rank, ", step ", s.step, ": the gradients contain inf or NaN (",
+    throw NonFiniteGradients(concat("step() on rank ", s.rank, ", step ", s.step, ": the gradients contain inf or NaN (",
                                  where,
                                  "); with bf16/fp32 there is no loss scaling to absorb it: check the loss and the "
                                  "learning rate"));
