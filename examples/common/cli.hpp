@@ -74,8 +74,9 @@ struct ConfigChoices {
 // The ZeRO choices as one zero::Config (zero/runtime/config.hpp), from a
 // file and the command line: --config FILE (a JSON file, docs/configuration.md),
 // then --stage, --precision, --optimizer, --offload, --master, --states,
-// --nvme-dir DIR, --nvme-window-mib MIB and the ZeRO++ flags (--hpz,
-// --hpz-int8, --qwz, --qgz, --qgz-bits, --qgz-block, --qgz-feedback).
+// --nvme-dir DIR, --nvme-window-mib MIB, --check-replicas and the ZeRO++
+// flags (--hpz, --hpz-int8, --qwz, --qgz, --qgz-bits, --qgz-block,
+// --qgz-feedback).
 //
 // Contract: after app.parse(), `config` holds what it held before, with
 // every setting FILE has replaced (zero::load_config_into: keys FILE does not
@@ -164,6 +165,10 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
       "--qgz-feedback", [&config](std::int64_t) { config.options.qgz_error_feedback = true; },
       "--qgz with error feedback: what each quantization drops is added to the next step's gradient (fp32 "
       "residuals: 4 bytes x (1 + 1/ranks-per-node) per parameter and rank)");
+  app.add_flag_function(
+      "--check-replicas", [&config](std::int64_t) { config.options.check_replicas = true; },
+      "compare a fingerprint of every rank's parameters (stage 3: of each gathered unit) at each step, and name a "
+      "rank whose bytes differ (silent data corruption)");
   app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
   app.add_option_function<double>(
          "--nvme-window-mib",

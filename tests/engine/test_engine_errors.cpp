@@ -372,3 +372,89 @@ TEST_CASE("An update that makes the parameters non-finite is the error, not the 
   run(std::integral_constant<int, 1>{});
   run(std::integral_constant<int, 3>{});
 }
+
+namespace {
+
+// comm::Local whose rank `victim` finds one bit flipped in what its
+// all_gather number `at` (counted on that rank from 1) received, at element
+// `element` of the gathered buffer: a bit flipped on the link or in memory.
+class FlippingLocal {
+ public:
+  FlippingLocal(zero::comm::Local& c, int victim, int at, std::size_t element)
+      : c_(c), victim_(victim), at_(at), element_(element) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  void all_reduce(void* b, std::size_t n, zero::DType t, zero::comm::ReduceOp op, bool control) {
+    c_.all_reduce(b, n, t, op, control);
+  }
+  void reduce_scatter(const void* s, void* r, std::size_t n, zero::DType t) { c_.reduce_scatter(s, r, n, t); }
+  void all_gather(const void* s, void* r, std::size_t n, zero::DType t, bool control) {
+    c_.all_gather(s, r, n, t, control);
+    if (!control && c_.rank() == victim_ && ++gathers_ == at_) static_cast<unsigned char*>(r)[element_ * 4 + 1] ^= 4;
+  }
+  void broadcast(void* b, std::size_t n, zero::DType t, int root) { c_.broadcast(b, n, t, root); }
+  void barrier() { c_.barrier(); }
+  const zero::comm::ByteCounters& counters() const { return c_.counters(); }
+  void reset_counters() { c_.reset_counters(); }
+
+ private:
+  zero::comm::Local& c_;
+  int victim_, at_;
+  int gathers_ = 0;
+  std::size_t element_;
+};
+
+// Three ranks train units a and b (loss |w|^2 / 2) for three steps; rank 1's
+// second parameter all_gather gets a flipped bit. Returns each rank's error.
+template <int S>
+std::vector<std::string> train_with_a_flipped_bit(bool check) {
+  using Opt = zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::Sgd, zero::stage<S>,
+                                  zero::offload::None, zero::backend::Host>;
+  std::vector<std::string> messages(3);
+  zero::comm::LocalGroup group(3);
+  group.run([&](zero::comm::Local& local) {
+    FlippingLocal c(local, 1, 2, 5);
+    zero::Options o;
+    o.check_replicas = check;
+    o.prefetch_units = 0;
+    Opt opt(c, {}, o);
+    const zero::UnitId units[] = {opt.add_unit("a"), opt.add_unit("b")};
+    opt.add_param(units[0], "a.w", 96);
+    opt.add_param(units[1], "b.w", 96);
+    opt.finalize();
+    try {
+      for (int step = 0; step < 3; ++step) {
+        for (const zero::UnitId u : {units[1], units[0]}) {
+          const float* w = opt.acquire_unit(u);
+          float* g = opt.grad_buffer(u);
+          std::copy_n(w, 96, g);
+          opt.grad_ready(u);
+          opt.release_unit(u);
+        }
+        opt.step();
+      }
+    } catch (const zero::CommError& e) {
+      messages[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  return messages;
+}
+
+}  // namespace
+
+TEST_CASE("Options::check_replicas names the rank whose copy of a unit differs, before anything is updated",
+          "[engine][errors][replicas]") {
+  // Stage 3: rank 1's second gather (unit 'a' in step 1's backward order b, a) is corrupted.
+  for (const auto& m : train_with_a_flipped_bit<3>(true)) {
+    CHECK_THAT(m, Catch::Contains("step 1: Options::check_replicas: the gathered copy (acquire_unit) of unit 'a' on "
+                                  "rank(s) 1 differs from the bytes the other 2 ranks hold"));
+    CHECK_THAT(m, Catch::Contains("silent data corruption). Nothing was updated"));
+  }
+  // Stage 1: the second gather is step 1's publication of unit 'b': found at step 2.
+  for (const auto& m : train_with_a_flipped_bit<1>(true))
+    CHECK_THAT(m, Catch::Contains("step 2: Options::check_replicas: the parameters after the last update of unit 'b' "
+                                  "on rank(s) 1 differs from the bytes the other 2 ranks hold"));
+  // Without the option the same runs end without a word.
+  for (const auto& m : train_with_a_flipped_bit<3>(false)) CHECK(m == "");
+  for (const auto& m : train_with_a_flipped_bit<1>(false)) CHECK(m == "");
+}

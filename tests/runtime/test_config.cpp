@@ -39,7 +39,8 @@ namespace {
                           loss_scale, reduce_dtype, seed, stochastic_rounding, master, round_ties_away, states, state_block,
                           state_fp32_below, hpz, hpz_int8, qwz, qwz_block, qgz, qgz_bits, qgz_block, qgz_error_feedback,
                           offload_threads,
-                          require_pinned_memory, pinned_piece_bytes, delayed_update, delayed_update_warmup, nvme] = c.options;
+                          require_pinned_memory, pinned_piece_bytes, delayed_update, delayed_update_warmup, check_replicas,
+                          nvme] = c.options;
   [[maybe_unused]] auto& [initial_scale, growth_interval, growth_factor, backoff_factor, hysteresis, min_scale] =
       c.options.loss_scale;
   [[maybe_unused]] auto& [directory, window_bytes, block_bytes, queue_depth, direct] = c.options.nvme;
@@ -84,6 +85,7 @@ Config every_setting_changed() {
   o.pinned_piece_bytes = 1 << 20;
   o.delayed_update = true;
   o.delayed_update_warmup = 3;
+  o.check_replicas = true;
   o.nvme = {"/scratch/zero", std::size_t{8} << 20, std::size_t{1} << 16, 64, false};
   return c;
 }
@@ -152,7 +154,7 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
                                      "reduce_dtype", "seed", "stochastic_rounding", "master", "round_ties_away",
                                      "states", "state_block", "state_fp32_below", "hpz", "hpz_int8", "qwz", "qwz_block", "qgz", "qgz_bits", "qgz_block", "qgz_error_feedback", "offload_threads",
                                      "require_pinned_memory", "pinned_piece_bytes", "delayed_update",
-                                     "delayed_update_warmup"});
+                                     "delayed_update_warmup", "check_replicas"});
 }
 
 TEST_CASE("A file sets only the keys it has; integral numbers in exponent form are integers", "[runtime][config]") {

@@ -288,7 +288,7 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
       s.qwz_staging = checked_mul(static_cast<std::size_t>(layout.ranks()),
                                   quant::Format{8, options.qwz_block}.payload_bytes(s.max_shard), "finalize(): qwZ's payloads");
   }
-  s.control = 1 + static_cast<std::size_t>(layout.ranks());
+  s.control = 1 + static_cast<std::size_t>(layout.ranks()) * (options.check_replicas ? 2 : 1);
   if (offload_host_staging(spec)) {
     s.host_grad_sets = options.delayed_update ? 2 : 1;
     s.host_grads = checked_mul(owned, s.host_grad_sets, "finalize(): the host gradient");

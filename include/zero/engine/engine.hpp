@@ -63,6 +63,7 @@
 #include "zero/engine/reports.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/engine/state_store.hpp"
+#include "zero/engine/replica_check.hpp"
 #include "zero/engine/step_control.hpp"
 #include "zero/engine/update_pipeline.hpp"
 #include "zero/error.hpp"
@@ -211,6 +212,7 @@ class Engine {
     if (plan_.rules.params_whole()) return params_.data() + layout_.units()[id.index].full_offset;
     if (whole_.size() != 0) return whole_.data() + layout_.units()[id.index].full_offset;  // hold_whole(): local
     const param_type* unit = gatherer_.acquire(id.index, reducer_.in_backward());
+    if (replicas_.enabled()) record_replica(id.index, unit);
     own_.write_values(layout_, id.index, unit);
     return unit;
   }
@@ -390,6 +392,11 @@ class Engine {
   // step(): inf or NaN gradients without loss scaling; blames the last update
   // when the parameters are already non-finite (engine_step.hpp).
   [[noreturn]] void blame_non_finite(const NonFiniteGradients& gradients_error);
+  // Options::check_replicas: unit u's copy (its padded elements at `values`)
+  // fingerprinted; at the step, ranks whose fingerprints differ named
+  // (engine_step.hpp).
+  void record_replica(std::size_t unit, const param_type* values);
+  [[noreturn]] void blame_replicas();
   // Your own memory: the unit's gradient into the reducer's buffer for it
   // (added where that sums micro-batches in place).
   void take_own_grads(std::size_t unit);
@@ -457,6 +464,8 @@ class Engine {
   ParamGatherer<Ops, param_type> gatherer_;         // stage 3: where gathered units live
   UpdatePipeline<Precision, Optimizer, Backend> update_;  // the tier's store, host staging, delayed update
   OwnMemory<Ops, param_type, grad_type, !Backend::device> own_;  // parameters in your memory (use_memory)
+  ReplicaFingerprints replicas_;                    // Options::check_replicas: this rank's copies since the last step
+  std::vector<param_type> replica_host_;            // ... a unit's copy brought to the host, where it is not there
 
   int micro_ = 0;  // micro-batch index within the accumulation window
   std::int64_t steps_ = 0;

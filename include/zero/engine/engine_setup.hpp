@@ -155,6 +155,7 @@ void Engine<P, O, B>::finalize() {
                          comm_->node());
   }
   control_.bind(sizes.control, comm_);
+  replicas_.bind(layout_.units().size(), options_.check_replicas);
   require(!options_.release_memory_pages || !B::device,
           "Options::release_memory_pages hands the pages of your host arrays back to the operating system; with "
           "backend ", B::name, " your memory is the device's: clear the option");

@@ -72,15 +72,19 @@ StepResult Engine<P, O, B>::step() {
   }
   // One control all-reduce decides: the global norm, overflow (fp16 skips),
   // the ranks' hyper-parameters agreeing (errors on every rank otherwise).
+  const double replica = replicas_.value();
   const auto decision = [&] {
     try {
       return control_.decide(stats.sum_squares,
                              step_report<O>(invalid_hyper.empty() ? &scalars : nullptr, non_finite), invalid_hyper,
-                             {steps_ + 1, rules.norm_needs_all_reduce(), rules.states_sharded, &options_});
+                             {steps_ + 1, rules.norm_needs_all_reduce(), rules.states_sharded, &options_,
+                              replicas_.enabled() ? &replica : nullptr});
     } catch (const NonFiniteGradients& e) {
       blame_non_finite(e);
     }
   }();
+  if (decision.replicas_differ) blame_replicas();
+  replicas_.reset();
   if (decision.skip) {
     result.skipped_overflow = true;
     return result;
@@ -168,6 +172,65 @@ void Engine<P, O, B>::publish_params() {
     });
   }
   write_own_values();  // stages 0-2: your memory gets the new values
+  // Stages 0-2: every rank now holds the same parameters, checked at the next step.
+  if (replicas_.enabled() && !plan_.rules.params_sharded)
+    for (std::size_t unit = 0; unit < layout_.units().size(); ++unit)
+      record_replica(unit, params_.data() + layout_.units()[unit].full_offset);
+}
+
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::record_replica(std::size_t unit, const param_type* values) {
+  const std::size_t n = layout_.units()[unit].padded;
+  const param_type* host = values;
+  if constexpr (!std::is_same_v<B, backend::Host>) {  // device memory: brought to the host first
+    replica_host_.resize(n);
+    Ops::download(replica_host_.data(), values, n);
+    host = replica_host_.data();
+  }
+  replicas_.record(unit, host, n * sizeof(param_type));
+}
+
+// Options::check_replicas: the step's control all-reduce found a rank whose
+// copies' fingerprint differs from rank 0's (every rank knows it). One
+// control exchange of each unit's last fingerprint names the unit, and the
+// ranks that differ from the most ranks (with two, both are named).
+template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
+void Engine<P, O, B>::blame_replicas() {
+  const std::size_t k = layout_.units().size();
+  const std::vector<std::uint64_t> all = all_gather_control(replicas_.units());
+  const int n = ranks();
+  for (std::size_t unit = 0; unit < k; ++unit) {
+    auto of = [&](int r) { return all[static_cast<std::size_t>(r) * k + unit]; };
+    // The fingerprint most ranks hold (rank 0's on a tie).
+    int most = 0, most_count = 0;
+    for (int r = 0; r < n; ++r) {
+      int count = 0;
+      for (int s = 0; s < n; ++s) count += of(s) == of(r) ? 1 : 0;
+      if (count > most_count) {
+        most = r;
+        most_count = count;
+      }
+    }
+    if (most_count == n) continue;
+    std::string differ;
+    for (int r = 0; r < n; ++r)
+      if (of(r) != of(most)) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    const std::string who =
+        most_count * 2 > n
+            ? concat("on rank(s) ", differ, " differs from the bytes the other ", most_count, " ranks hold")
+            : concat("differs between the ranks (rank(s) ", differ, " against rank ", most,
+                     "; no majority, so which is wrong cannot be told)");
+    throw CommError(concat(
+        "step() on rank ", rank(), ", step ", steps_ + 1, ": Options::check_replicas: the ",
+        plan_.rules.params_sharded ? "gathered copy (acquire_unit)" : "parameters after the last update",
+        " of unit '", layout_.units()[unit].name, "' ", who, "; the ranks computed or received them the same way, so a bit changed where it should not have (memory, a "
+        "core, or the link: silent data corruption). Nothing was updated; check those ranks' machines, and resume "
+        "from the last checkpoint"));
+  }
+  throw CommError(concat("step() on rank ", rank(), ", step ", steps_ + 1, ": Options::check_replicas: the ranks' "
+                         "fingerprints of their copies differ, but no unit's last copy does (a unit gathered twice "
+                         "differed the first time); nothing was updated; check the machines, and resume from the "
+                         "last checkpoint"));
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

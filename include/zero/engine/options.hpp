@@ -264,6 +264,14 @@ struct Options {
   bool delayed_update = false;
   int delayed_update_warmup = 10;
   NvmeOptions nvme{};
+  // Each step compares a fingerprint of every rank's copy of the parameters
+  // (stages 0-2: after the update; stage 3: each unit as acquire_unit()
+  // gathered it) and names a rank whose bytes differ, with the unit, before
+  // anything is updated: silent data corruption (a bit flipped in memory, a
+  // core or a link) found at the next step instead of weeks later as a slow
+  // divergence. One double per rank more in the step's control all-reduce,
+  // and a pass over what is fingerprinted (engine/replica_check.hpp).
+  bool check_replicas = false;
 
   // (zero::Config compares whole configurations.)
   bool operator==(const Options&) const = default;

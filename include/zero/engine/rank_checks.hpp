@@ -99,6 +99,7 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::seed", options.seed, number},
       {"Options::delayed_update", options.delayed_update ? 1u : 0u, flag},
       {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options.delayed_update_warmup), number},
+      {"Options::check_replicas", options.check_replicas ? 1u : 0u, flag},
   };
 }
 

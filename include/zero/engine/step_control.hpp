@@ -48,8 +48,8 @@ class StepControl {
   StepControl() = default;
   StepControl(const LossScaleOptions& loss_scale, bool loss_scaling) : scaler_(loss_scale, loss_scaling) {}
 
-  // At finalize(): the buffers for the control values (1 + ranks,
-  // BufferSizes::control).
+  // At finalize(): the buffers for the control values (1 + ranks, and ranks
+  // more with Options::check_replicas: BufferSizes::control).
   void bind(std::size_t values, CommChannel<Ops>& channel) {
     control_ = typename Ops::template Buffer<double>(values);
     control_host_ = typename ControlHostBuffer<Ops>::type(values);
@@ -65,11 +65,15 @@ class StepControl {
     bool norm_needs_all_reduce;  // stages 1-3: sum_squares is this rank's share
     bool states_sharded;         // each rank checks only the gradient it owns
     const Options* options;      // clip_norm, gradient_divisor, grad_accumulation_steps
+    // Options::check_replicas: this rank's ReplicaFingerprints::value(), which
+    // rides the all-reduce (one slot per rank after the reports); else nullptr.
+    const double* replica = nullptr;
   };
   struct Decision {
     bool skip = false;       // fp16 overflow: nothing is updated, every rank skips
     double grad_norm = 0.0;  // global L2 norm of the unscaled, averaged gradient (before clipping)
     float grad_scale = 1.0f; // what the update multiplies each gradient by: clip / (loss scale x divisor)
+    bool replicas_differ = false;  // Options::check_replicas: a rank's fingerprint differs from rank 0's
   };
 
   // Collective. `sum_squares`: of the gradient this rank checked; `report`:
@@ -87,6 +91,8 @@ class StepControl {
     std::fill(control, control + control_size, 0.0);
     if (ctx.norm_needs_all_reduce) control[0] = sum_squares;
     control[1 + static_cast<std::size_t>(rank)] = static_cast<double>(report);
+    const double* replicas = control + 1 + static_cast<std::size_t>(ranks);
+    if (ctx.replica != nullptr) control[1 + static_cast<std::size_t>(ranks + rank)] = *ctx.replica;
     // Up from page-locked memory without a host wait where the backend can
     // (the gradient statistics were the step's one wait before the
     // all-reduce); the all-reduce's lane starts after the copy, and the
@@ -107,6 +113,8 @@ class StepControl {
     check_step_reports(reports, invalid_hyper, overflow);
 
     Decision d;
+    if (ctx.replica != nullptr)
+      for (int r = 1; r < ranks; ++r) d.replicas_differ = d.replicas_differ || replicas[r] != replicas[0];
     const double scale = scaler_.scale();
     if (scaler_.update(overflow)) {
       d.skip = true;
@@ -133,6 +141,7 @@ class StepControl {
     host[0] = value;
     Ops::upload(control_.data(), host, 1);
     comm.communicate([&] {
+      const auto purpose = comm.exchange("all-reduces a value over the ranks (mean_over_ranks)");
       comm->all_reduce(control_.data(), 1, DType::f64, comm::ReduceOp::sum, true);
       Ops::download(host, control_.data(), 1);
     });

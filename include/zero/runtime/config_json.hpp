@@ -96,6 +96,7 @@ void config_keys(C& c, Visit& v) {
   v.field("pinned_piece_bytes", o.pinned_piece_bytes);
   v.field("delayed_update", o.delayed_update);
   v.field("delayed_update_warmup", o.delayed_update_warmup);
+  v.field("check_replicas", o.check_replicas);
 }
 
 // The names each enum a file spells as a string accepts.
