@@ -1,6 +1,7 @@
 // Bad input gets a clear error naming the problem and the fix; a rank that
 // disagrees or fails never leaves the others hanging.
 #include <algorithm>
+#include <initializer_list>
 
 #include "engine_harness.hpp"
 #include "rank_divergence.hpp"
@@ -331,6 +332,21 @@ TEST_CASE("Ranks that take different paths get an error naming each rank's excha
   }
 }
 
+namespace {
+// One step of loss |w|^2 / 2 (gradient w) over `units`, backward in the
+// order given, each unit's parameters `numel` elements.
+template <class Opt>
+void half_square_step(Opt& opt, std::initializer_list<zero::UnitId> units, std::size_t numel) {
+  for (const zero::UnitId u : units) {
+    const float* w = opt.acquire_unit(u);
+    std::copy_n(w, numel, opt.grad_buffer(u));
+    opt.grad_ready(u);
+    opt.release_unit(u);
+  }
+  opt.step();
+}
+}  // namespace
+
 TEST_CASE("An update that makes the parameters non-finite is the error, not the gradients a forward on them makes",
           "[engine][errors]") {
   // loss = |w|^2 / 2 (gradient w) with SGD at lr 1e30: step 1 moves w to
@@ -351,14 +367,7 @@ TEST_CASE("An update that makes the parameters non-finite is the error, not the 
       const std::vector<float> ones(64, 1.0f);
       opt.set_param(zero::ParamId{0}, ones.data());
       try {
-        for (int step = 0; step < 4; ++step) {
-          const float* w = opt.acquire_unit(u);
-          float* g = opt.grad_buffer(u);
-          std::copy_n(w, 64, g);
-          opt.grad_ready(u);
-          opt.release_unit(u);
-          opt.step();
-        }
+        for (int step = 0; step < 4; ++step) half_square_step(opt, {u}, 64);
       } catch (const zero::InvalidArgument& e) {
         messages[static_cast<std::size_t>(c.rank())] = e.what();
       }
@@ -423,16 +432,7 @@ std::vector<std::string> train_with_a_flipped_bit(bool check) {
     opt.add_param(units[1], "b.w", 96);
     opt.finalize();
     try {
-      for (int step = 0; step < 3; ++step) {
-        for (const zero::UnitId u : {units[1], units[0]}) {
-          const float* w = opt.acquire_unit(u);
-          float* g = opt.grad_buffer(u);
-          std::copy_n(w, 96, g);
-          opt.grad_ready(u);
-          opt.release_unit(u);
-        }
-        opt.step();
-      }
+      for (int step = 0; step < 3; ++step) half_square_step(opt, {units[1], units[0]}, 96);
     } catch (const zero::CommError& e) {
       messages[static_cast<std::size_t>(c.rank())] = e.what();
     }
