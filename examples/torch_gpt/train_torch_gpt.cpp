@@ -53,6 +53,7 @@ void add_options(CLI::App& app, Args& a) {
   // The module's tensors take the precision's storage type (bf16/fp16: the
   // optimizer keeps the fp32 master weights).
   a.config.precision = zero::PrecisionChoice::fp32;
+  a.config.optimizer = "adamw";  // (zero::Config's default; --optimizer sgd trains as torch::optim::SGD)
   a.config.stage = 3;
   a.config.hyper["weight_decay"] = 0.1;
   zero::examples::add_config_options(app, a.config,
@@ -166,6 +167,10 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::T
   config.options.grad_writes = zero::GradWrites::accumulate;  // autograd adds into .grad
   auto opt = zero::make_optimizer<zero::backend::Host>(comm, config);
   zero::integrations::TorchModule zt(*opt, *model);
+  // The model was made before the adapter, so its forward takes the call
+  // that runs each unit (torch_gpt.hpp; the identity by default): here the
+  // adapter's, which at stage 3 gathers the unit around it (the pattern of
+  // docs/tutorial.md, "LibTorch").
   const torch_gpt::UnitCall call = [&zt](const std::string& unit, torch::Tensor x, const torch_gpt::UnitFn& f,
                                          bool reads) { return zt.run(unit, std::move(x), f, reads); };
   if (rank == 0) {

@@ -15,22 +15,39 @@
 //   - two accumulated micro-batches train as one of both (stages 0, 3);
 //   - a frozen parameter stays the module's and unchanged, the rest trains
 //     as torch::optim::AdamW trains it (stage 3);
+//   - the tutorial's pattern (a model whose forward takes the adapter's
+//     call, made before the adapter) with SGD and momentum at stage 3, one
+//     rank: torch::optim::SGD's parameters (bit for bit with --bitwise);
 //   - misuse: a 16-bit precision, the overwrite gradient contract, a .grad
 //     replaced (zero_grad), a stage-3 forward outside run(): each refused
-//     with its fix.
+//     with its fix;
+//   - the module changing under the adapter, each refused with its fix
+//     before the optimizer touches memory the module may have freed:
+//     zero_grad(true) before a backward through zt.run (which used to read
+//     and zero the freed .grad: heap-use-after-free under AddressSanitizer),
+//     a parameter's storage replaced (set_data, as torch::load does; at
+//     stage 3 the gather wrote into the freed storage), a second step()
+//     without a backward, a parameter registered or unfrozen after the
+//     adapter was made; LibTorch 1.13's zero_grad() (in place) still
+//     accepted.
 // A plain program (LibTorch's headers need g++ in C++20: tests/integrations/
-// meson.build); exit 1 on the first failed check.
+// meson.build; under -Dtest_sanitizers with address, g++'s AddressSanitizer);
+// exit 1 on the first failed check.
 // First: the adapter's header stands alone.
 #include "zero/integrations/torch.hpp"
 
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "torch_gpt/torch_gpt.hpp"
@@ -174,6 +191,8 @@ Run train(int ranks, int stage, int steps, bool release_pages = false,
 }
 
 void compare_with_torch(Gpt& ours, Gpt& theirs, bool bitwise, const char* what);
+void compare_parameters(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& t, bool bitwise,
+                        double tolerance, const char* what, const char* theirs);
 
 // torch::optim::AdamW on `theirs`, `steps` steps of the whole batch, on a
 // thread of its own with one intra-op thread (the summation order of ours).
@@ -211,7 +230,17 @@ void one_rank_against_torch_adamw(bool bitwise) {
 
 // Parameters of `ours` (trained here) against `theirs` (torch::optim::AdamW).
 void compare_with_torch(Gpt& ours, Gpt& theirs, bool bitwise, const char* what) {
-  const auto a = ours->parameters(), t = theirs->parameters();
+  // With its AVX2/AVX-512 kernels LibTorch updates the moments with fused
+  // multiply-adds (m*beta1 + g*(1-beta1) rounded once): an ulp apart from
+  // the second step on, which Adam's normalisation amplifies where v is
+  // near zero. Within a hundredth of one step's size.
+  compare_parameters(ours->parameters(), theirs->parameters(), bitwise, 0.01 * kLr, what, "torch::optim::AdamW");
+}
+
+// Parameters `a` (trained here) against `t` (trained by LibTorch's `theirs`):
+// equal bit for bit where `bitwise`, else within `tolerance`.
+void compare_parameters(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& t, bool bitwise,
+                        double tolerance, const char* what, const char* theirs) {
   EXPECT(a.size() == t.size(), "parameter lists differ");
   std::int64_t elements = 0, equal = 0;
   double worst = 0, worst_relative = 0;
@@ -226,21 +255,16 @@ void compare_with_torch(Gpt& ours, Gpt& theirs, bool bitwise, const char* what) 
       worst_relative = std::max(worst_relative, d / std::max(1e-3, std::abs(static_cast<double>(y[e]))));
     }
   }
-  std::printf("%s: %lld of %lld parameters bit for bit equal to torch::optim::AdamW's; largest difference %.3g "
-              "(relative %.3g)\n",
-              what, static_cast<long long>(equal), static_cast<long long>(elements), worst, worst_relative);
+  std::printf("%s: %lld of %lld parameters bit for bit equal to %s's; largest difference %.3g (relative %.3g)\n",
+              what, static_cast<long long>(equal), static_cast<long long>(elements), theirs, worst, worst_relative);
   if (bitwise) {
     // LibTorch's kernels without fused multiply-adds (ATEN_CPU_CAPABILITY=
-    // default): its AdamW's arithmetic is the library's, operation for
+    // default): its optimizer's arithmetic is the library's, operation for
     // operation, and so are the gradients (the same autograd).
-    EXPECT(equal == elements, "%lld of %lld parameters differ", static_cast<long long>(elements - equal),
+    EXPECT(equal == elements, "%s: %lld of %lld parameters differ", what, static_cast<long long>(elements - equal),
            static_cast<long long>(elements));
   } else {
-    // With its AVX2/AVX-512 kernels LibTorch updates the moments with fused
-    // multiply-adds (m*beta1 + g*(1-beta1) rounded once): an ulp apart from
-    // the second step on, which Adam's normalisation amplifies where v is
-    // near zero. Within a hundredth of one step's size.
-    EXPECT(worst <= 0.01 * kLr, "largest difference %.3g (relative %.3g)", worst, worst_relative);
+    EXPECT(worst <= tolerance, "%s: largest difference %.3g (relative %.3g)", what, worst, worst_relative);
   }
 }
 
@@ -427,6 +451,78 @@ void typed_optimizer_as_handle() {
            handle.losses[k]);
 }
 
+// The tutorial's pattern ("LibTorch"): the model is made before the
+// adapter, so its forward takes the call that runs each unit (the identity
+// by default: plain LibTorch), and the program passes the adapter's.
+using NetFn = std::function<torch::Tensor(torch::Tensor)>;
+using NetCall = std::function<torch::Tensor(const std::string& unit, torch::Tensor x, const NetFn& f)>;
+torch::Tensor plain_net_call(const std::string&, torch::Tensor x, const NetFn& f) { return f(std::move(x)); }
+
+struct NetImpl : torch::nn::Module {
+  torch::nn::Linear fc1{register_module("fc1", torch::nn::Linear(16, 32))};
+  torch::nn::Linear fc2{register_module("fc2", torch::nn::Linear(32, 4))};
+  torch::Tensor forward(torch::Tensor x, const NetCall& call = plain_net_call) {
+    x = call("fc1", x, [&](torch::Tensor h) { return torch::relu(fc1(h)); });
+    return call("fc2", x, [&](torch::Tensor h) { return torch::log_softmax(fc2(h), 1); });
+  }
+};
+TORCH_MODULE(Net);
+
+// Batch k for the Net: 8 inputs of 16 features, each in one of 4 classes.
+std::pair<torch::Tensor, torch::Tensor> net_batch(int k) {
+  torch::Generator gen = at::detail::createCPUGenerator(2000 + static_cast<std::uint64_t>(k));
+  return {torch::randn({8, 16}, gen), torch::randint(4, {8}, gen, torch::kLong)};
+}
+
+// The tutorial's pattern at stage 3, one rank, with SGD and momentum (the
+// optimizer type stated: the Config's default is AdamW) against
+// torch::optim::SGD on the same model and data: bit for bit with --bitwise
+// (ATEN_CPU_CAPABILITY=default); with LibTorch's AVX2/AVX-512 kernels its
+// add(x, alpha) is a fused multiply-add (the weight decay, the update), one
+// rounding fewer.
+void tutorial_pattern_sgd(bool bitwise) {
+  constexpr int steps = 10;
+  constexpr double lr = 0.01, momentum = 0.9, weight_decay = 1e-4;
+  torch::manual_seed(3);
+  Net ours;
+  torch::manual_seed(3);
+  Net theirs;
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& comm) {
+    at::set_num_threads(1);
+    zero::Config config;
+    config.precision = zero::PrecisionChoice::fp32;
+    config.optimizer = "sgd";
+    config.hyper = {{"lr", lr}, {"momentum", momentum}, {"weight_decay", weight_decay}};
+    config.stage = 3;
+    config.options.grad_writes = zero::GradWrites::accumulate;
+    auto opt = zero::make_optimizer<zero::backend::Host>(comm, config);
+    Adapter zt(*opt, *ours);
+    const NetCall call = [&zt](const std::string& unit, torch::Tensor x, const NetFn& f) {
+      return zt.run(unit, std::move(x), f);
+    };
+    for (int k = 0; k < steps; ++k) {
+      const auto [x, y] = net_batch(k);
+      torch::nll_loss(ours->forward(x, call), y).backward();
+      zt.step();
+    }
+    const zero::HeldWhole whole = zt.hold_whole();  // stage 3: the values stay in the module's tensors
+  });
+  std::thread([&] {
+    at::set_num_threads(1);
+    torch::optim::SGD sgd(theirs->parameters(),
+                          torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
+    for (int k = 0; k < steps; ++k) {
+      const auto [x, y] = net_batch(k);
+      sgd.zero_grad();
+      torch::nll_loss(theirs->forward(x), y).backward();
+      sgd.step();
+    }
+  }).join();
+  compare_parameters(ours->parameters(), theirs->parameters(), bitwise, 1e-3 * lr,
+                     "the tutorial's pattern, one rank, stage 3, 10 SGD steps (momentum 0.9)", "torch::optim::SGD");
+}
+
 // `fn` throws a zero::Error whose message holds `words`.
 template <class Fn>
 void refused(const char* what, Fn&& fn, const char* words) {
@@ -435,6 +531,8 @@ void refused(const char* what, Fn&& fn, const char* words) {
     EXPECT(false, "%s: not refused", what);
   } catch (const zero::Error& e) {
     EXPECT(std::strstr(e.what(), words) != nullptr, "%s: message '%s' lacks '%s'", what, e.what(), words);
+  } catch (const std::exception& e) {
+    EXPECT(false, "%s: refused by another exception than zero::Error: '%s'", what, e.what());
   }
 }
 
@@ -480,6 +578,104 @@ void misuse_refused() {
   });
 }
 
+// The module changed under the adapter: each refused, naming the parameter
+// and the fix, before the optimizer reads or writes memory the module may
+// have freed (the adapter holds that memory meanwhile).
+void module_changes_refused() {
+  zero::comm::LocalGroup group(1);
+  group.run([&](zero::comm::Local& comm) {
+    at::set_num_threads(1);
+    const Batch b = batch_of(0);
+    for (int stage : {0, 3}) {
+      // zero_grad(true) (LibTorch 2.x's zero_grad()) sets each .grad to
+      // none, freeing the tensor the optimizer reads; backward then makes a
+      // new one. The backward through zt.run used to take (read and zero)
+      // the freed memory as it left each unit, before step() looked: a
+      // crash, or a heap-use-after-free under AddressSanitizer.
+      refused(("zero_grad(true), stage " + std::to_string(stage)).c_str(), [&] {
+        auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage));
+        Gpt m = make_model();
+        Adapter zt(*opt, *m);
+        m->zero_grad(/*set_to_none=*/true);
+        m->loss(b.idx, b.targets, unit_call(zt)).backward();
+        zt.step();
+      }, "it was set to none (model->zero_grad(true)");
+      // A parameter's storage replaced (set_data; torch::load set_()s each
+      // tensor): at stages 0-2 the module computed with values the
+      // optimizer never updated, without a word; at stage 3 the gather
+      // wrote into the freed storage.
+      refused(("storage replaced, stage " + std::to_string(stage)).c_str(), [&] {
+        auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage));
+        Gpt m = make_model();
+        Adapter zt(*opt, *m);
+        {
+          torch::NoGradGuard no_grad;
+          m->ln_f->weight.set_data(m->ln_f->weight.detach().clone());
+        }
+        m->loss(b.idx, b.targets, unit_call(zt)).backward();
+        zt.step();
+      }, "parameter 'ln_f.weight' no longer has the memory the optimizer");
+    }
+    // What stays accepted: LibTorch 1.13's zero_grad() (set_to_none false)
+    // zeroes each .grad in place, keeping the tensor; before the forward
+    // it changes nothing.
+    for (int stage : {0, 3}) {
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage));
+      Gpt m = make_model();
+      Adapter zt(*opt, *m);
+      try {
+        for (int k = 0; k < 2; ++k) {
+          m->zero_grad();
+          m->loss(b.idx, b.targets, unit_call(zt)).backward();
+          zt.step();
+        }
+      } catch (const std::exception& e) {
+        EXPECT(false, "zero_grad() before each forward, stage %d: refused: %s", stage, e.what());
+      }
+    }
+    // A second step() in one micro-batch (and a step() before any
+    // backward): stages 0-2 stepped again on zero gradients (momentum and
+    // Adam's moments still moving the parameters); stage 3 refused it with
+    // another mistake's message.
+    for (int stage = 0; stage <= 3; ++stage) {
+      refused(("second step, stage " + std::to_string(stage)).c_str(), [&] {
+        auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(stage));
+        Gpt m = make_model();
+        Adapter zt(*opt, *m);
+        m->loss(b.idx, b.targets, unit_call(zt)).backward();
+        zt.step();
+        zt.step();
+      }, "no parameter's .grad was added into since the last step");
+    }
+    refused("step before any backward", [&] {
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(0));
+      Gpt m = make_model();
+      Adapter zt(*opt, *m);
+      zt.step();
+    }, "no parameter's .grad was added into since the last step");
+    // A parameter registered after the adapter was made, or one frozen
+    // then and unfrozen since: the optimizer does not hold it, and it was
+    // never trained, without a word.
+    refused("a parameter registered after the adapter", [&] {
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(0));
+      Gpt m = make_model();
+      Adapter zt(*opt, *m);
+      m->ln_f->register_parameter("late", torch::zeros({kShape.width}));
+      m->loss(b.idx, b.targets, unit_call(zt)).backward();
+      zt.step();
+    }, "parameter 'ln_f.late' was registered on the module after the adapter was made");
+    refused("a parameter unfrozen after the adapter", [&] {
+      auto opt = zero::make_optimizer<zero::backend::Host>(comm, config_of(3));
+      Gpt m = make_model();
+      m->wpe->weight.set_requires_grad(false);
+      Adapter zt(*opt, *m);
+      m->wpe->weight.set_requires_grad(true);
+      m->loss(b.idx, b.targets, unit_call(zt)).backward();
+      zt.step();
+    }, "parameter 'wpe.weight' was frozen (requires_grad false) when the adapter was made");
+  });
+}
+
 }  // namespace
 
 // --bitwise: run with ATEN_CPU_CAPABILITY=default; the parameters must
@@ -494,7 +690,9 @@ int main(int argc, char** argv) {
   frozen_parameters(bitwise);
   accumulation();
   bf16_module();
+  tutorial_pattern_sgd(bitwise);
   misuse_refused();
+  module_changes_refused();
   if (failures != 0) {
     std::printf("%d checks failed\n", failures);
     return 1;

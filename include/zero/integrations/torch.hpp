@@ -25,6 +25,14 @@
 //   - gradients: each .grad, allocated here as zeros, is where autograd adds
 //     and where the optimizer takes the gradient (use_memory; zeroing it
 //     after);
+//   - it holds a reference to every tensor whose memory the optimizer reads
+//     or writes (each .grad; at stage 3 each parameter's storage), so
+//     nothing the module does (zero_grad(true), set_data, torch::load) frees
+//     memory the optimizer still points at, and checks before each use that
+//     the module still reads and writes there: a .grad set to none, a
+//     parameter's storage replaced, a parameter registered after the adapter
+//     was made, and a step without new gradients are each refused with the
+//     fix in the message;
 //   - at stage 3, run(u, x, f) gathers unit u before f (the unit's forward),
 //     releases it after, gathers it again when backward reaches the unit's
 //     output (an autograd function at each end of the unit, as FSDP's
@@ -38,14 +46,16 @@
 // and at stage 3 a copy into the tensors at each gather: a tensor holds its
 // values only while its unit is gathered, and with
 // Options::release_memory_pages its pages (and those of a taken gradient) go
-// back to the operating system.
+// back to the operating system. step() walks the module's parameter list
+// (about 0.4 us per parameter).
 //
 // Precision: the module's tensors have the optimizer's storage type: fp32,
 // or bf16/fp16 with the fp32 master weights in the optimizer (fp16: scale
-// the loss by loss_scale() before backward). Limits: CPU tensors with
-// backend::Host; contiguous parameters; the gradient mode
-// GradWrites::accumulate (what autograd does). Each is checked, with the
-// fix in the message.
+// the loss by loss_scale() before backward). Limits, each checked with the
+// fix in the message: CPU tensors with backend::Host; contiguous
+// parameters; the gradient mode GradWrites::accumulate (what autograd does);
+// every parameter registered (and unfrozen) before the adapter is made. The
+// module must outlive the adapter (step() reads its parameter list).
 #pragma once
 
 #include "zero/config.hpp"
@@ -57,6 +67,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -143,14 +154,15 @@ struct UnitOutput : torch::autograd::Function<UnitOutput> {
 // Fits a torch::nn::Module to `Optimizer` (zero::AnyOptimizer from
 // make_optimizer, or a ZeroOptimizer). Construct
 // it on every rank, over a replica of the model with the same initial values
-// on every rank (the optimizer keeps the ranks' values equal from there).
+// on every rank (the optimizer keeps the ranks' values equal from there),
+// after every parameter is registered; the module must outlive it.
 // Collective: the constructor (it finalizes the optimizer), step(), and at
 // stage 3 run() and the backward through it.
 template <class Optimizer>
 class TorchModule final : private detail::TorchUnitEvents {
  public:
   TorchModule(Optimizer& opt, torch::nn::Module& module, TorchModuleOptions options = {})
-      : opt_(opt), stage_(opt.plan().rules.stage) {
+      : opt_(opt), module_(module), stage_(opt.plan().rules.stage) {
     check_optimizer();
     register_units(module, options);
     opt_.finalize();
@@ -223,8 +235,11 @@ class TorchModule final : private detail::TorchUnitEvents {
   }
 
   // The optimizer's step for this micro-batch: units still gathered are
-  // released, the gradients are checked to still be the tensors the
-  // optimizer reads, and every gradient not yet final becomes final.
+  // released; the module is checked to still have the parameters the
+  // adapter registered, each reading the memory the optimizer writes and
+  // each .grad the tensor the optimizer reads, and some .grad to have been
+  // added into since the last step; every gradient not yet final becomes
+  // final.
   StepResult step() {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       while (held_[u] > 0) {
@@ -233,10 +248,16 @@ class TorchModule final : private detail::TorchUnitEvents {
       }
       uses_[u] = 0;
     }
-    check_grads();
+    check_module_params();
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      check_values(u);
+      check_grads(u);
+    }
+    check_new_grads();
     require(stage_ != 3 || entered_, "TorchModule: at stage 3 every unit's forward must run "
             "inside run(unit, x, f), which gathers its parameters; no unit was entered this micro-batch");
     entered_ = false;
+    note_grad_versions();
     return opt_.step();
   }
 
@@ -248,8 +269,21 @@ class TorchModule final : private detail::TorchUnitEvents {
   struct Param {
     ParamId id;
     std::string name;
-    torch::Tensor tensor;
-    void* grad_data = nullptr;
+    torch::Tensor tensor;  // the module's parameter (this TensorImpl: set_data keeps it the module's)
+    // Where the optimizer reads the gradient: the .grad allocated at
+    // registration, held here so that nothing the module does frees it
+    // while the optimizer points at it (zero_grad(true) drops the module's
+    // reference only); the module's .grad must stay this tensor's memory.
+    torch::Tensor grad;
+    // Where the module must read the values: at stage 3 an alias of the
+    // tensor's storage at registration (held, as grad: the optimizer writes
+    // each gather there), at stages 0-2 the view of the optimizer's own
+    // parameters the tensor was pointed at.
+    torch::Tensor values;
+    // grad's version counter at the last step (autograd's += into a .grad
+    // bumps it; the optimizer's zeroing does not): unchanged everywhere
+    // means no backward since.
+    std::int64_t grad_version = 0;
   };
 
   // The module's tensors are the optimizer's parameters and gradients, so
@@ -297,6 +331,7 @@ class TorchModule final : private detail::TorchUnitEvents {
       for (const auto& p : params) {
         const std::string name = path.empty() ? p.key() : path + "." + p.key();
         if (!owner.emplace(p.value().unsafeGetTensorImpl(), name).second) continue;  // tied: registered before
+        known_.emplace(p.value().unsafeGetTensorImpl(), p.value().requires_grad());  // (step() checks the module)
         // A frozen parameter (requires_grad false, as fine-tuning leaves
         // it) stays the module's own, whole on every rank, never updated:
         // what a torch optimizer does with a parameter that gets no .grad.
@@ -338,17 +373,21 @@ class TorchModule final : private detail::TorchUnitEvents {
     // Autograd adds into a defined .grad in place (AccumulateGrad without
     // create_graph), so this tensor stays where the optimizer reads.
     tensor.mutable_grad() = torch::zeros_like(tensor);
-    Param p{id, name, tensor, tensor.grad().data_ptr()};
+    Param p{id, name, tensor, tensor.grad(), torch::Tensor(), tensor.grad()._version()};
     // Stage 3 writes a unit's values into the tensor at each gather; at
     // stages 0-2 the tensor becomes a view of the optimizer's own parameters
     // after finalize() (view_resident_params), which need no copy.
-    void* values = stage_ == 3 ? tensor.data_ptr() : nullptr;
+    if (stage_ == 3) p.values = tensor.detach();  // shares (and holds) the storage
+    void* values = stage_ == 3 ? p.values.data_ptr() : nullptr;
+    void* grads = p.grad.data_ptr();
     if constexpr (requires { opt_.param_dtype(); }) {
-      opt_.use_memory(id, values, p.grad_data);  // AnyOptimizer: untyped
+      opt_.use_memory(id, values, grads);  // AnyOptimizer: untyped
     } else {
       opt_.use_memory(id, static_cast<typename Optimizer::param_type*>(values),
-                      static_cast<typename Optimizer::grad_type*>(p.grad_data));
+                      static_cast<typename Optimizer::grad_type*>(grads));
     }
+    unit_params_.resize(units_.size());
+    unit_params_[u.index].push_back(params_.size());
     params_.push_back(std::move(p));
   }
 
@@ -364,29 +403,91 @@ class TorchModule final : private detail::TorchUnitEvents {
       const auto* base = static_cast<const std::byte*>(static_cast<const void*>(opt_.acquire_unit(u)));  // resident
       opt_.release_unit(u);
       auto* slice = const_cast<std::byte*>(base + info.offset * p.tensor.element_size());
-      p.tensor.set_data(torch::from_blob(slice, p.tensor.sizes().vec(), p.tensor.options()));
+      p.values = torch::from_blob(slice, p.tensor.sizes().vec(), p.tensor.options());
+      p.tensor.set_data(p.values);
     }
   }
   // Stages 0-2: the tensors are views of the optimizer's parameters.
   bool views() const { return stage_ < 3; }
 
-  void check_grads() const {
-    for (const Param& p : params_) {
-      const torch::Tensor& g = p.tensor.grad();
-      require(g.defined() && g.data_ptr() == p.grad_data, "TorchModule: the .grad of parameter '", p.name,
-              "' is no longer the tensor the optimizer reads (zero_grad(), or .grad assigned); the optimizer "
-              "zeroes the gradients itself: call neither");
+  // Unit u's parameters still read the memory the optimizer writes: after
+  // set_data, torch::load (which set_()s each tensor) or module->to(), the
+  // module would read values the optimizer never updates (stages 0-2) or
+  // never gathers into (stage 3). Before each gather, and at step().
+  void check_values(std::size_t u) const {
+    for (const std::size_t i : unit_params_[u]) {
+      const Param& p = params_[i];
+      require(p.tensor.data_ptr() == p.values.data_ptr(), "TorchModule: parameter '", p.name, "' no longer "
+              "has the memory the optimizer ", views() ? "updates" : "gathers its values into", " (its data was "
+              "replaced after the adapter was made: set_data, set_, torch::load or module->to()), so the module "
+              "would compute with values the optimizer never sets: load or convert the module before "
+              "constructing the adapter, and after it set values through the optimizer (set_param, or load a "
+              "checkpoint)");
     }
   }
 
-  // Forward: gather (a collective at stage 3; nothing at 0-2).
+  // Unit u's .grads are still the tensors the optimizer reads, checked
+  // before it takes them (grad_ready, step): a .grad set to none
+  // (zero_grad(true)) and made again by backward holds this micro-batch's
+  // gradient where the optimizer does not read.
+  void check_grads(std::size_t u) const {
+    for (const std::size_t i : unit_params_[u]) {
+      const Param& p = params_[i];
+      const torch::Tensor& g = p.tensor.grad();
+      require(g.defined() && g.data_ptr() == p.grad.data_ptr(), "TorchModule: the .grad of parameter '", p.name,
+              "' is no longer the tensor the optimizer reads: it was set to none (model->zero_grad(true); in "
+              "LibTorch 2.x zero_grad() does that by default) or assigned, so backward put the gradient "
+              "elsewhere; the optimizer zeroes each .grad itself after taking it: call no zero_grad() and "
+              "assign no .grad");
+    }
+  }
+
+  // Some .grad was added into since the last step (each micro-batch's
+  // backward adds into every parameter it reaches): a second step() in one
+  // micro-batch would step again on zero gradients, moving the parameters
+  // by the optimizer's state alone (momentum, Adam's moments).
+  void check_new_grads() const {
+    bool any = params_.empty();  // (nothing to train: nothing to check)
+    for (const Param& p : params_) any = any || p.grad._version() != p.grad_version;
+    require(any, "TorchModule::step(): no parameter's .grad was added into since the last step (a second step() "
+            "in one micro-batch, or a step() before any backward): call step() once per micro-batch, after its "
+            "loss.backward()");
+  }
+  // The step takes these gradients: the next one needs new ones.
+  void note_grad_versions() {
+    for (Param& p : params_) p.grad_version = p.grad._version();
+  }
+
+  // Every parameter the module has now is one the adapter registered or
+  // left frozen: one registered later (or a parameter replaced under its
+  // name), or one unfrozen later, is not the optimizer's and would never
+  // be trained.
+  void check_module_params() const {
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
+      const auto found = known_.find(p.value().unsafeGetTensorImpl());
+      require(found != known_.end(), "TorchModule: parameter '", p.key(), "' was registered on the module after "
+              "the adapter was made (or replaced a parameter of that name), so the optimizer does not hold it "
+              "and would never update it: register every parameter before constructing the adapter");
+      require(found->second || !p.value().requires_grad(), "TorchModule: parameter '", p.key(), "' was frozen "
+              "(requires_grad false) when the adapter was made, so the optimizer does not hold it, and now "
+              "requires a gradient that nothing would apply: set requires_grad before constructing the adapter");
+    }
+  }
+
+  // Forward: gather (a collective at stage 3; nothing at 0-2), into the
+  // memory the module still reads.
   void entered(std::size_t u) override {
+    check_values(u);
     acquire_one(u);
     entered_ = true;
   }
   void left(std::size_t u) override { release_one(u); }
-  void backward_reached(std::size_t u) override { acquire_one(u); }
+  void backward_reached(std::size_t u) override {
+    check_values(u);
+    acquire_one(u);
+  }
   void backward_done(std::size_t u) override {
+    check_grads(u);  // before grad_ready takes (reads and zeroes) them
     release_one(u);
     if (uses_[u] > 0 && --uses_[u] == 0) opt_.grad_ready(units_[u]);
   }
@@ -408,12 +509,18 @@ class TorchModule final : private detail::TorchUnitEvents {
   }
 
   Optimizer& opt_;
+  const torch::nn::Module& module_;
   int stage_;
   // The adapter registers every unit, so units_[k] is UnitId{k}: the
   // per-unit vectors below and the layout's unit numbers index alike.
   std::vector<UnitId> units_;
   std::vector<std::string> unit_names_;
   std::vector<Param> params_;
+  std::vector<std::vector<std::size_t>> unit_params_;  // per unit: its indices in params_
+  // Every parameter the module had when the adapter was made (its
+  // TensorImpl; held by params_ where trained, so never another's address):
+  // true where registered, false where frozen.
+  std::unordered_map<const void*, bool> known_;
   std::vector<std::string> frozen_params_, frozen_units_;  // not registered (requires_grad false)
   std::vector<int> held_;  // gathers not yet released, per unit
   std::vector<int> uses_;  // forward uses whose backward has not finished, per unit
