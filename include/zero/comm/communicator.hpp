@@ -36,6 +36,15 @@ namespace zero::comm {
 using zero::ReduceOp;
 
 namespace detail {
+// 64-bit FNV-1a, for the fingerprints that tell calls and purposes apart
+// (not a cryptographic hash): bytes of a string, or one 64-bit word.
+inline constexpr std::uint64_t fnv_basis = 0xcbf29ce484222325ull;
+inline std::uint64_t fnv_add(std::uint64_t h, const char* text) {
+  for (const char* c = text; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+  return h;
+}
+inline std::uint64_t fnv_add(std::uint64_t h, std::uint64_t word) { return (h ^ word) * 0x100000001b3ull; }
+
 // all_to_all has no in-place form (rank j reads block j of this rank's send
 // while this rank writes block j of its recv from rank j's, in no order
 // between them): its buffers of `bytes` each must be apart. `who` names the
@@ -116,9 +125,10 @@ class ApiCall {
 // order alone would hand each rank half of one unit and half of the other.
 // The engine names each exchange in a comm::PurposeScope around its
 // collectives (a thread-local pointer, as ApiCall: nothing allocated);
-// comm::Local, comm::LocalDevice and comm::Mpi compare every rank's fingerprint of the call
-// and its purpose with each collective and throw the same CommError on every
-// rank, naming each rank's exchange, when they differ.
+// comm::Local, comm::LocalDevice and comm::Mpi compare every rank's
+// fingerprint of the call and its purpose with each collective and throw the
+// same CommError on every rank, naming each rank's exchange, when they differ
+// (docs/communicators.md, "What each exchange is for").
 //
 //   "gathers unit 'a' (exchange #12 of the optimizer)"
 struct Purpose {
@@ -132,12 +142,8 @@ struct Purpose {
   // not hashed (ranks agree on the units' names at finalize(), and the index
   // tells them apart).
   std::uint64_t code() const {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (const char* c = verb; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
-    for (const char* c = subject != nullptr ? subject : ""; *c != '\0'; ++c)
-      h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
-    for (std::uint64_t v : {index, sequence}) h = (h ^ v) * 0x100000001b3ull;
-    return h;
+    const std::uint64_t h = detail::fnv_add(detail::fnv_add(detail::fnv_basis, verb), subject != nullptr ? subject : "");
+    return detail::fnv_add(detail::fnv_add(h, index), sequence);
   }
   std::string describe() const {
     std::string s = verb;

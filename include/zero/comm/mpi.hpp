@@ -14,7 +14,13 @@
 // link carried other bytes than the report said. Broadcast, all-to-all and
 // barrier stay MPI's (a direct exchange is what all_to_all counts).
 //
-// A rank that fails or makes different calls must not leave the others
+// Ranks that make different calls, or the same calls for different
+// purposes (comm::Purpose: another unit or bucket of the optimizer), all get
+// a CommError naming each rank's call before any data moves: every
+// collective starts with a 16-byte all-reduce of a fingerprint of the call
+// (check_same_call).
+//
+// A rank that fails or stops calling must not leave the others
 // waiting forever in a collective, and MPI cannot cancel one. So every
 // collective is non-blocking (MPI_Isend/MPI_Irecv ring steps, MPI_Ibcast,
 // MPI_Ialltoall, MPI_Ibarrier), awaited by
@@ -404,23 +410,22 @@ class Mpi {
   // barrier is. Every collective of this communicator starts with it, so
   // ranks whose collectives differ in kind still meet here.
   void check_same_call(Call& call, int detail) {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (const char* c = call.kind; *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+    std::uint64_t h = detail::fnv_add(detail::fnv_basis, call.kind);
     for (std::uint64_t v : {std::uint64_t{call.count}, std::uint64_t{static_cast<std::uint8_t>(call.dtype)},
                             static_cast<std::uint64_t>(detail), Purpose::code_of(call.purpose)})
-      h = (h ^ v) * 0x100000001b3ull;
+      h = detail::fnv_add(h, v);
     std::uint64_t least[2] = {h, ~h};
-    exchange(call, MPI_Iallreduce(MPI_IN_PLACE, least, 2, MPI_UINT64_T, MPI_MIN, comm_, &call.request),
-             "MPI_Iallreduce (the check that every rank makes the same call)");
+    complete(call, MPI_Iallreduce(MPI_IN_PLACE, least, 2, MPI_UINT64_T, MPI_MIN, comm_, &call.request),
+             "MPI_Iallreduce (the check that every rank makes the same call)", sizeof least);
     if (least[0] == h && least[1] == ~h) return;
     // Every rank is here (each saw a minimum other than its own h or ~h).
     constexpr std::size_t width = 400;
     std::string mine = call.describe_with_purpose();
     mine.resize(width, '\0');
     std::vector<char> all(width * static_cast<std::size_t>(size_));
-    exchange(call, MPI_Iallgather(mine.data(), static_cast<int>(width), MPI_CHAR, all.data(), static_cast<int>(width),
+    complete(call, MPI_Iallgather(mine.data(), static_cast<int>(width), MPI_CHAR, all.data(), static_cast<int>(width),
                                   MPI_CHAR, comm_, &call.request),
-             "MPI_Iallgather (the calls of ranks that differ)");
+             "MPI_Iallgather (the calls of ranks that differ)", all.size());
     auto text = [&](int r) {
       const char* at = all.data() + static_cast<std::size_t>(r) * width;
       return std::string(at, strnlen(at, width));
@@ -441,21 +446,15 @@ class Mpi {
         "the same order (ranks that acquire units in different orders, or one more than the others, pair the wrong "
         "exchanges)"));
   }
-  // Waits for a step of the check above, which `issued` started.
-  void exchange(Call& call, int issued, const char* function) {
-    check(issued, function, &call);
-    await(call, call.started, 0, [&] {
-      int done = 0;
-      check(MPI_Test(&call.request, &done, MPI_STATUS_IGNORE), "MPI_Test", &call);
-      return done != 0;
-    });
-  }
 
   // Waits for the call that an MPI_I* function (which returned `issued`)
-  // started.
+  // started, moving `bytes` (the call's own elements, or the check's).
   void complete(Call& call, int issued, const char* function) {
+    complete(call, issued, function, call.count * dtype_bytes(call.dtype));
+  }
+  void complete(Call& call, int issued, const char* function, std::size_t bytes) {
     check(issued, function, &call);
-    await(call, call.started, call.count * dtype_bytes(call.dtype), [&] {
+    await(call, call.started, bytes, [&] {
       int done = 0;
       check(MPI_Test(&call.request, &done, MPI_STATUS_IGNORE), "MPI_Test", &call);
       return done != 0;
@@ -491,8 +490,8 @@ class Mpi {
 
   // One step of a ring: `send_count` elements at `send` to the next rank,
   // `recv_count` into `recv` from the previous one. The tag is the call's
-  // number, so ranks whose collectives differ wait (and time out naming
-  // them) instead of exchanging each other's data.
+  // number, so that no step pairs with another collective's (ranks whose
+  // collectives differ are stopped before, by check_same_call).
   void ring_step(Call& call, const char* send, std::size_t send_count, char* recv, std::size_t recv_count, DType t) {
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
     const int tag = static_cast<int>(call.number % 32000);
