@@ -440,13 +440,15 @@ int main(int argc, char** argv) {
     const std::string zeropp =
         zero::zeropp_stage_problem(config.options.hpz, config.options.qwz, config.options.qgz, config.stage);
     if (!zeropp.empty()) throw CLI::ValidationError("--stage", zeropp);
-    const std::size_t least_window = zero::offload::disk_least_window_bytes(
-        config.state_slots, zero::master_element_bytes(config.options.master),
-        zero::state_element_bytes(config.options.states));
-    if (config.offload == plan::Offload::nvme && config.options.nvme.window_bytes < least_window)
-      throw CLI::ValidationError("--nvme-window-mib", "holds three chunks of at least 4 KiB for the master and each "
-                                                      "state slot: at least " + std::to_string(least_window) +
-                                                      " bytes for --optimizer " + optimizer);
+    const std::size_t master_bytes = zero::master_element_bytes(config.options.master),
+                      state_bytes = zero::state_element_bytes(config.options.states);
+    if (config.offload == plan::Offload::nvme &&
+        config.options.nvme.window_bytes <
+            zero::offload::disk_least_window_bytes(config.state_slots, master_bytes, state_bytes))
+      throw CLI::ValidationError("--nvme-window-mib", "is too small for --optimizer " + optimizer + ", --master " +
+                                                      master + " and --states " + states + ": " +
+                                                      zero::offload::disk_window_rule(config.state_slots, master_bytes,
+                                                                                      state_bytes));
     if (!device_text.empty()) limits.device = parse_scaled(device_text, "--device-memory", byte_scale);
     if (!host_text.empty()) limits.host = parse_scaled(host_text, "--host-memory", byte_scale);
   } catch (const CLI::ParseError& e) {

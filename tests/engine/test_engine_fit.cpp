@@ -295,8 +295,12 @@ TEST_CASE("use_memory and hold_whole: misuse is an error naming the fix", "[engi
     {
       zero::HeldWhole whole = opt.hold_whole();
       CHECK(std::equal(init.begin(), init.end(), values.begin()));
+      // Refused, not waited for (engine.hpp): the scope ends on this thread.
       CHECK_THROWS_WITH(opt.step(), Catch::Contains("step(): the parameters are held whole (hold_whole()); end that "
                                                     "scope"));
+      CHECK_THROWS_WITH(opt.set_param(w, init.data()),
+                        Catch::Contains("set_param(): the parameters are held whole (hold_whole()); end that scope "
+                                        "first"));
       CHECK_THROWS_WITH(opt.hold_whole(), Catch::Contains("held whole already"));
     }
     opt.acquire_unit(u);

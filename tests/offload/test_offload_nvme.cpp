@@ -22,6 +22,7 @@
 
 #include "engine_harness.hpp"
 #include "late_copies.hpp"
+#include "zero/engine/schedule.hpp"
 #include "zero/offload/disk_state_store.hpp"
 
 namespace {
@@ -304,15 +305,89 @@ TEST_CASE("offload::Nvme: option errors name Options::nvme, and the window's min
   // arrays), AdamW's three arrays need 36 KiB, and the message says so
   // (it asked for "64 MiB or more" while accepting 12 KiB).
   options.nvme.window_bytes = std::size_t{3} * 4096 - 1;
-  CHECK_THROWS_WITH(options.validate(), Catch::Contains("it must be at least 12 KiB x (1 + the optimizer's state slots)"));
+  CHECK_THROWS_WITH(options.validate(),
+                    Catch::StartsWith("Options::nvme.window_bytes is 12287 (master fp32, states fp32); the window "
+                                      "holds three chunks") &&
+                        Catch::Contains("it must be at least 3 x 1024 x (4 + 4 x the optimizer's state slots) bytes: "
+                                        "12 KiB without state slots, 24 KiB for one, 36 KiB for two (Adam's)"));
   options.nvme.window_bytes = std::size_t{3} * 4096;
   CHECK_NOTHROW(options.validate());
   errors = run_with_fault(options, [] {});
   REQUIRE(errors.size() == 1);
-  CHECK(errors[0] == "offload::Nvme: Options::nvme.window_bytes is 12288; the window holds three chunks of at least "
-                     "4 KiB for each of the 3 arrays (the master and 2 state slot(s) of adamw): it must be at least "
-                     "36864 bytes; 64 MiB (the default) streams well");
+  CHECK(errors[0] == "offload::Nvme: Options::nvme.window_bytes is 12288 (adamw, master fp32, states fp32); the "
+                     "window holds three chunks (read ahead, update, write behind) of whole 4 KiB blocks of every "
+                     "array, so a chunk is at least 1024 elements (one block of the narrowest array's 4-byte "
+                     "elements), and an element takes 4 bytes of master and 4 of each state slot (2 here): it must be "
+                     "at least 36864 bytes (36 KiB); 64 MiB (the default) streams well");
   options.nvme.window_bytes = std::size_t{3} * 4096 * 3;
+  CHECK(run_with_fault(options, [] {}).empty());
+  CHECK(dir.files() == 0);
+}
+
+// The least window follows the formats, not the slots alone: a chunk is one
+// 4 KiB block of the narrowest array, and every array holds as many
+// elements. The messages said "36 KiB for Adam" and "chunks of at least 4
+// KiB" whatever the formats, where 8-bit states with an fp32 master need 72.
+TEST_CASE("offload::Nvme: the window's minimum and its messages follow the master's and the states' formats",
+          "[offload][nvme][errors]") {
+  using zero::MasterWeights;
+  using zero::StateFormat;
+  struct Case {
+    MasterWeights master;
+    StateFormat states;
+    std::size_t chunk, adam_kib;  // the least chunk (elements) and AdamW's least window
+  };
+  for (const Case c : {Case{MasterWeights::fp32, StateFormat::fp32, 1024, 36},
+                       Case{MasterWeights::fp32, StateFormat::bf16, 2048, 48},
+                       Case{MasterWeights::fp32, StateFormat::blockwise8, 4096, 72},
+                       Case{MasterWeights::remainder, StateFormat::fp32, 2048, 60},
+                       Case{MasterWeights::remainder, StateFormat::bf16, 2048, 36},
+                       Case{MasterWeights::remainder, StateFormat::blockwise8, 4096, 48}}) {
+    INFO("master " << zero::name(c.master) << ", states " << zero::name(c.states));
+    const std::size_t mb = zero::master_element_bytes(c.master), sb = zero::state_element_bytes(c.states);
+    const std::size_t least = zero::offload::disk_least_window_bytes(AdamW::state_slots, mb, sb);
+    REQUIRE(least == c.adam_kib * 1024);
+    const std::string rule = zero::offload::disk_window_rule(AdamW::state_slots, mb, sb);
+    CHECK_THAT(rule, Catch::Contains("a chunk is at least " + std::to_string(c.chunk) + " elements") &&
+                         Catch::EndsWith("it must be at least " + std::to_string(least) + " bytes (" +
+                                         std::to_string(c.adam_kib) + " KiB)"));
+    // Options::validate, which does not know the optimizer: the figure for two slots is AdamW's.
+    zero::Options options;
+    options.master = c.master;
+    options.states = c.states;
+    options.nvme.window_bytes = zero::offload::disk_least_window_bytes(0, mb, sb) - 1;
+    CHECK_THROWS_WITH(options.validate(), Catch::Contains(std::to_string(c.adam_kib) + " KiB for two (Adam's)"));
+    options.nvme.window_bytes = least - 1;
+    CHECK_NOTHROW(options.validate());
+    // The planner's schedule says the same as the store.
+    zero::ScheduleSpec spec;
+    spec.stage = zero::stage_plan(2);
+    spec.offload = zero::OffloadTier::nvme;
+    spec.state_slots = AdamW::state_slots;
+    spec.element_bytes = 2;
+    spec.master = c.master;
+    spec.states = c.states;
+    CHECK_THROWS_WITH(zero::require_valid_schedule(spec, options), Catch::EndsWith(rule));
+    options.nvme.window_bytes = least;
+    CHECK_NOTHROW(zero::require_valid_schedule(spec, options));
+  }
+  // The store at finalize: 8-bit states with an fp32 master, a window that
+  // held AdamW's fp32 arrays (36 KiB, then 48 KiB: what the options let through).
+  TempDir dir;
+  zero::Options options;
+  options.nvme.directory = dir.path.string();
+  options.states = StateFormat::blockwise8;
+  options.nvme.window_bytes = std::size_t{36} << 10;
+  CHECK_THROWS_WITH(options.validate(), Catch::Contains("48 KiB without state slots, 60 KiB for one, 72 KiB for two"));
+  options.nvme.window_bytes = std::size_t{48} << 10;
+  auto errors = run_with_fault(options, [] {});
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0] == "offload::Nvme: Options::nvme.window_bytes is 49152 (adamw, master fp32, states blockwise8); "
+                     "the window holds three chunks (read ahead, update, write behind) of whole 4 KiB blocks of every "
+                     "array, so a chunk is at least 4096 elements (one block of the narrowest array's 1-byte "
+                     "elements), and an element takes 4 bytes of master and 1 of each state slot (2 here): it must be "
+                     "at least 73728 bytes (72 KiB); 64 MiB (the default) streams well");
+  options.nvme.window_bytes = std::size_t{72} << 10;
   CHECK(run_with_fault(options, [] {}).empty());
   CHECK(dir.files() == 0);
 }

@@ -309,6 +309,33 @@ TEST_CASE("Config::validate refuses options that would do nothing, naming the op
   CHECK(validate(c) == "(no InvalidArgument thrown)");
 }
 
+TEST_CASE("state_block is checked with blockwise8 states, the only format that reads it", "[runtime][config]") {
+  const auto validate = [](Config c) { return error_of([&] { c.validate(false); }); };
+  // The docs present it as a setting of 8-bit states: with any other format
+  // a value outside blockwise8's rule is not read, so not refused (it was).
+  Config c;
+  using zero::StateFormat;
+  for (const StateFormat f : {StateFormat::fp32, StateFormat::bf16, StateFormat::bf16_stochastic}) {
+    INFO(zero::name(f));
+    c.options.states = f;
+    for (const std::size_t block : {std::size_t{0}, std::size_t{65}, std::size_t{8192}}) {
+      c.options.state_block = block;
+      CHECK(validate(c) == "(no InvalidArgument thrown)");
+    }
+  }
+  // From a file too: the key is read whatever the format, and checked with blockwise8.
+  const Config from_file = zero::config_from_json(json::parse(R"({"states": "bf16", "state_block": 0})"));
+  CHECK(validate(from_file) == "(no InvalidArgument thrown)");
+  c.options.states = StateFormat::blockwise8;
+  for (const std::size_t block : {std::size_t{0}, std::size_t{65}, std::size_t{8192}}) {
+    c.options.state_block = block;
+    CHECK_THAT(validate(c), Catch::Contains("Options::state_block is " + std::to_string(block) +
+                                            "; it must be a multiple of 64 in [64, 4096]"));
+  }
+  c.options.state_block = 256;
+  CHECK(validate(c) == "(no InvalidArgument thrown)");
+}
+
 TEST_CASE("The static_asserts say what Config::validate says", "[runtime][config]") {
   // The compile-time messages live in string literals a run-time check
   // cannot share; these phrases must stay in both (tests/compile checks the

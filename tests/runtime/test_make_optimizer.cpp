@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -91,7 +92,7 @@ Outcome train_typed(zero::comm::Local& c, const typename Opt::Hyper& hyper, cons
   using T = typename Opt::param_type;
   Opt opt(c, hyper, options);
   std::vector<float> wide;
-  return train(
+  Outcome out = train(
       opt, steps,
       [&](Opt& o, zero::UnitId u) {
         const T* p = o.acquire_unit(u);
@@ -104,23 +105,35 @@ Outcome train_typed(zero::comm::Local& c, const typename Opt::Hyper& hyper, cons
         const auto& info = o.layout().units()[u.index];
         for (std::size_t i = 0; i < info.numel; ++i) dst[i] = zero::from_float<T>(g[i]);
       });
+  std::vector<T> params(opt.layout().padded_total());
+  opt.gather_params(params.data());
+  for (const T v : params) out.params.push_back(zero::to_float(v));
+  return out;
 }
 
-// The same choices through make_optimizer and its fp32 calls.
-Outcome train_any(zero::comm::Local& c, const zero::Config& config, int steps) {
+// The same choices through make_optimizer and its fp32 calls; `after`
+// gets the optimizer once trained.
+Outcome train_any(zero::comm::Local& c, const zero::Config& config, int steps,
+                  const std::function<void(zero::AnyOptimizer&)>& after = {}) {
   auto opt = zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier>(c, config);
-  return train(
+  Outcome out = train(
       *opt, steps, [](zero::AnyOptimizer& o, zero::UnitId u) { return o.acquire_fp32(u); },
       [](zero::AnyOptimizer& o, zero::UnitId u, const std::vector<float>& g) {
         float* dst = o.grad_buffer_fp32(u);
         std::memcpy(dst, g.data(), o.layout().units()[u.index].numel * sizeof(float));
       });
+  out.params.resize(opt->layout().padded_total());
+  opt->gather_params_fp32(out.params.data());
+  if (after) after(*opt);
+  return out;
 }
 
 void require_same(const Outcome& a, const Outcome& b) {
   REQUIRE(a.steps == b.steps);
   REQUIRE(a.masters.size() == b.masters.size());
   REQUIRE(std::memcmp(a.masters.data(), b.masters.data(), a.masters.size() * sizeof(float)) == 0);
+  REQUIRE(a.params.size() == b.params.size());
+  REQUIRE(std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)) == 0);
   CHECK(a.memory.to_json() == b.memory.to_json());
   CHECK(a.counters.sent == b.counters.sent);  // per collective kind, bytes and calls
   CHECK(a.counters.received == b.counters.received);
@@ -219,6 +232,99 @@ TEST_CASE("make_optimizer: what it made, typed views and hyper-parameters by nam
   });
 }
 
+// The README says the handle has ZeroOptimizer's calls: gather_params and
+// param_data were missing. Untyped, typed (checked) and fp32, as the
+// handle's other calls, and the same values as the typed optimizer's.
+template <class Precision, int Stage>
+void check_gather_params_and_param_data(zero::PrecisionChoice precision) {
+  using T = typename Precision::param_type;
+  using Opt = zero::ZeroOptimizer<Precision, zero::optim::AdamW, zero::stage<Stage>>;
+  INFO("stage " << Stage << ", " << zero::name(precision));
+  zero::Config config;
+  config.precision = precision;
+  config.stage = Stage;
+  // Code written against ZeroOptimizer's calls compiles against the handle:
+  // register, set, gather, and point at a parameter inside its acquired unit.
+  auto use = [](auto& opt, std::vector<T>& gathered, std::vector<T>& in_unit) {
+    const auto u = opt.add_unit("u");
+    opt.add_param(u, "u.a", 37);
+    const auto b = opt.add_param(u, "u.b", 70);
+    opt.finalize();
+    std::vector<float> values(70);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.03125f * static_cast<float>(i) - 1.0f;
+    opt.set_param(b, values.data());
+    gathered.resize(opt.layout().padded_total());
+    opt.gather_params(gathered.data());
+    opt.acquire_unit(u);
+    const auto* p = opt.param_data(b);
+    in_unit.assign(static_cast<const T*>(p), static_cast<const T*>(p) + 70);
+    opt.release_unit(u);
+  };
+  const int ranks = 2;
+  std::vector<std::vector<T>> typed_all(ranks), typed_b(ranks), any_all(ranks), any_b(ranks);
+  zero::comm::LocalGroup group(ranks);
+  group.run([&](zero::comm::Local& c) {
+    Opt typed(c, {});
+    use(typed, typed_all[c.rank()], typed_b[c.rank()]);
+    auto any = zero::make_optimizer(c, config);
+    use(*any, any_all[c.rank()], any_b[c.rank()]);
+
+    const zero::ParamId b{1};
+    const auto u = zero::UnitId{0};
+    const std::size_t offset = any->layout().param(b).offset;
+    // Typed forms: the element type checked, as acquire_unit_as.
+    std::vector<T> as(any->layout().padded_total());
+    any->gather_params_as<T>(as.data());
+    CHECK(as == any_all[c.rank()]);
+    std::vector<float> wide(any->layout().padded_total());
+    any->gather_params_fp32(wide.data());
+    for (std::size_t i = 0; i < wide.size(); ++i) REQUIRE(wide[i] == zero::to_float(as[i]));
+    if constexpr (std::is_same_v<T, float>) {
+      CHECK_THROWS_WITH(any->gather_params_as<zero::bf16>(reinterpret_cast<zero::bf16*>(wide.data())),
+                        Catch::Contains("gather_params_as<bf16>: this optimizer keeps its parameters and gradients "
+                                        "in fp32"));
+    } else {
+      CHECK_THROWS_WITH(any->gather_params_as<float>(wide.data()),
+                        Catch::Contains("gather_params_as<fp32>: this optimizer keeps its parameters and gradients in "
+                                        "bf16; use that type, or the fp32 calls (acquire_fp32, param_data_fp32, "
+                                        "grad_buffer_fp32, gather_params_fp32)"));
+      CHECK_THROWS_WITH(any->param_data_as<float>(b), Catch::Contains("param_data_as<fp32>"));
+    }
+    // param_data_fp32 points into acquire_fp32's copy of the unit, at every
+    // precision, and only while that copy is valid.
+    CHECK_THROWS_WITH(any->param_data_fp32(b), Catch::Contains("param_data_fp32('u.b'): acquire_fp32('u') first"));
+    const float* unit = any->acquire_fp32(u);
+    const float* p = any->param_data_fp32(b);
+    CHECK(p == unit + offset);
+    const T* stored = any->param_data_as<T>(b);
+    CHECK(static_cast<const void*>(stored) == any->param_data(b));
+    if constexpr (std::is_same_v<T, float>) CHECK(p == stored);  // fp32 storage: the engine's own buffer
+    for (std::size_t i = 0; i < 70; ++i) {
+      REQUIRE(stored[i] == any_b[c.rank()][i]);
+      REQUIRE(p[i] == zero::to_float(stored[i]));
+    }
+    any->release_unit(u);
+    CHECK_THROWS_WITH(any->param_data_fp32(b), Catch::Contains("acquire_fp32('u') first"));
+    CHECK_THROWS_WITH(any->param_data_fp32(zero::ParamId{7}), Catch::Contains("parameter id 7 does not exist"));
+    if (Stage == 3) {
+      CHECK_THROWS_WITH(any->param_data(b), Catch::Contains("acquire_unit('u') first"));
+    }
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CHECK(typed_all[r] == any_all[r]);
+    CHECK(typed_b[r] == any_b[r]);
+  }
+}
+
+TEST_CASE("make_optimizer: gather_params and param_data, untyped, typed and fp32, as ZeroOptimizer's",
+          "[runtime]") {
+  using zero::PrecisionChoice;
+  check_gather_params_and_param_data<zero::precision::Full<float>, 0>(PrecisionChoice::fp32);
+  check_gather_params_and_param_data<zero::precision::Full<float>, 3>(PrecisionChoice::fp32);
+  check_gather_params_and_param_data<zero::precision::Mixed<zero::bf16>, 1>(PrecisionChoice::bf16);
+  check_gather_params_and_param_data<zero::precision::Mixed<zero::bf16>, 3>(PrecisionChoice::bf16);
+}
+
 TEST_CASE("make_optimizer: the fp32 calls over 16-bit storage check an overwriting backward too", "[runtime]") {
   for (const auto precision : {zero::PrecisionChoice::bf16, zero::PrecisionChoice::fp32}) {
     INFO(zero::name(precision));
@@ -252,6 +358,36 @@ TEST_CASE("make_optimizer: the fp32 calls over 16-bit storage check an overwriti
     CHECK_THROWS_WITH(opt->grad_buffer_fp32(u), Catch::Contains("needs Options::grad_writes = overwrite; with "
                                                                 "accumulate, add into grad_buffer_as<bf16>()"));
   });
+}
+
+TEST_CASE("make_optimizer: state_block is read by 8-bit states alone, not by other formats or checkpoints",
+          "[runtime]") {
+  // Outside blockwise8's rule: refused before with fp32 states, which never
+  // read it; a checkpoint's manifest says fp32, with no block.
+  const std::string dir = temp_dir();
+  zero::Config config;
+  config.options.nvme.directory = dir;
+  for (const std::size_t block : {std::size_t{0}, std::size_t{65}})
+    for (const auto tier : {zero::OffloadTier::none, zero::OffloadTier::nvme}) {
+      INFO("state_block " << block << ", offload " << zero::name(tier));
+      config.options.state_block = block;
+      config.offload = tier;
+      const std::string checkpoint = dir + "/checkpoint_" + std::to_string(block) + "_" + zero::name(tier);
+      zero::comm::LocalGroup group(2);
+      group.run([&](zero::comm::Local& c) {
+        const Outcome trained = train_any(c, config, 2, [&](zero::AnyOptimizer& opt) {
+          opt.save(checkpoint);
+          const zero::checkpoint::RunState run = opt.load(checkpoint).manifest.run;
+          CHECK(run.step == 2);
+          CHECK(run.state_format == "fp32");
+          CHECK(run.state_block == 0);
+        });
+        CHECK(trained.steps == 2);
+      });
+    }
+  config.options.states = zero::StateFormat::blockwise8;
+  CHECK_THAT(error_of<zero::InvalidArgument>(config), Catch::Contains("Options::state_block is 65; it must be"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("make_optimizer: a bad config names the setting and the fix", "[runtime]") {

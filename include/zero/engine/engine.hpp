@@ -227,8 +227,11 @@ class Engine {
   // that stays until the returned scope ends (docs/tutorial.md, "Evaluation
   // and generation at stage 3"); meanwhile acquire_unit and release_unit are
   // local, so one rank may evaluate or generate alone, and your memory
-  // (use_memory) holds every parameter. step() and set_param() wait for the
-  // scope's end. Other stages: the parameters are whole already; nothing.
+  // (use_memory) holds every parameter. step() and set_param() refuse to run
+  // while the scope lives (an error saying to end it first): they would
+  // change parameters the copy holds, and a wait could never end, since the
+  // scope ends on this rank's thread. Other stages: the parameters are whole
+  // already; nothing.
   [[nodiscard]] HeldWhole hold_whole();
   // Pointer to parameter p inside its unit's parameters (after finalize();
   // stage 3: the unit must be acquired, not merely prefetched).
@@ -389,14 +392,14 @@ class Engine {
   // After the parameters changed: stage 3 drops its gathered copies, stages
   // 1-2 all-gather the updated shards (collective).
   void publish_params();
-  // step(): inf or NaN gradients without loss scaling; blames the last update
-  // when the parameters are already non-finite (engine_step.hpp).
-  [[noreturn]] void blame_non_finite(const NonFiniteGradients& gradients_error);
   // Options::check_replicas: unit u's copy (its padded elements at `values`)
   // fingerprinted; at the step, ranks whose fingerprints differ named
   // (engine_step.hpp).
   void record_replica(std::size_t unit, const param_type* values);
   [[noreturn]] void blame_replicas();
+  // step(): inf or NaN gradients without loss scaling; blames the last update
+  // when the parameters are already non-finite (engine_step.hpp).
+  [[noreturn]] void blame_non_finite(const NonFiniteGradients& gradients_error);
   // Your own memory: the unit's gradient into the reducer's buffer for it
   // (added where that sums micro-batches in place).
   void take_own_grads(std::size_t unit);
@@ -461,11 +464,11 @@ class Engine {
   Buffer<param_type> whole_;                        // stage 3, while hold_whole()'s scope lives
   GradientReducer<Ops, grad_type> reducer_;         // gradients: staging, buckets, reductions, accumulator
   StepControl<Ops> control_;                        // the step's decision: norm, overflow, loss scale, clipping
+  ReplicaFingerprints replicas_;                    // Options::check_replicas: this rank's copies since the last step
+  std::vector<param_type> replica_host_;            // ... a unit's copy brought to the host, where it is not there
   ParamGatherer<Ops, param_type> gatherer_;         // stage 3: where gathered units live
   UpdatePipeline<Precision, Optimizer, Backend> update_;  // the tier's store, host staging, delayed update
   OwnMemory<Ops, param_type, grad_type, !Backend::device> own_;  // parameters in your memory (use_memory)
-  ReplicaFingerprints replicas_;                    // Options::check_replicas: this rank's copies since the last step
-  std::vector<param_type> replica_host_;            // ... a unit's copy brought to the host, where it is not there
 
   int micro_ = 0;  // micro-batch index within the accumulation window
   std::int64_t steps_ = 0;

@@ -13,6 +13,7 @@
 #include "zero/backend/pieced_buffer.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/error.hpp"
+#include "zero/offload/disk_window.hpp"
 #include "zero/simd/dispatch.hpp"
 
 namespace zero {
@@ -263,7 +264,6 @@ struct Options {
   // at the next step(), wait_update(), or any call that reads the state.
   bool delayed_update = false;
   int delayed_update_warmup = 10;
-  NvmeOptions nvme{};
   // Each step compares a fingerprint of every rank's copy of the parameters
   // (stages 0-2: after the update; stage 3: each unit as acquire_unit()
   // gathered it) and names a rank whose bytes differ, with the unit, before
@@ -272,6 +272,7 @@ struct Options {
   // divergence. One double per rank more in the step's control all-reduce,
   // and a pass over what is fingerprinted (engine/replica_check.hpp).
   bool check_replicas = false;
+  NvmeOptions nvme{};
 
   // (zero::Config compares whole configurations.)
   bool operator==(const Options&) const = default;
@@ -288,8 +289,11 @@ struct Options {
                   "stochastic rounding needs an fp32 master: set one of them off"
                 : "Options::round_ties_away and Options::stochastic_rounding are both on: the bf16 copies are "
                   "rounded one way; set one of them off");
-    require(allowed_state_block(state_block), "Options::state_block is ", state_block, "; it must be ",
-            state_block_rule, " (elements per 8-bit state block: 2048 is the paper's, 256 bitsandbytes' today)");
+    // Read by blockwise8 alone (engine/state_blocks.hpp, which checks it
+    // again), so other formats leave it unchecked, as the docs present it.
+    if (states == StateFormat::blockwise8)
+      require(allowed_state_block(state_block), "Options::state_block is ", state_block, "; it must be ",
+              state_block_rule, " (elements per 8-bit state block: 2048 is the paper's, 256 bitsandbytes' today)");
     require(qwz_block >= 32 && qwz_block <= (std::size_t{1} << 20), "Options::qwz_block is ", qwz_block,
             "; it must be in [32, 1048576] (elements per int8 block of qwZ's gathers, each with one fp32 scale; "
             "256 is the default)");
@@ -319,12 +323,13 @@ struct Options {
             "; page-locked host memory is locked in pieces of at least one 4 KiB page: use 1 GiB (the default)");
     require(delayed_update_warmup >= 0, "Options::delayed_update_warmup is ", delayed_update_warmup,
             "; it must be >= 0 (steps updated in place before the update is delayed)");
-    // The least any optimizer needs (no state slots); offload::Nvme checks
-    // its own optimizer's (12 KiB per array) at finalize().
-    require(nvme.window_bytes >= (std::size_t{3} << 12), "Options::nvme.window_bytes is ", nvme.window_bytes,
-            "; the window holds three chunks of at least 4 KiB for each array (the master and every state slot): "
-            "it must be at least 12 KiB x (1 + the optimizer's state slots), 36 KiB for Adam; 64 MiB (the "
-            "default) streams well");
+    // The least any optimizer needs with these formats (no state slots);
+    // offload::Nvme checks its own optimizer's at finalize().
+    const std::size_t master_bytes = master_element_bytes(master), state_bytes = state_element_bytes(states);
+    require(nvme.window_bytes >= offload::disk_least_window_bytes(0, master_bytes, state_bytes),
+            "Options::nvme.window_bytes is ", nvme.window_bytes, " (master ", name(master), ", states ", name(states),
+            "); ", offload::disk_window_rule(std::nullopt, master_bytes, state_bytes),
+            "; 64 MiB (the default) streams well");
     const auto& ls = loss_scale;
     require(std::isfinite(ls.initial_scale) && ls.initial_scale >= 1, "Options::loss_scale.initial_scale is ",
             ls.initial_scale, "; it must be >= 1");

@@ -197,12 +197,12 @@ inline void require_valid_schedule(const ScheduleSpec& spec, const Options& opti
   require(!options.delayed_update || (offloaded && spec.device_backend),
           "schedule: Options::delayed_update overlaps the CPU update of offload with the next step's work on the "
           "device; it needs offload cpu or nvme with a device backend; clear the option otherwise");
-  const std::size_t least_window = offload::disk_least_window_bytes(
-      spec.state_slots, master_element_bytes(spec.master), state_element_bytes(spec.states));
+  const std::size_t master_bytes = master_element_bytes(spec.master), state_bytes = state_element_bytes(spec.states);
+  const std::size_t least_window = offload::disk_least_window_bytes(spec.state_slots, master_bytes, state_bytes);
   require(spec.offload != OffloadTier::nvme || options.nvme.window_bytes >= least_window,
-          "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, "; the window holds three chunks of "
-          "at least 4 KiB for each of the ", 1 + spec.state_slots, " arrays (the master and every state slot): it "
-          "must be at least ", least_window, " bytes");
+          "schedule: Options::nvme.window_bytes is ", options.nvme.window_bytes, " (master ", name(spec.master),
+          ", states ", name(spec.states), "); ",
+          offload::disk_window_rule(spec.state_slots, master_bytes, state_bytes));
   const std::string zeropp = zeropp_stage_problem(options.hpz, options.qwz, options.qgz, spec.stage.stage);
   require(zeropp.empty(), "schedule: Options::", zeropp);
   require(spec.master == MasterWeights::fp32 || spec.element_bytes == 2,

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "zero/engine/layout.hpp"
+#include "zero/engine/options.hpp"
 #include "zero/engine/ownership.hpp"
 #include "zero/error.hpp"
 #include "zero/quant/dynamic_code.hpp"
@@ -55,9 +56,15 @@ class StateBlocks {
  public:
   StateBlocks() = default;
 
-  // The runs of this rank's owned elements (layout finalized).
+  // The runs of this rank's owned elements (layout finalized). `block` is
+  // Options::state_block, which Options::validate checks only with
+  // blockwise8 states: checked here again, where it is divided by and where
+  // the disk tier's chunks must hold a whole block, so that options made
+  // for another format can never reach this arithmetic unchecked.
   static StateBlocks build(const Ownership& own, std::size_t block, std::size_t fp32_below) {
-    require(block >= 1, "StateBlocks: a block of 0 elements");
+    require(allowed_state_block(block), "StateBlocks: Options::state_block is ", block, ", but 8-bit block-wise "
+            "states need blocks of ", state_block_rule, " elements (2048 by default; Options::validate checks it only "
+            "where Options::states is blockwise8)");
     StateBlocks s;
     s.block_ = block;
     const Layout& layout = *own.layout;

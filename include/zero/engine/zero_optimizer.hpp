@@ -6,7 +6,8 @@
 // (engine/engine.hpp: the protocol, the parts and every call). Programs that
 // choose the stage, tier, precision or optimizer at run time use
 // zero::make_optimizer(comm, config) instead (zero/runtime/make_optimizer.hpp):
-// the same engine behind a handle with the same calls.
+// the same engine behind a handle with the same calls (the few that differ,
+// and how: zero/runtime/any_optimizer.hpp).
 //
 // Every call of the engine is a call of this type: add_unit, add_param,
 // finalize, set_param, acquire_unit, release_unit, grad_buffer, grad_ready,

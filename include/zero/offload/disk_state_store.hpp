@@ -59,7 +59,6 @@ template <optim::Policy Optimizer>
 class DiskStateStore {
  public:
   static constexpr int state_slots = Optimizer::state_slots;
-  static constexpr int arrays = 1 + state_slots;  // master, then the state slots
   static constexpr int window_slots = static_cast<int>(disk_window_chunks);  // read ahead, update, write behind
 
   // Creates the swap file for `owned` elements (the master always: it lives
@@ -78,9 +77,8 @@ class DiskStateStore {
     const std::size_t mb = master_bytes_each(), sb = state_bytes_each();
     const std::size_t least = disk_least_window_bytes(state_slots, mb, sb);
     require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
-            "; the window holds three chunks of at least 4 KiB for each of the ", arrays, " arrays (the master and ",
-            state_slots, " state slot(s) of ", Optimizer::name, "): it must be at least ", least,
-            " bytes; 64 MiB (the default) streams well");
+            " (", Optimizer::name, ", master ", name(format), ", states ", name(states), "); ",
+            disk_window_rule(state_slots, mb, sb), "; 64 MiB (the default) streams well");
     owned_ = owned;
     chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned, mb, sb);
     blocks_ = blockwise() ? blocks : StateBlocks{};  // without 8-bit runs, chunks cut anywhere

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "zero/error.hpp"
@@ -44,9 +46,37 @@ inline constexpr std::size_t disk_least_window_bytes(int state_slots, std::size_
          disk_record_element_bytes(state_slots, master_bytes, state_bytes);
 }
 
+// The rule behind disk_least_window_bytes in the run's own numbers, for the
+// message of every place that checks the window (Options::validate, the
+// planner's schedule, the store at finalize, zero_plan's flags). The least
+// chunk is one 4 KiB block of the narrowest array, and every array holds as
+// many elements, so the figure follows the master's and the states'
+// formats, not the slots alone: a fixed "12 KiB per array" held only for
+// fp32 master and states (8-bit states with an fp32 master need 72 KiB for
+// Adam, not 36). `state_slots`: the optimizer's, or nullopt where it is not
+// known yet (Options::validate), which gives the figure per slot count.
+inline std::string disk_window_rule(std::optional<int> state_slots, std::size_t master_bytes,
+                                    std::size_t state_bytes) {
+  using zero::detail::concat;
+  const std::size_t block = disk_chunk_block(master_bytes, state_bytes);
+  auto kib = [&](int slots) { return disk_least_window_bytes(slots, master_bytes, state_bytes) / 1024; };
+  const std::string rule =
+      concat("the window holds three chunks (read ahead, update, write behind) of whole 4 KiB blocks of every array, "
+             "so a chunk is at least ", block, " elements (one block of the narrowest array's ",
+             std::min(master_bytes, state_bytes), "-byte elements), and an element takes ", master_bytes,
+             " bytes of master and ", state_bytes, " of each state slot");
+  if (state_slots)
+    return concat(rule, " (", *state_slots, " here): it must be at least ",
+                  disk_least_window_bytes(*state_slots, master_bytes, state_bytes), " bytes (", kib(*state_slots),
+                  " KiB)");
+  return concat(rule, ": it must be at least ", disk_window_chunks, " x ", block, " x (", master_bytes, " + ",
+                state_bytes, " x the optimizer's state slots) bytes: ", kib(0), " KiB without state slots, ", kib(1),
+                " KiB for one, ", kib(2), " KiB for two (Adam's)");
+}
+
 // Elements per chunk for a window of `window_bytes` (three records): a
-// multiple of the block (1024 elements with an fp32 master), at least one
-// block, no more than the owned elements need.
+// multiple of the block (1024 elements with fp32 master and states), at
+// least one block, no more than the owned elements need.
 inline std::size_t disk_chunk_elements(std::size_t window_bytes, int state_slots, std::size_t owned,
                                        std::size_t master_bytes = 4, std::size_t state_bytes = 4) {
   const std::size_t block = disk_chunk_block(master_bytes, state_bytes);

@@ -6,14 +6,25 @@
 // virtual call per unit or per step is nothing next to the work it starts.
 //
 // The element type of the parameters and gradients is a run-time value here
-// (param_dtype()): acquire_unit and grad_buffer return untyped pointers,
-// typed with acquire_unit_as<T>() / grad_buffer_as<T>() (checked). A model
-// that computes in fp32 whatever the storage (both example trainers) uses
-// the fp32 calls instead: acquire_fp32 converts the unit into a float copy
-// on the backend (the CUDA conversion kernel on a GPU), grad_buffer_fp32
-// hands out a float buffer that grad_ready converts back; the model holds
-// at most one unit's copy at a time, and with fp32 storage the calls hand
-// out the engine's own buffers.
+// (param_dtype()): acquire_unit, grad_buffer, param_data, gather_params and
+// use_memory take or return untyped pointers, typed with the _as<T>() calls
+// (checked: acquire_unit_as<T>(), grad_buffer_as<T>(), ...). A model that
+// computes in fp32 whatever the storage (both example trainers) uses the
+// fp32 calls instead: acquire_fp32 converts the unit into a float copy on
+// the backend (the CUDA conversion kernel on a GPU), param_data_fp32 points
+// into that copy, grad_buffer_fp32 hands out a float buffer that grad_ready
+// converts back, and gather_params_fp32 widens the gathered parameters; the
+// model holds at most one unit's copy at a time, and with fp32 storage the
+// calls hand out the engine's own buffers.
+//
+// Where the calls differ from ZeroOptimizer's (README.md says the same):
+// the hyper-parameters are set by name (hyper_value, set_hyper, lr, set_lr)
+// instead of through the typed hyper(), whose struct is the optimizer's;
+// the stage is stage() and plan(), not the constant `stage`; save_step(root)
+// is a call here, where a ZeroOptimizer program calls
+// checkpoint::OptimizerIo<Opt>::save_step(opt, root); and the checkpoint
+// layer's view of the state (ownership(), read_state(), ...) is the
+// engine's own, not on this handle.
 #pragma once
 
 #include "zero/config.hpp"
@@ -51,6 +62,19 @@ class AnyOptimizer {
   virtual int ranks() const = 0;
   virtual void set_param(ParamId p, const float* values) = 0;
   virtual void gather_masters(float* out) = 0;
+  // Collective: the whole parameters, padded (Layout::padded_total()
+  // elements), into host memory, as ZeroOptimizer::gather_params: in
+  // param_dtype() elements, typed with gather_params_as<T>() (checked), or
+  // widened to fp32 (the parameters' own values, exactly: with 16-bit
+  // storage those are the rounded copies, and gather_masters has the fp32
+  // masters).
+  virtual void gather_params(void* out) = 0;
+  template <class T>
+  void gather_params_as(T* out) {
+    require_dtype(dtype_traits<T>::dtype, "gather_params_as");
+    gather_params(out);
+  }
+  virtual void gather_params_fp32(float* out) = 0;
   virtual std::vector<float> master_values(ParamId p) = 0;
 
   // ---- Forward / backward ---------------------------------------------------
@@ -69,10 +93,21 @@ class AnyOptimizer {
     require_dtype(dtype_traits<T>::dtype, "grad_buffer_as");
     return static_cast<T*>(grad_buffer(u));
   }
+  // Parameter p inside its unit's parameters, as ZeroOptimizer::param_data
+  // (stage 3: the unit acquired), in param_dtype() elements.
+  virtual const void* param_data(ParamId p) const = 0;
+  template <class T>
+  const T* param_data_as(ParamId p) const {
+    require_dtype(dtype_traits<T>::dtype, "param_data_as");
+    return static_cast<const T*>(param_data(p));
+  }
   // In fp32, whatever the storage: the unit's parameters (valid until the
-  // next acquire_fp32 or release_unit) and where backward writes its fp32
-  // gradient; grad_ready(u) then takes it.
+  // next acquire_fp32 or release_unit), parameter p inside them (its unit
+  // must be the one acquire_fp32 holds, at every precision, so that a loop
+  // tried with fp32 storage runs with 16-bit storage too), and where
+  // backward writes its fp32 gradient; grad_ready(u) then takes it.
   virtual const float* acquire_fp32(UnitId u) = 0;
+  virtual const float* param_data_fp32(ParamId p) const = 0;
   virtual float* grad_buffer_fp32(UnitId u) = 0;
 
   // ---- Step -----------------------------------------------------------------
@@ -111,7 +146,7 @@ class AnyOptimizer {
   void require_dtype(DType wanted, const char* call) const {
     require(wanted == param_dtype(), call, "<", dtype_name(wanted), ">: this optimizer keeps its parameters and "
             "gradients in ", dtype_name(param_dtype()), "; use that type, or the fp32 calls (acquire_fp32, "
-            "grad_buffer_fp32)");
+            "param_data_fp32, grad_buffer_fp32, gather_params_fp32)");
   }
 };
 

@@ -79,10 +79,25 @@ class EngineHandle final : public AnyOptimizer {
   int ranks() const override { return engine_.ranks(); }
   void set_param(ParamId p, const float* values) override { engine_.set_param(p, values); }
   void gather_masters(float* out) override { engine_.gather_masters(out); }
+  void gather_params(void* out) override { engine_.gather_params(static_cast<T*>(out)); }
+  void gather_params_fp32(float* out) override {
+    if constexpr (widen) {
+      // Gathered in the storage type (half the bytes of fp32), widened on the host.
+      std::vector<T> low(engine_.layout().padded_total());
+      engine_.gather_params(low.data());
+      backend::Ops<backend::Host>::convert(out, low.data(), low.size());
+    } else {
+      engine_.gather_params(out);
+    }
+  }
   std::vector<float> master_values(ParamId p) override { return engine_.master_values(p); }
 
   const void* acquire_unit(UnitId u) override { return engine_.acquire_unit(u); }
-  void release_unit(UnitId u) override { engine_.release_unit(u); }
+  void release_unit(UnitId u) override {
+    engine_.release_unit(u);
+    if (fp32_unit_ == u.index) fp32_unit_ = npos;
+  }
+  const void* param_data(ParamId p) const override { return engine_.param_data(p); }
   void* grad_buffer(UnitId u) override {
     wide_grad_of_ = npos;
     return engine_.grad_buffer(u);
@@ -104,10 +119,22 @@ class EngineHandle final : public AnyOptimizer {
     const T* p = engine_.acquire_unit(u);
     if constexpr (widen) {
       Ops::convert(wide_params_.data(), p, engine_.layout().units()[u.index].numel);
-      return wide_params_.data();
+      fp32_params_ = wide_params_.data();
     } else {
-      return p;
+      fp32_params_ = p;
     }
+    fp32_unit_ = u.index;
+    return fp32_params_;
+  }
+  const float* param_data_fp32(ParamId p) const override {
+    const Layout& layout = engine_.layout();
+    require(p.index < layout.params().size(), "param_data_fp32: parameter id ", p.index, " does not exist (",
+            layout.params().size(), " parameters)");
+    const ParamInfo& info = layout.param(p);
+    require(fp32_unit_ == info.unit, "param_data_fp32('", info.name, "'): acquire_fp32('",
+            layout.units()[info.unit].name, "') first: the fp32 values are the copy acquire_fp32 makes of the unit, "
+            "valid until the next acquire_fp32 or release_unit (param_data has the stored values)");
+    return fp32_params_ + info.offset;
   }
   float* grad_buffer_fp32(UnitId u) override {
     // The engine's buffer is handed out all the same: that is where it
@@ -180,6 +207,10 @@ class EngineHandle final : public AnyOptimizer {
   // 16-bit storage: one unit in fp32, in backend memory, for acquire_fp32
   // and grad_buffer_fp32.
   typename Ops::template Buffer<float> wide_params_, wide_grads_;
+  // What acquire_fp32 handed out last (wide_params_, or with fp32 storage the
+  // engine's unit), for param_data_fp32; npos once released.
+  std::size_t fp32_unit_ = npos;
+  const float* fp32_params_ = nullptr;
   std::size_t wide_grad_of_ = npos;  // the unit whose gradient is in wide_grads_
   G* wide_grad_target_ = nullptr;    // and the engine's buffer it goes to
   bool check_wide_ = false;          // overwrite, the first micro-batch: the fp32 gradient is checked
