@@ -419,7 +419,7 @@ RunResult train(Comm& comm, const typename Opt::Hyper& hyper, const Options& opt
   opt.gather_masters(masters.data());
   opt.gather_params(low.data());
   for (const auto& info : layout.params()) {
-    const std::size_t start = layout.units()[info.unit].full_offset + info.offset;
+    const std::size_t start = layout.unit(info.unit).full_offset + info.offset;
     for (std::size_t i = 0; i < info.numel; ++i) {
       result.masters.push_back(masters[start + i]);
       result.params.push_back(to_float(low[start + i]));

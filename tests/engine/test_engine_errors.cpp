@@ -458,3 +458,31 @@ TEST_CASE("Options::check_replicas names the rank whose copy of a unit differs, 
   for (const auto& m : train_with_a_flipped_bit<3>(false)) CHECK(m == "");
   for (const auto& m : train_with_a_flipped_bit<1>(false)) CHECK(m == "");
 }
+
+TEST_CASE("Ranks may differ in the 8-bit states' settings only where the states are not 8-bit", "[engine][errors]") {
+  for (const auto states : {zero::StateFormat::fp32, zero::StateFormat::blockwise8}) {
+    std::vector<std::string> messages(2);
+    zero::comm::LocalGroup group(2);
+    group.run([&](zero::comm::Local& c) {
+      zero::Options o;
+      o.states = states;
+      o.state_block = c.rank() == 0 ? 256 : 2048;
+      o.state_fp32_below = c.rank() == 0 ? 100 : 4096;
+      Opt3 opt(c, {}, o);
+      opt.add_param(opt.add_unit("layer"), "layer.w", 100);
+      try {
+        opt.finalize();
+      } catch (const zero::CommError& e) {
+        messages[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    for (const auto& m : messages) {
+      if (states == zero::StateFormat::fp32) {
+        CHECK(m == "");  // nothing reads them
+      } else {
+        CHECK_THAT(m, Catch::Contains("Options::state_block"));
+        CHECK_THAT(m, Catch::Contains("Options::state_fp32_below"));
+      }
+    }
+  }
+}

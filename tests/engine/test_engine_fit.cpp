@@ -302,6 +302,12 @@ TEST_CASE("use_memory and hold_whole: misuse is an error naming the fix", "[engi
                         Catch::Contains("set_param(): the parameters are held whole (hold_whole()); end that scope "
                                         "first"));
       CHECK_THROWS_WITH(opt.hold_whole(), Catch::Contains("held whole already"));
+      // Held whole, every parameter's values are there, acquired or not
+      // (the layout names each parameter's unit as the calls take it).
+      static_assert(std::is_same_v<decltype(zero::ParamInfo::unit), zero::UnitId>);
+      CHECK(std::equal(init.begin(), init.end(), opt.param_data(w)));
+      CHECK(opt.acquire_unit(opt.layout().param(w).unit) == opt.param_data(w));
+      opt.release_unit(opt.layout().param(w).unit);
     }
     opt.acquire_unit(u);
     CHECK_THROWS_WITH(opt.hold_whole(), Catch::Contains("hold_whole(): unit 'a' is acquired"));

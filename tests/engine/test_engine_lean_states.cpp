@@ -119,7 +119,7 @@ Trace train(zero::comm::Local& comm, const zero::Options& options, int steps, co
     trace.masters.emplace_back();
     trace.copies.emplace_back();
     for (const auto& info : layout.params()) {
-      const std::size_t start = layout.units()[info.unit].full_offset + info.offset;
+      const std::size_t start = layout.unit(info.unit).full_offset + info.offset;
       for (std::size_t i = 0; i < info.numel; ++i) {
         trace.masters.back().push_back(std::bit_cast<std::uint32_t>(m[start + i]));
         trace.copies.back().push_back(c[start + i].bits);

@@ -161,7 +161,7 @@ Run train(int ranks, int stage, int steps, bool release_pages = false,
         while (id < params.size() && params[id].name != named.key()) ++id;
         EXPECT(id < params.size(), "parameter '%s' is not registered", named.key().c_str());
         if (id == params.size()) continue;
-        const zero::UnitId u{params[id].unit};
+        const zero::UnitId u = params[id].unit;
         const auto* resident = static_cast<const char*>(opt->acquire_unit(u)) +
                                params[id].offset * named.value().element_size();  // resident: no collective
         opt->release_unit(u);

@@ -239,10 +239,12 @@ auto Engine<P, O, B>::param_data(ParamId id) const -> const param_type* {
   require(id.index < layout_.params().size(), "param_data: parameter id ", id.index, " does not exist (",
           layout_.params().size(), " parameters)");
   const ParamInfo& p = layout_.param(id);
-  const UnitInfo& u = unit_of(p.unit);
+  const UnitInfo& u = unit_of(p.unit.index);
   if (plan_.rules.params_whole()) return params_.data() + u.full_offset + p.offset;
+  // Stage 3 inside hold_whole(): every unit is in the whole copy (acquire_unit hands it out from there).
+  if (whole_.size() != 0) return whole_.data() + u.full_offset + p.offset;
   // Acquired, not merely prefetched: acquire_unit waited for the gather.
-  const param_type* unit = gatherer_.acquired_data(p.unit);
+  const param_type* unit = gatherer_.acquired_data(p.unit.index);
   require(unit != nullptr, "param_data('", p.name, "'): acquire_unit('", u.name,
           "') first (stage 3 keeps only shards; a prefetched unit may still be being gathered)");
   return unit + p.offset;

@@ -28,12 +28,12 @@ void Engine<P, O, B>::set_param(ParamId id, const float* values) {
   land_update();
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
   const ParamInfo& p = layout_.param(id);
-  const UnitInfo& u = unit_of(p.unit);
+  const UnitInfo& u = unit_of(p.unit.index);
   const StagePlan& rules = plan_.rules;
   // A gathered copy of the unit would keep the old values: a prefetched one
   // is dropped below; one in use cannot be.
   if (rules.params_sharded)
-    require(!gatherer_.is_acquired(p.unit), "set_param('", p.name, "'): unit '", u.name,
+    require(!gatherer_.is_acquired(p.unit.index), "set_param('", p.name, "'): unit '", u.name,
             "' is acquired; release_unit() it before setting its parameters");
   // Collective: ranks that pass different values would each keep their own
   // part of them (a model no rank has); compare fingerprints instead.
@@ -45,7 +45,7 @@ void Engine<P, O, B>::set_param(ParamId id, const float* values) {
     throw CommError(concat("set_param('", p.name, "') on rank ", rank(), ": rank(s) ", differ,
                            " passed values that differ from rank 0's; every rank must pass the same values "
                            "(initialise from the same seed on every rank, or load the same checkpoint)"));
-  if (rules.params_sharded) gatherer_.drop(p.unit);
+  if (rules.params_sharded) gatherer_.drop(p.unit.index);
   comm_.join();  // communication in flight may still read the parameters
   // The part of the parameter inside this rank's updated range of the unit.
   const Ownership own = ownership();
@@ -111,7 +111,7 @@ std::vector<float> Engine<P, O, B>::master_values(ParamId id) {
   std::vector<float> all(layout_.padded_total());
   gather_masters(all.data());
   const ParamInfo& p = layout_.param(id);
-  const std::size_t start = unit_of(p.unit).full_offset + p.offset;
+  const std::size_t start = unit_of(p.unit.index).full_offset + p.offset;
   return std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(start),
                             all.begin() + static_cast<std::ptrdiff_t>(start + p.numel));
 }

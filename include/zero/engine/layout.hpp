@@ -36,7 +36,7 @@ struct UnitId {
 struct ParamInfo {
   std::string name;
   std::size_t numel;
-  std::size_t unit;
+  UnitId unit;         // what acquire_unit(), grad_buffer() and the rest take
   std::size_t offset;  // first element within its unit's flat buffer
   // As registered (e.g. {out, in}), or empty: flat. The optimizer stores
   // every parameter flat; checkpoints and the Hugging Face export keep it.
@@ -96,7 +96,7 @@ class Layout {
     const std::size_t end = checked_add(offset, numel, "add_param('", name, "', ", numel, " elements) in unit '",
                                         u.name, "'");
     if (offset > u.numel) u.gaps.emplace_back(u.numel, offset);
-    params_.push_back(ParamInfo{std::move(name), numel, unit.index, offset, std::move(shape)});
+    params_.push_back(ParamInfo{std::move(name), numel, unit, offset, std::move(shape)});
     u.params.push_back(params_.size() - 1);
     u.numel = end;
     return ParamId{params_.size() - 1};

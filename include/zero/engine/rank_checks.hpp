@@ -52,6 +52,7 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
   const std::uint64_t layout_hash = layout.hash();
   const std::uint64_t precision = (id.mixed ? 0x100u : 0u) | static_cast<std::uint64_t>(id.param_dtype);
   const auto& ls = options.loss_scale;
+  const bool blockwise8 = options.states == StateFormat::blockwise8;
   return {
       // (the fingerprint: what differs is named by layout_disagreement)
       {"the parameter layout (ranks registered different parameter layouts)", layout_hash,
@@ -86,8 +87,9 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
       {"Options::round_ties_away", options.round_ties_away ? 1u : 0u, flag},
       {"Options::states", static_cast<std::uint64_t>(options.states),
        [](std::uint64_t v) -> std::string { return name(static_cast<StateFormat>(v)); }},
-      {"Options::state_block", static_cast<std::uint64_t>(options.state_block), number},
-      {"Options::state_fp32_below", static_cast<std::uint64_t>(options.state_fp32_below), number},
+      // Read by 8-bit states alone: ranks may differ in them otherwise.
+      {"Options::state_block", blockwise8 ? static_cast<std::uint64_t>(options.state_block) : 0, number},
+      {"Options::state_fp32_below", blockwise8 ? static_cast<std::uint64_t>(options.state_fp32_below) : 0, number},
       {"Options::hpz", options.hpz ? 1u : 0u, flag},
       {"Options::hpz_int8", options.hpz_int8 ? 1u : 0u, flag},
       {"Options::qwz", options.qwz ? 1u : 0u, flag},

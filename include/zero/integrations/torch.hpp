@@ -399,7 +399,7 @@ class TorchModule final : private detail::TorchUnitEvents {
   void view_resident_params() {
     for (Param& p : params_) {
       const ParamInfo& info = opt_.layout().param(p.id);
-      const UnitId u = units_[info.unit];
+      const UnitId u = units_[info.unit.index];
       const auto* base = static_cast<const std::byte*>(static_cast<const void*>(opt_.acquire_unit(u)));  // resident
       opt_.release_unit(u);
       auto* slice = const_cast<std::byte*>(base + info.offset * p.tensor.element_size());

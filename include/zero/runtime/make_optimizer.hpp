@@ -131,8 +131,8 @@ class EngineHandle final : public AnyOptimizer {
     require(p.index < layout.params().size(), "param_data_fp32: parameter id ", p.index, " does not exist (",
             layout.params().size(), " parameters)");
     const ParamInfo& info = layout.param(p);
-    require(fp32_unit_ == info.unit, "param_data_fp32('", info.name, "'): acquire_fp32('",
-            layout.units()[info.unit].name, "') first: the fp32 values are the copy acquire_fp32 makes of the unit, "
+    require(fp32_unit_ == info.unit.index, "param_data_fp32('", info.name, "'): acquire_fp32('",
+            layout.unit(info.unit).name, "') first: the fp32 values are the copy acquire_fp32 makes of the unit, "
             "valid until the next acquire_fp32 or release_unit (param_data has the stored values)");
     return fp32_params_ + info.offset;
   }
