@@ -406,6 +406,13 @@ TEST_CASE("manifest: round trip and precise errors", "[checkpoint][manifest]") {
   CHECK_THAT(with([](auto& c) { c["format"] = "other"; }), Catch::Contains("not a zero checkpoint manifest"));
   CHECK_THAT(with([](auto& c) { c["slots"][0]["dtype"] = "I64"; }), Catch::Contains("'slots[0].dtype' is \"I64\""));
   CHECK_THAT(error_of(nullptr), Catch::Contains("must be a JSON object"));
+  // A number no double holds names its field, not only the file.
+  nlohmann::json marked = j;
+  marked["step"] = 987654321;
+  std::string overflowing = marked.dump();
+  overflowing.replace(overflowing.find("987654321"), 9, "1e400");
+  CHECK_THROWS_WITH(parse_manifest(overflowing, file),
+                    Catch::Contains(file.string()) && Catch::Contains("field 'step' holds a number no double holds"));
   try {
     parse_manifest(text.substr(0, text.size() / 2), file);
     FAIL("a corrupt manifest parsed");

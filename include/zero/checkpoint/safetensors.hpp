@@ -149,11 +149,16 @@ inline constexpr std::uint64_t max_safetensors_header_bytes = 100'000'000;
 namespace detail {
 
 // A header with two entries for one name (or two data_offsets) is a lie:
-// nlohmann would keep the last silently (zero/json_parse.hpp catches it).
+// nlohmann would keep the last silently (zero/json_parse.hpp catches it). A
+// number beyond a double's range names its key (nlohmann's error does not).
 inline nlohmann::json parse_json_strict(std::string_view text, const std::filesystem::path& file, std::string_view what) {
   zero::detail::ParsedJson parsed;
+  std::string key_at_error;
   try {
-    parsed = zero::detail::parse_json_noting_duplicates(text);
+    parsed = zero::detail::parse_json_noting_duplicates(text, &key_at_error);
+  } catch (const nlohmann::json::out_of_range& e) {
+    fail(file, what, ": ", key_at_error.empty() ? std::string("the top-level value") : "field '" + key_at_error + "'",
+         " holds a number no double holds (", e.what(), "); zero writes no such file (was it edited?)");
   } catch (const nlohmann::json::exception& e) {
     fail(file, what, " is not valid JSON (", e.what(), ")");
   }
