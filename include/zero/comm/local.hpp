@@ -145,6 +145,15 @@ class LocalGroup {
     }
     return {};
   }
+  // Posts rank r's call, with the library call and purpose it is made in
+  // (this thread's), for check_same_call; Local and LocalDevice post theirs here.
+  void post_call(int r, const Call& call) {
+    const auto i = static_cast<std::size_t>(r);
+    calls_[i] = call;
+    api_calls_[i] = ApiCall::current();
+    purposes_[i] = Purpose::current();
+    purpose_codes_[i] = Purpose::code_of(purposes_[i]);
+  }
   std::string describe_posted(std::size_t i) const {
     return Purpose::describe_call(purposes_[i], calls_[i].describe()) + ApiCall::where(api_calls_[i]);
   }
@@ -463,10 +472,7 @@ class Local {
   // and checks that all made the same call.
   void publish(const Call& call, const void* send, void* recv, const char* what) {
     // The previous collective's last rendezvous guarantees nobody still reads the slots.
-    group_->calls_[rank_] = call;
-    group_->api_calls_[rank_] = ApiCall::current();
-    group_->purposes_[rank_] = Purpose::current();
-    group_->purpose_codes_[rank_] = Purpose::code_of(group_->purposes_[rank_]);
+    group_->post_call(rank_, call);
     group_->send_[rank_] = send;
     group_->recv_[rank_] = recv;
     group_->arrive_and_wait(rank_, what);

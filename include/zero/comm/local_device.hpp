@@ -224,12 +224,8 @@ class LocalDevice {
     if (caller != stream_) zero::cuda::order_after(stream_, caller, slot_.ready);
     ZERO_CUDA_CHECK(cudaEventRecord(slot_.ready, stream_));
     // The previous collective's last rendezvous guarantees nobody still reads the table.
-    const auto me = static_cast<std::size_t>(rank_);
-    group_->send_[me] = &slot_;
-    group_->calls_[me] = call;
-    group_->api_calls_[me] = ApiCall::current();
-    group_->purposes_[me] = Purpose::current();
-    group_->purpose_codes_[me] = Purpose::code_of(group_->purposes_[me]);
+    group_->send_[static_cast<std::size_t>(rank_)] = &slot_;
+    group_->post_call(rank_, call);
     group_->arrive_and_wait(rank_, what);
     group_->check_same_call(rank_);
     // Read the table now: nobody writes it again before this collective ends.

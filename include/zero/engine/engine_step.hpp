@@ -223,7 +223,8 @@ void Engine<P, O, B>::blame_replicas() {
     throw CommError(concat(
         "step() on rank ", rank(), ", step ", steps_ + 1, ": Options::check_replicas: the ",
         plan_.rules.params_sharded ? "gathered copy (acquire_unit)" : "parameters after the last update",
-        " of unit '", layout_.units()[unit].name, "' ", who, "; the ranks computed or received them the same way, so a bit changed where it should not have (memory, a "
+        " of unit '", layout_.units()[unit].name, "' ", who,
+        "; the ranks computed or received them the same way, so a bit changed where it should not have (memory, a "
         "core, or the link: silent data corruption). Nothing was updated; check those ranks' machines, and resume "
         "from the last checkpoint"));
   }

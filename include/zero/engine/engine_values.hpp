@@ -97,9 +97,10 @@ void Engine<P, O, B>::gather_units(T* out, Fill fill) {
       const UnitInfo& u = layout_.units()[unit];
       T* mine = unit_buffer.data() + own.update_begin(u);
       fill(u, mine);
-      const auto purpose = comm_.exchange("gathers the values of", "unit", u.name, unit);
-      if (own.rules.states_sharded)
+      if (own.rules.states_sharded) {
+        const auto purpose = comm_.exchange("gathers the values of", "unit", u.name, unit);
         comm_->all_gather(mine, unit_buffer.data(), u.shard, dtype_traits<T>::dtype, true);
+      }
       Ops::download(out + u.full_offset, unit_buffer.data(), u.padded);
     }
   });

@@ -91,8 +91,8 @@ class StepControl {
     std::fill(control, control + control_size, 0.0);
     if (ctx.norm_needs_all_reduce) control[0] = sum_squares;
     control[1 + static_cast<std::size_t>(rank)] = static_cast<double>(report);
-    const double* replicas = control + 1 + static_cast<std::size_t>(ranks);
-    if (ctx.replica != nullptr) control[1 + static_cast<std::size_t>(ranks + rank)] = *ctx.replica;
+    double* replicas = control + 1 + static_cast<std::size_t>(ranks);
+    if (ctx.replica != nullptr) replicas[rank] = *ctx.replica;
     // Up from page-locked memory without a host wait where the backend can
     // (the gradient statistics were the step's one wait before the
     // all-reduce); the all-reduce's lane starts after the copy, and the

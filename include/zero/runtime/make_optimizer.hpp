@@ -149,8 +149,7 @@ class EngineHandle final : public AnyOptimizer {
       wide_grad_of_ = u.index;
       wide_grad_target_ = g;
       if (check_wide_)
-        unwritten_.fill(wide_grads_.data(), engine_.layout().units()[u.index].padded,
-                        P::loss_scaling);
+        unwritten_.fill(wide_grads_.data(), engine_.layout().units()[u.index].padded, P::loss_scaling);
       return wide_grads_.data();
     } else {
       return g;
