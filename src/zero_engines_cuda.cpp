@@ -1,4 +1,4 @@
-// The nine built-in engines on backend::Cuda, with make_optimizer's handles,
+// The twelve built-in engines on backend::Cuda, with make_optimizer's handles,
 // compiled once per build by the host compiler (zero/runtime/precompiled.hpp
 // says why): one precision per compile, ZERO_ENGINES_PRECISION = fp32, bf16
 // or fp16, so the three compile side by side. The engine is host code on the

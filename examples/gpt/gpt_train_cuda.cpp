@@ -8,7 +8,7 @@
 // compiled by the host compiler (nvcc compiles only the kernels: the model's
 // in gpt_cuda.cu, the library's in src/zero_kernels_cuda.cu). The optimizer
 // comes from zero::make_optimizer, which compiles one engine per precision
-// and optimizer (nine) and takes the stage and the offload tier (none, cpu,
+// and optimizer (twelve) and takes the stage and the offload tier (none, cpu,
 // nvme) as values, so every choice the host accepts is built in; the build
 // compiles those engines once, apart (src/zero_engines_cuda.cpp, side by
 // side with this file), and this file declares them extern.

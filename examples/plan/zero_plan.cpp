@@ -320,9 +320,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cuda", "host"}));
   app.add_option("--precision", precision, "fp32, or bf16/fp16 parameters and gradients with fp32 master")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--optimizer", optimizer, "adam, adamw (2 fp32 states) or sgd (1: the momentum buffer is kept "
-                                           "even at momentum 0)")
+  app.add_option("--optimizer", optimizer, "adam, adamw (2 fp32 states) or sgd (1: the momentum buffer; none "
+                                           "with --momentum 0)")
       ->check(CLI::IsMember({"adam", "adamw", "sgd"}));
+  double momentum = 0.9;
+  app.add_option("--momentum", momentum, "SGD's momentum (the trainers' default 0.9); 0 keeps no momentum buffer, "
+                                         "as torch.optim.SGD")
+      ->check(CLI::Range(0.0, 1e300));
   std::string bucket_text = "auto";
   app.add_option("--bucket-bytes", bucket_text, "Options::bucket_bytes: gradient bucket, K/M/G suffixes (powers of "
                                                 "1024), or auto (the default: 32M, at stages 2-3 at most a quarter "
@@ -428,7 +432,7 @@ int main(int argc, char** argv) {
     config.precision = precision == "fp32" ? plan::Precision::fp32 : precision == "fp16" ? plan::Precision::fp16
                                                                                          : plan::Precision::bf16;
     config.optimizer = optimizer;
-    config.state_slots = optimizer == "sgd" ? 1 : 2;
+    config.state_slots = optimizer != "sgd" ? 2 : momentum != 0.0 ? 1 : 0;  // optim::Sgd or optim::PlainSgd
     config.options.bucket_bytes = bucket_text == "auto" ? 0 : parse_scaled(bucket_text, "--bucket-bytes", byte_scale);
     config.options.reduce_dtype = reduce == "fp32" ? zero::ReduceDType::fp32 : zero::ReduceDType::same_as_grad;
     config.options.grad_writes = grad_writes == "accumulate" ? zero::GradWrites::accumulate : zero::GradWrites::overwrite;

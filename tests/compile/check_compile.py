@@ -158,7 +158,7 @@ COMPILED_ELSEWHERE = re.compile(
 MUST_CALL = [
     "zero::detail::Engine<zero::precision::Mixed<zero::bf16>, zero::optim::AdamW, zero::backend::Host>::step()",
     "vtable for zero::detail::EngineHandle<",
-    "zero::offload::DiskTier::make<zero::optim::Sgd,",
+    "zero::offload::DiskTier::make<zero::optim::SgdPolicy<false>,",  # "sgd" at momentum 0: optim::PlainSgd
 ]
 
 

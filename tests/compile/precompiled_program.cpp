@@ -16,7 +16,7 @@ int main() {
   zero::comm::LocalGroup group(1);
   group.run([](zero::comm::Local& comm) {
     zero::Config config;
-    config.optimizer = "sgd";
+    config.optimizer = "sgd";  // momentum 0: optim::PlainSgd, no momentum buffer
     config.stage = 2;
     config.offload = zero::OffloadTier::nvme;
     auto handle = zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier>(comm, config);

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdarg>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "zero/backend/host.hpp"
+#include "zero/comm/reduce.cuh"
 #include "zero/cuda/check.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/cuda_quantize.cuh"
@@ -774,11 +776,49 @@ void error_tests(cudaStream_t stream) {
   std::printf("errors: done\n");
 }
 
+// comm::Nccl's call check (comm/nccl.hpp), the kernel alone (two ranks need
+// two GPUs): the ranks' minimum of {h, ~h} equal to this rank's pair leaves
+// the output and the flag alone; any other minimum (a rank whose call
+// differs) poisons the whole output with 0xFF bytes and flags the call,
+// keeping the first flagged call.
+void call_check_tests(cudaStream_t stream) {
+  const std::uint64_t code = 0x1234abcd5678ef90ull, other = 0x0fedcba987654321ull;
+  const std::size_t bytes = 3 * 4096 + 5;
+  std::uint64_t* flag = nullptr;
+  ZERO_CUDA_CHECK(cudaHostAlloc(&flag, sizeof(std::uint64_t), cudaHostAllocMapped));
+  std::uint64_t* flag_on_device = nullptr;
+  ZERO_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_on_device), flag, 0));
+  *flag = 0;
+  DeviceArray<std::uint64_t> reduced(2);
+  DeviceArray<unsigned char> out(bytes);
+  const std::vector<unsigned char> payload = [&] {
+    std::vector<unsigned char> p(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 7 % 251);
+    return p;
+  }();
+  auto run = [&](std::uint64_t least, std::uint64_t least_complement, std::uint64_t call) {
+    reduced.upload({least, least_complement}, stream);
+    out.upload(payload, stream);
+    zero::comm::detail::launch_check_call<std::uint64_t>(reduced.get(), code, out.get(), bytes, call, flag_on_device,
+                                                         stream);
+    ZERO_CUDA_CHECK(cudaGetLastError());
+    return out.download(stream);
+  };
+  CHECK(run(code, ~code, 5) == payload && *flag == 0, "the same call on every rank changed the output or the flag");
+  const std::uint64_t low = std::min(code, other), high = std::max(code, other);
+  const std::vector<unsigned char> poisoned(bytes, 0xFF);
+  CHECK(run(low, ~high, 6) == poisoned, "a rank whose code differs: the output is not all 0xFF");
+  CHECK(*flag == 6, fmt("a rank whose code differs: the flag says %llu, not call 6",
+                        static_cast<unsigned long long>(*flag)));
+  CHECK(run(code, ~high, 7) == poisoned && *flag == 6, "a later mismatch: not poisoned, or the first call not kept");
+  cudaFreeHost(flag);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  if (!zero::test::parse_test_args(argc, argv, {"errors", "stats", "step", "lean", "qwz", "large"}, true, o)) return 2;
+  if (!zero::test::parse_test_args(argc, argv, {"errors", "stats", "step", "lean", "qwz", "large", "callcheck"}, true, o)) return 2;
   if (zero::test::no_cuda_device()) return 77;
   try {
     cudaDeviceProp prop{};
@@ -796,6 +836,7 @@ int main(int argc, char** argv) {
     if (o.runs("lean")) lean_tests(o, stream);
     if (o.runs("qwz")) qwz_tests(o, stream);
     if (o.runs("large") && !o.quick) large_shard_test(stream);
+    if (o.runs("callcheck")) call_check_tests(stream);
   } catch (const std::exception& e) {
     CHECK(false, std::string("uncaught exception: ") + e.what());
   }

@@ -1,4 +1,4 @@
-// The nine built-in engines on the late-copies test backend, compiled once
+// The twelve built-in engines on the late-copies test backend, compiled once
 // for the tests and the offload benchmark that use it (instead of once in
 // each of them), one precision per compile: ZERO_ENGINES_PRECISION = fp32,
 // bf16 or fp16 (tests/engine/meson.build). late_copies.hpp declares them

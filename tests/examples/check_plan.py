@@ -90,6 +90,17 @@ for stage in range(4):
             check(doc["comm"]["bytes_sent_per_step"] == p * elements, f"{what}: bytes sent {doc['comm']}")
             check(doc["comm"]["bytes_received_per_step"] == p * elements, f"{what}: bytes received")
 
+# SGD keeps K = 4 bytes (the momentum buffer) at fp32, none made with
+# momentum 0 (optim::PlainSgd), as torch.optim.SGD keeps no buffer then.
+for momentum, k in (("0.9", 4), ("0", 0)):
+    doc = plan_json("--params", str(phi), "--units", "8", "--stage", "1", "--precision", "fp32",
+                    "--ranks-per-node", "2", "--optimizer", "sgd", "--momentum", momentum)
+    expected = paper_bytes(1, phi, 2, 4, 4, k)
+    states = sum(l["device"] for l in doc["lines"] if l["name"] in ("params", "grads", "master", "optimizer_states"))
+    check(states == expected, f"sgd, momentum {momentum}: model states {states} != paper {expected}")
+    check(sum(l["device"] for l in doc["lines"] if l["name"] == "optimizer_states") == k * phi // 2,
+          f"sgd, momentum {momentum}: optimizer states")
+
 # Nodes and hpZ (docs/zeropp.md): 2 nodes of 4, stage 3, bf16. Plain: every
 # gather and the reduce-scatter over all 8 ranks; hpZ: the first gather of a
 # step over all ranks, the others over the node's 4, and a secondary copy of

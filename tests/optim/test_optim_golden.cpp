@@ -104,7 +104,7 @@ typename Opt::Hyper hyper_of(const GoldenCase& c) {
   typename Opt::Hyper h;
   h.lr = (c.hyper.at("lr"));
   h.weight_decay = (c.hyper.at("weight_decay"));
-  if constexpr (std::is_same_v<Opt, zero::optim::Sgd>) {
+  if constexpr (requires { h.momentum; }) {  // Sgd and PlainSgd
     h.momentum = (c.hyper.at("momentum"));
     h.dampening = (c.hyper.at("dampening"));
     h.nesterov = c.hyper.at("nesterov") != 0.0;
@@ -174,8 +174,11 @@ void run_golden_case(const GoldenCase& c) {
       run_all_storage<zero::optim::Adam>(c);
     else if (c.optimizer == "adamw")
       run_all_storage<zero::optim::AdamW>(c);
-    else if (c.optimizer == "sgd")
+    else if (c.optimizer == "sgd") {
       run_all_storage<zero::optim::Sgd>(c);
+      // Without momentum torch keeps no buffer, and PlainSgd no state slot: the same steps.
+      if (c.hyper.at("momentum") == 0.0) run_all_storage<zero::optim::PlainSgd>(c);
+    }
     else
       FAIL("unknown optimizer in fixture: " << c.optimizer);
   }

@@ -16,6 +16,7 @@ using zero::optim::Sgd;
 static_assert(zero::optim::Policy<Adam>);
 static_assert(zero::optim::Policy<AdamW>);
 static_assert(zero::optim::Policy<Sgd>);
+static_assert(zero::optim::Policy<zero::optim::PlainSgd>);
 struct NotAPolicy {};
 static_assert(!zero::optim::Policy<NotAPolicy>);
 

@@ -232,6 +232,73 @@ TEST_CASE("make_optimizer: what it made, typed views and hyper-parameters by nam
   });
 }
 
+// torch.optim.SGD keeps no momentum buffer at momentum 0; neither does
+// "sgd" made with momentum 0 (optim::PlainSgd). Before, the handle kept a
+// 4-byte slot per parameter that nothing read, and reported it.
+TEST_CASE("make_optimizer: sgd made with momentum 0 keeps no momentum buffer", "[runtime]") {
+  const std::string dir = temp_dir() + "/plain_sgd";
+  using F32 = zero::precision::Full<float>;
+  zero::Config config;
+  config.precision = zero::PrecisionChoice::fp32;
+  config.optimizer = "sgd";
+  config.hyper = {{"lr", 0.1}, {"weight_decay", 0.01}};
+  config.stage = 1;
+  const int ranks = 2;
+  std::vector<Outcome> plain(ranks), kept(ranks);
+  zero::comm::LocalGroup group(ranks);
+  const zero::optim::Sgd::Hyper hyper{.lr = 0.1, .weight_decay = 0.01};
+  group.run([&](zero::comm::Local& c) {
+    kept[c.rank()] =
+        train_typed<zero::ZeroOptimizer<F32, zero::optim::Sgd, zero::stage<1>>>(c, hyper, config.options, 4);
+  });
+  group.run([&](zero::comm::Local& c) {
+    plain[c.rank()] = train_any(c, config, 4, [&](zero::AnyOptimizer& o) {
+      CHECK_THROWS_WITH(o.set_hyper("momentum", 0.9), Catch::Contains("keeps no momentum buffer"));
+      CHECK(o.hyper_value("momentum") == 0.0);
+      o.save(dir);
+    });
+  });
+  for (int r = 0; r < ranks; ++r) {
+    // The same steps as the slot-keeping policy at momentum 0, bit for bit.
+    REQUIRE(plain[r].masters.size() == kept[r].masters.size());
+    CHECK(std::memcmp(plain[r].masters.data(), kept[r].masters.data(), plain[r].masters.size() * sizeof(float)) == 0);
+    CHECK(plain[r].params == kept[r].params);
+    // fp32 parameters are their own master: the state was the whole optimizer-only memory.
+    const zero::MemoryReport& p = plain[r].memory;
+    const zero::MemoryReport& k = kept[r].memory;
+    CHECK(p.optimizer_states == 0);
+    CHECK(k.optimizer_states == 4 * (k.padded_elements / ranks));
+    CHECK(p.params == k.params);
+    CHECK(p.grads == k.grads);
+  }
+  // Its checkpoint holds no momentum: a run with momentum cannot resume
+  // from it, and says why; a run made as it was resumes.
+  auto add_model = [](zero::AnyOptimizer& o) {
+    for (std::size_t u = 0; u < kModel.size(); ++u) {
+      const auto unit = o.add_unit("unit" + std::to_string(u));
+      for (std::size_t p = 0; p < kModel[u].size(); ++p)
+        o.add_param(unit, "u" + std::to_string(u) + ".p" + std::to_string(p), kModel[u][p]);
+    }
+    o.finalize();
+  };
+  group.run([&](zero::comm::Local& c) {
+    zero::Config with_momentum = config;
+    with_momentum.hyper["momentum"] = 0.9;
+    auto opt = zero::make_optimizer(c, with_momentum);
+    add_model(*opt);
+    CHECK_THROWS_WITH(opt->load(dir), Catch::Contains("has no state slot 'momentum'") &&
+                                          Catch::Contains("SGD made with momentum 0 keeps no 'momentum'"));
+    auto same = zero::make_optimizer(c, config);
+    add_model(*same);
+    same->load(dir);
+    CHECK(same->step_count() == 4);
+    std::vector<float> masters(same->layout().padded_total());
+    same->gather_masters(masters.data());
+    CHECK(std::memcmp(masters.data(), plain[c.rank()].masters.data(), masters.size() * sizeof(float)) == 0);
+  });
+  std::filesystem::remove_all(dir);
+}
+
 // The README says the handle has ZeroOptimizer's calls: gather_params and
 // param_data were missing. Untyped, typed (checked) and fp32, as the
 // handle's other calls, and the same values as the typed optimizer's.

@@ -716,7 +716,9 @@ inline LoadResult load_checkpoint(const std::filesystem::path& path, StateSource
             std::string names;
             for (const auto& x : result.manifest.slots) names += (names.empty() ? "" : ", ") + x.name;
             return names;
-          }(), "): saved with another optimizer or precision");
+          }(), "): saved with another optimizer or precision, or with settings that keep fewer states (SGD made "
+               "with momentum 0 keeps no 'momentum'); resume with what it was saved with (the manifest's "
+               "optimizer.hyper)");
         result.slots_not_loaded.push_back(s.name);
       }
       saved_slot.push_back(i);

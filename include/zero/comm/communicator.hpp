@@ -127,7 +127,9 @@ class ApiCall {
 // collectives (a thread-local pointer, as ApiCall: nothing allocated);
 // comm::Local, comm::LocalDevice and comm::Mpi compare every rank's
 // fingerprint of the call and its purpose with each collective and throw the
-// same CommError on every rank, naming each rank's exchange, when they differ
+// same CommError on every rank, naming each rank's exchange, when they
+// differ; comm::Nccl compares it on the device right after the collective
+// and throws on every rank, each naming its own exchange
 // (docs/communicators.md, "What each exchange is for").
 //
 //   "gathers unit 'a' (exchange #12 of the optimizer)"
@@ -169,6 +171,21 @@ struct Purpose {
   friend class PurposeScope;
   static inline thread_local const Purpose* current_ = nullptr;
 };
+
+namespace detail {
+// One rank's fingerprint of a collective call: its kind, element count,
+// type, what else must agree (all_reduce's operation, broadcast's root) and
+// its purpose. comm::Mpi and comm::Nccl compare it across ranks with each
+// collective; equal on every rank for the same exchange at the same point.
+inline std::uint64_t call_code(const char* kind, std::size_t count, DType t, std::uint64_t detail,
+                               const Purpose* purpose) {
+  std::uint64_t h = fnv_add(fnv_basis, kind);
+  for (std::uint64_t v : {std::uint64_t{count}, std::uint64_t{static_cast<std::uint8_t>(t)}, detail,
+                          Purpose::code_of(purpose)})
+    h = fnv_add(h, v);
+  return h;
+}
+}  // namespace detail
 
 // The purpose of the collectives this thread makes while it lives (nested
 // scopes: the innermost).

@@ -410,10 +410,8 @@ class Mpi {
   // barrier is. Every collective of this communicator starts with it, so
   // ranks whose collectives differ in kind still meet here.
   void check_same_call(Call& call, int detail) {
-    std::uint64_t h = detail::fnv_add(detail::fnv_basis, call.kind);
-    for (std::uint64_t v : {std::uint64_t{call.count}, std::uint64_t{static_cast<std::uint8_t>(call.dtype)},
-                            static_cast<std::uint64_t>(detail), Purpose::code_of(call.purpose)})
-      h = detail::fnv_add(h, v);
+    const std::uint64_t h =
+        detail::call_code(call.kind, call.count, call.dtype, static_cast<std::uint64_t>(detail), call.purpose);
     std::uint64_t least[2] = {h, ~h};
     complete(call, MPI_Iallreduce(MPI_IN_PLACE, least, 2, MPI_UINT64_T, MPI_MIN, comm_, &call.request),
              "MPI_Iallreduce (the check that every rank makes the same call)", sizeof least);

@@ -39,6 +39,21 @@
 // the reference bit for bit. NCCL cannot place two ranks of one communicator
 // on the same GPU: for N ranks on one GPU use comm::LocalDevice.
 //
+// Ranks that make different calls (another unit, another bucket, one
+// collective more) are caught without the host waiting: with each
+// collective (each group, as one) the communicator all-reduces 16 bytes,
+// the minimum of the call's fingerprint h and of ~h (comm::Purpose, as
+// comm::Mpi), and a kernel on its stream compares the result with this
+// rank's own pair. On a mismatch the kernel overwrites what the exchange
+// received with NaN bytes (so no mixed values reach the caller's kernels,
+// which wait for the communicator's stream) and flags the call in
+// host-mapped memory; the host sees the flag at its next call or poll,
+// aborts, and throws CommError naming this rank's exchange on every rank.
+// Options::check_calls = false leaves the check out. The kernel is one of
+// the library's (comm/reduce.cuh): a program using comm::Nccl links the
+// kernels object (src/zero_kernels_cuda.cu) or includes zero/zero_cuda.cuh
+// in a .cu file.
+//
 // One host thread uses a Nccl object at a time (as NCCL requires).
 #pragma once
 
@@ -72,6 +87,7 @@
 #include "zero/cuda/check.hpp"
 #include "zero/cuda/stream.hpp"
 #include "zero/error.hpp"
+#include "zero/kernels/cuda_launchers.hpp"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
 #error "zero/comm/nccl.hpp needs NCCL 2.14 or newer (bf16, ncclCommInitRankConfig, non-blocking communicators)"
@@ -89,6 +105,10 @@ struct NcclOptions {
   // GPUs per node, ranks filling nodes in order (comm/topology.hpp; 0: one
   // node of every rank): what the byte counters count as crossing nodes.
   int ranks_per_node = 0;
+  // Compare every rank's call and purpose with each collective (see the
+  // top of this file): a 16-byte all-reduce and one small kernel on the
+  // communicator's stream, no host wait. False leaves it out.
+  bool check_calls = true;
 };
 
 class Nccl {
@@ -161,11 +181,11 @@ class Nccl {
 
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum, bool control = false) {
     require(t != DType::u8, "comm::Nccl: ", detail::reduce_bytes_refused);
-    const State::Call call(*s_, "all_reduce", count, t);
+    const State::Call call(*s_, "all_reduce", count, t, static_cast<std::uint64_t>(op));
     if (count != 0)
       s_->check(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), s_->comm, s_->stream), "ncclAllReduce");
     s_->counters.count_all_reduce(count * dtype_bytes(t), s_->size, control, crosses());
-    s_->enqueued(control);
+    s_->enqueued(control, buf, count * dtype_bytes(t));
   }
 
   // In place when recv == send + rank() * recv_count (NCCL's own rule).
@@ -177,7 +197,7 @@ class Nccl {
                 "ncclReduceScatter");
     s_->counters.count_reduce_scatter(recv_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size,
                                       crosses());
-    s_->enqueued(false);
+    s_->enqueued(false, recv, recv_count * dtype_bytes(t));
   }
 
   // In place when send == recv + rank() * send_count (NCCL's own rule).
@@ -187,16 +207,16 @@ class Nccl {
       s_->check(ncclAllGather(send, recv, send_count, nccl_type(t), s_->comm, s_->stream), "ncclAllGather");
     s_->counters.count_all_gather(send_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t), s_->size,
                                   control, crosses());
-    s_->enqueued(control);
+    s_->enqueued(control, recv, send_count * static_cast<std::size_t>(s_->size) * dtype_bytes(t));
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) {
-    const State::Call call(*s_, "broadcast", count, t);
+    const State::Call call(*s_, "broadcast", count, t, static_cast<std::uint64_t>(root));
     require(root >= 0 && root < size(), "broadcast root ", root, " is not a rank of this communicator of ", size());
     if (count != 0)
       s_->check(ncclBroadcast(buf, buf, count, nccl_type(t), root, s_->comm, s_->stream), "ncclBroadcast");
     s_->counters.count_broadcast(count * dtype_bytes(t), s_->size, crosses());
-    s_->enqueued(false);
+    s_->enqueued(false, buf, count * dtype_bytes(t));
   }
 
   // Block j of send to rank j, block i of recv from rank i: an ncclSend and
@@ -230,7 +250,7 @@ class Nccl {
                                       cudaMemcpyDeviceToDevice, s_->stream));
     }
     s_->counters.count_all_to_all(block, s_->topology, s_->rank);
-    s_->enqueued(false);
+    s_->enqueued(false, recv, block * static_cast<std::size_t>(s_->size));
   }
 
   // Returns when every rank has reached it and this rank's collectives
@@ -240,7 +260,7 @@ class Nccl {
     require(s_->group_depth == 0, "comm::Nccl::barrier() inside group_begin()/group_end(): end the group first");
     s_->check(ncclAllReduce(s_->scratch, s_->scratch, 1, ncclFloat32, ncclSum, s_->comm, s_->stream),
               "ncclAllReduce (barrier)");
-    s_->enqueued(true);
+    s_->enqueued(true, nullptr, 0);
   }
 
   // Several collectives issued together (ncclGroupStart/End): NCCL launches
@@ -334,6 +354,9 @@ class Nccl {
       int group_size = 1;  // > 1: a group, described by its first collective
       clock::time_point enqueued{};
       const char* api = nullptr;  // the library call it was made in (ApiCall), or nullptr
+      Purpose purpose{};          // what the optimizer made it for, where has_purpose
+      bool has_purpose = false;
+      std::uint64_t code = 0;     // this rank's fingerprint of the call (detail::call_code)
     };
 
     // `s`: the stream to use, unless `create_stream`; `own`: destroy `c` at the end.
@@ -365,6 +388,14 @@ class Nccl {
         ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
         group_callers.reserve(8);
         ZERO_CUDA_CHECK(cudaMalloc(&scratch, sizeof(float)));
+        // The call check: per ring slot, {h, ~h} staged on the host and
+        // all-reduced on the device; the mismatch flag, mapped.
+        ZERO_CUDA_CHECK(cudaHostAlloc(&check_staged, 2 * ring_capacity * sizeof(std::uint64_t), cudaHostAllocDefault));
+        ZERO_CUDA_CHECK(cudaMalloc(&check_reduced, 2 * ring_capacity * sizeof(std::uint64_t)));
+        ZERO_CUDA_CHECK(cudaHostAlloc(&mismatch, sizeof(std::uint64_t), cudaHostAllocMapped));
+        *mismatch = 0;
+        ZERO_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mismatch_on_device), mismatch, 0));
+        group_outputs.reserve(64);
         // On the communicator's stream, where barrier() reads it: a plain
         // cudaMemset runs on the legacy default stream, which does not order
         // a non-blocking stream.
@@ -399,9 +430,9 @@ class Nccl {
     // first (the guard on every error path; see group_begin()).
     class Call {
      public:
-      Call(State& s, const char* kind, std::size_t count, DType t) : s_(s), lock_(s.mutex) {
+      Call(State& s, const char* kind, std::size_t count, DType t, std::uint64_t detail = 0) : s_(s), lock_(s.mutex) {
         try {
-          s.enter(kind, count, t);
+          s.enter(kind, count, t, detail);
         } catch (...) {
           s.end_groups(true);
           throw;
@@ -421,7 +452,7 @@ class Nccl {
 
     // Start of every call: no call after an abort, the right device, a
     // non-blocking poll, and room in the ring.
-    void enter(const char* kind, std::size_t count, DType t) {
+    void enter(const char* kind, std::size_t count, DType t, std::uint64_t detail) {
       if (aborted) throw CommError(abort_message);
       int current = -1;
       ZERO_CUDA_CHECK(cudaGetDevice(&current));
@@ -438,6 +469,10 @@ class Nccl {
         now.dtype = t;
         now.call = ++calls;
         now.api = ApiCall::current();
+        const Purpose* purpose = Purpose::current();
+        now.has_purpose = purpose != nullptr;
+        now.purpose = purpose != nullptr ? *purpose : Purpose{};
+        now.code = detail::call_code(kind, count, t, detail, purpose);
         follow_caller();
       }
     }
@@ -463,15 +498,23 @@ class Nccl {
       ZERO_CUDA_CHECK(cudaStreamWaitEvent(c, last.event, 0));
     }
 
-    // After a collective's NCCL call: record its event (or join the open
-    // group) and, for results the host reads next, wait for it.
-    void enqueued(bool wait) {
+    // After a collective's NCCL call: check it and record its event (or
+    // join the open group) and, for results the host reads next, wait for
+    // it. `out`: what it wrote, `bytes` long.
+    void enqueued(bool wait, void* out, std::size_t bytes) {
       if (group_depth > 0) {
-        if (group_count == 0) group = now;
+        if (group_count == 0) {
+          group = now;
+          group_code = detail::fnv_basis;
+        }
         ++group_count;
         group_wait = group_wait || wait;
+        group_code = detail::fnv_add(group_code, now.code);
+        group_outputs.push_back({out, bytes});
         return;
       }
+      const Output output{out, bytes};
+      check_same_call(now.code, now.call, &output, 1);
       push(now);
       if (caller_is_other) caller_waits(caller);
       if (wait) wait_all();
@@ -497,12 +540,13 @@ class Nccl {
         ncclGroupEnd();
       }
       try {
-        if (open && track && !aborted) record_group();
+        if (open && track && !aborted) record_group(false);
       } catch (...) {  // it aborted: nothing left to track
       }
       group_count = 0;
       group_wait = false;
       group_callers.clear();
+      group_outputs.clear();
     }
 
     void wait_all() {
@@ -574,6 +618,7 @@ class Nccl {
 
     static std::string describe(const Record& r) {
       std::string d = describe_collective(r.kind, r.call, r.count, r.dtype);
+      if (r.has_purpose) d = r.purpose.describe() + " with " + d;
       if (r.group_size > 1)
         d = zero::detail::concat("a group of ", r.group_size, " collectives starting with ", d);
       return d + ApiCall::where(r.api);
@@ -586,6 +631,9 @@ class Nccl {
       slot.dtype = r.dtype;
       slot.call = r.call;
       slot.api = r.api;
+      slot.purpose = r.purpose;
+      slot.has_purpose = r.has_purpose;
+      slot.code = r.code;
       slot.group_size = r.group_size < 1 ? 1 : r.group_size;
       slot.enqueued = clock::now();
       const cudaError_t recorded = cudaEventRecord(slot.event, stream);
@@ -597,6 +645,7 @@ class Nccl {
     // Retires finished collectives; aborts and throws on an asynchronous NCCL
     // error, a CUDA error, or an oldest collective past the timeout.
     void poll_locked() {
+      check_mismatch();
       const ncclResult_t state = async_state(comm);
       if (state != ncclSuccess && state != ncclInProgress)
         fail(zero::detail::concat("NCCL reported an asynchronous error: ", nccl_error(state),
@@ -610,6 +659,7 @@ class Nccl {
         head = (head + 1) % ring_capacity;
         --pending;
       }
+      check_mismatch();
       if (pending > 0 && clock::now() - ring[head].enqueued > options.timeout)
         fail(zero::detail::concat(
             describe(ring[head]), " did not finish within ", options.timeout.count(),
@@ -637,17 +687,27 @@ class Nccl {
       fork = nullptr;
       if (scratch != nullptr) cudaFree(scratch);
       scratch = nullptr;
+      if (check_staged != nullptr) cudaFreeHost(check_staged);
+      check_staged = nullptr;
+      if (check_reduced != nullptr) cudaFree(check_reduced);
+      check_reduced = nullptr;
+      if (mismatch != nullptr) cudaFreeHost(mismatch);
+      mismatch = nullptr;
       if (owned_stream != nullptr) cudaStreamDestroy(owned_stream);  // after its work, which the destructor awaited
       owned_stream = nullptr;
     }
 
-    // The closed group's collectives, as one record in the ring.
-    void record_group() {
+    // The closed group's collectives, as one record in the ring, checked as
+    // one unless `check` is false (ending groups on the way out of an error).
+    void record_group(bool check = true) {
       const int n = group_count;
       group_count = 0;
       group_wait = false;
       if (n > 0) {
         group.group_size = n;
+        group.code = group_code;
+        if (check) check_same_call(group_code, group.call, group_outputs.data(), group_outputs.size());
+        group_outputs.clear();
         push(group);
         for (cudaStream_t c : group_callers) caller_waits(c);
       }
@@ -661,6 +721,63 @@ class Nccl {
     Record group{};       // the open group's first collective
     int group_count = 0;  // collectives in the open group so far
     bool group_wait = false;
+
+    // The call check (see the top of this file).
+    struct Output {
+      void* at;
+      std::size_t bytes;
+    };
+    std::uint64_t group_code = 0;        // the open group's calls' fingerprints, chained
+    std::vector<Output> group_outputs;   // and what they write (capacity reserved)
+    std::uint64_t* check_staged = nullptr;   // pinned: {h, ~h} per ring slot, copied to ...
+    std::uint64_t* check_reduced = nullptr;  // ... the device, all-reduced (minimum) in place
+    std::uint64_t* mismatch = nullptr;       // host-mapped: the first mismatched call's number, or 0
+    std::uint64_t* mismatch_on_device = nullptr;
+
+    // Enqueues the check of the collective (or group) numbered `call`, whose
+    // fingerprint is `code`, after it on the stream: nothing when every rank
+    // made the same call; else `outputs` overwritten and the call flagged.
+    // Uses the ring slot its record is about to take (free: enter() waited
+    // for room, so that slot's earlier copy has finished).
+    void check_same_call(std::uint64_t code, std::uint64_t call, const Output* outputs, std::size_t count) {
+      if (!options.check_calls || size == 1) return;
+      const std::size_t slot = (head + pending) % ring_capacity;
+      std::uint64_t* staged = check_staged + 2 * slot;
+      std::uint64_t* reduced = check_reduced + 2 * slot;
+      staged[0] = code;
+      staged[1] = ~code;
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(reduced, staged, 2 * sizeof(std::uint64_t), cudaMemcpyHostToDevice, stream));
+      check(ncclAllReduce(reduced, reduced, 2, ncclUint64, ncclMin, comm, stream),
+            "ncclAllReduce (the check that every rank makes the same call)");
+      if (count == 0) kernels_check(reduced, code, nullptr, 0, call);
+      for (std::size_t k = 0; k < count; ++k) kernels_check(reduced, code, outputs[k].at, outputs[k].bytes, call);
+    }
+    void kernels_check(const std::uint64_t* reduced, std::uint64_t code, void* out, std::size_t bytes,
+                       std::uint64_t call) {
+      comm::detail::launch_check_call<std::uint64_t>(reduced, code, out, out != nullptr ? bytes : 0, call,
+                                                     mismatch_on_device, stream);
+      const cudaError_t launched = cudaGetLastError();
+      if (launched != cudaSuccess)
+        fail(zero::detail::concat("the call check's kernel after ", describe(now), " failed to launch: ",
+                                  cudaGetErrorString(launched)));
+    }
+
+    // A mismatch the device flagged: every rank sees its own (each compared
+    // the same minimum with its own pair), and throws naming its own call.
+    void check_mismatch() {
+      if (mismatch == nullptr) return;
+      const std::uint64_t bad = *static_cast<volatile std::uint64_t*>(mismatch);
+      if (bad == 0) return;
+      std::string mine = zero::detail::concat("collective call #", bad, " (no longer in the record)");
+      for (const Record& r : ring)
+        if (r.call == bad) mine = r.has_purpose ? describe(r) : "called " + describe(r);
+      fail(zero::detail::concat(
+          "another rank made a different collective call at the point where this rank ", mine,
+          "; every rank must make the same collective calls (kind, element count, type, operation or root), for the "
+          "same units and buckets, in the same order (ranks that acquire units in different orders, or one more "
+          "than the others, pair the wrong exchanges). What this exchange received was overwritten with NaN bytes, "
+          "not handed on mixed; each rank's error names its own call"));
+    }
   };
 
   explicit Nccl(std::unique_ptr<State> s) : s_(std::move(s)) {}

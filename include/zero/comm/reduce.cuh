@@ -1,10 +1,12 @@
-// Why: in-process ranks sharing one GPU (comm::LocalDevice) reduce their
-// buffers with a kernel, and the result must be the bits of the host
-// communicator's reduction (zero/comm/reduce.hpp), whatever the thread
+// Why: the communicators' kernels. In-process ranks sharing one GPU
+// (comm::LocalDevice) reduce their buffers with a kernel, and the result
+// must be the bits of the host communicator's reduction (zero/comm/reduce.hpp), whatever the thread
 // timing: the same rank order, fp32 accumulation for 16-bit types, one
 // rounding. It lives beside that host twin, in the communicators' layer,
 // since it is their reduction; its kernel is a grid-stride loop on the launch
-// shape of zero/kernels/cuda_launch.hpp.
+// shape of zero/kernels/cuda_launch.hpp. Also comm::Nccl's check that every
+// rank made the same call, which runs on the device so that the host never
+// waits for it.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -73,6 +75,34 @@ void launch_reduce(void* out, const ReduceInputs& in, int inputs, std::size_t n,
   const auto kernel = reduce_kernel<T>;
   const kernels::detail::GridShape grid = kernels::detail::grid_for(kernel, kernels::CudaLaunch{}, n, "cuda_reduce");
   kernel<<<grid.blocks, grid.threads, 0, stream>>>(static_cast<T*>(out), in, inputs, n, sum);
+}
+
+
+// comm::Nccl's call check: nothing when every rank made this rank's call;
+// else the mismatch is reported to the host and the exchange's output
+// poisoned (see launch_check_call in cuda_launchers.hpp).
+template <class Word>
+__global__ void check_call_kernel(const Word* reduced, Word code, unsigned char* out, std::size_t bytes, Word call,
+                                  Word* mismatch) {
+  if (reduced[0] == code && reduced[1] == ~code) return;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    volatile Word* flag = mismatch;
+    if (*flag == 0) *flag = call;  // the first mismatch is the one to report (kernels of one stream run in order)
+    __threadfence_system();
+  }
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += stride)
+    out[i] = 0xFF;
+}
+
+template <class Word>
+void launch_check_call(const Word* reduced, Word code, void* out, std::size_t bytes, Word call, Word* mismatch,
+                       cudaStream_t stream) {
+  const auto kernel = check_call_kernel<Word>;
+  const kernels::detail::GridShape grid =
+      kernels::detail::grid_for(kernel, kernels::CudaLaunch{}, bytes > 0 ? bytes : 1, "comm::Nccl call check");
+  kernel<<<grid.blocks, grid.threads, 0, stream>>>(reduced, code, static_cast<unsigned char*>(out), bytes, call,
+                                                   mismatch);
 }
 
 }  // namespace zero::comm::detail

@@ -108,7 +108,7 @@ struct Config {
   int stage = 0;
   Precision precision = Precision::bf16;
   std::string optimizer = "adamw";
-  int state_slots = 2;  // state slots per parameter: Adam/AdamW 2, SGD 1 (kept even without momentum)
+  int state_slots = 2;  // state slots per parameter: Adam/AdamW 2, SGD 1, SGD made with momentum 0 none
   Offload offload = Offload::none;
   // The backend's memory is a device's (backend::Cuda); false: backend::Host,
   // where every buffer but the disk tier's is host memory.

@@ -2,7 +2,7 @@
 // the step's reports) and the error it gives for a failed allocation depend
 // on a few values of the engine and its plan (stage, tier, names, flags),
 // not on its type. Written once here as plain functions taking those values,
-// they are compiled once per program instead of once per engine (nine per
+// they are compiled once per program instead of once per engine (twelve per
 // backend for the built-in precisions and optimizers).
 #pragma once
 

@@ -50,7 +50,7 @@
                                                        std::size_t, bool, cudaStream_t);
 
 // The casts, accumulation, gradient statistics, ZeRO++'s quantize/dequantize and LocalDevice's reduction,
-// for every storage type.
+// for every storage type, and comm::Nccl's call check.
 #define ZERO_INSTANTIATE_CUDA_KERNELS()                                                       \
   ZERO_DETAIL_CUDA_PAIRS(ZERO_DETAIL_CUDA_CONVERT)                                            \
   ZERO_DETAIL_CUDA_PAIRS(ZERO_DETAIL_CUDA_ACCUMULATE)                                         \
@@ -66,7 +66,9 @@
   ZERO_DETAIL_CUDA_REDUCE(double)                                                             \
   ZERO_DETAIL_CUDA_REDUCE(::zero::bf16)                                                       \
   ZERO_DETAIL_CUDA_REDUCE(::zero::fp16)                                                       \
-  ZERO_DETAIL_CUDA_REDUCE(std::uint64_t)
+  ZERO_DETAIL_CUDA_REDUCE(std::uint64_t)                                                      \
+  template void ::zero::comm::detail::launch_check_call<std::uint64_t>(                         \
+      const std::uint64_t*, std::uint64_t, void*, std::size_t, std::uint64_t, std::uint64_t*, cudaStream_t);
 
 // The fused step of optimizer policy `Optimizer` for every gradient and parameter type.
 #define ZERO_DETAIL_CUDA_STEP_PAIR(Grad, Param, Optimizer)                         \

@@ -95,4 +95,17 @@ struct ReduceInputs {
 template <class T>
 void launch_reduce(void* out, const ReduceInputs& in, int inputs, std::size_t n, bool sum, cudaStream_t stream);
 
+// comm::Nccl's check that every rank made the same call (comm/nccl.hpp):
+// `reduced` (device) holds the ranks' minimum of {code, ~code}, which is
+// this rank's own pair exactly when every rank's code is `code`. When it is
+// not, out[0, bytes) is overwritten with 0xFF bytes (NaN in every floating
+// type), so what a mismatched exchange received is never handed on as
+// values, and `call` is written to *mismatch (host-mapped memory, polled by
+// the host) unless an earlier call is there: comm/reduce.cuh. (Word is
+// std::uint64_t: a template so that it is instantiated once per program, as
+// the others are.)
+template <class Word>
+void launch_check_call(const Word* reduced, Word code, void* out, std::size_t bytes, Word call, Word* mismatch,
+                       cudaStream_t stream);
+
 }  // namespace zero::comm::detail

@@ -3,7 +3,7 @@
 // or from the trainers' flags) and returns the engine it names behind
 // AnyOptimizer, so a program that lets its user pick the precision,
 // optimizer, stage and offload tier compiles one engine per precision and
-// optimizer (nine for the built-in ones), instead of one type per
+// optimizer (twelve for the built-in ones), instead of one type per
 // combination. A bad config is an error naming the setting and the fix, in
 // the words of ZeroOptimizer's static_asserts.
 //
@@ -261,7 +261,12 @@ std::unique_ptr<AnyOptimizer> make_optimizer(Comm& comm, const Config& config) {
   };
   with_precision(std::type_identity<optim::AdamW>{});
   with_precision(std::type_identity<optim::Adam>{});
-  with_precision(std::type_identity<optim::Sgd>{});
+  // "sgd" made with momentum 0 keeps no momentum buffer, as torch.optim.SGD
+  // (optim::PlainSgd); with momentum it keeps one (optim::Sgd).
+  if (const auto momentum = config.hyper.find("momentum"); momentum != config.hyper.end() && momentum->second != 0.0)
+    with_precision(std::type_identity<optim::Sgd>{});
+  else
+    with_precision(std::type_identity<optim::PlainSgd>{});
   (
       [&] {
         if constexpr (!detail::is_disk_tier<With>) with_precision(std::type_identity<With>{});

@@ -1,9 +1,10 @@
 // Why: an engine is a large template (the step, the checkpoint I/O, the
 // offload stores, the host SIMD step in three instruction sets), and every
 // translation unit that makes one compiles it again: a program of ten files
-// that each call make_optimizer pays ten times for the same nine engines.
+// that each call make_optimizer pays ten times for the same twelve engines.
 // This header names the engines make_optimizer makes without being told
-// more (three precisions x three optimizers, on backend::Host), so that a
+// more (three precisions x four optimizer policies: Adam, AdamW, SGD with
+// its momentum buffer and SGD without, on backend::Host), so that a
 // program compiles each of them once:
 //
 //   // One file of your build per precision (they compile in parallel):
@@ -23,7 +24,7 @@
 // works: it compiles its own copy, which the linker merges. A missing
 // instantiation is a link error naming the engine's function.
 //
-// What is compiled once, per precision P and optimizer O of the nine:
+// What is compiled once, per precision P and optimizer O of the twelve:
 //   detail::Engine<P, O, backend::Host>        every ZeroOptimizer<P, O, stage, offload, Host>
 //   detail::EngineHandle<P, O, backend::Host>  make_optimizer's handle, with its checkpoint I/O
 //                                              (needs nlohmann-json and xxhash.h)
@@ -31,7 +32,7 @@
 //                                              is defined too (needs liburing)
 // Meson builds them as `engines_dep` (meson.build; `zero-engines` for a
 // project that takes zero as a subproject), which adds the macros; the tests
-// and example programs of this repository use it. Another backend's nine
+// and example programs of this repository use it. Another backend's twelve
 // are compiled the same way with ZERO_EXTERN_ENGINES(Backend) after its
 // header (backend::Cuda: src/zero_engines_cuda.cpp; the late-copies test
 // backend: tests/engine/late_copies_engines.cpp). User policies (Lion) are
@@ -45,12 +46,13 @@
 #include "zero/optim/sgd.hpp"
 #include "zero/policies.hpp"
 
-// X(Optimizer, Precision, Backend) for the three built-in optimizers of one
-// precision, and for all nine (the list make_optimizer chooses from).
+// X(Optimizer, Precision, Backend) for the four built-in optimizer policies of
+// one precision, and for all twelve (the list make_optimizer chooses from).
 #define ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, Precision, Backend) \
   X(::zero::optim::Adam, Precision, Backend)                   \
   X(::zero::optim::AdamW, Precision, Backend)                  \
-  X(::zero::optim::Sgd, Precision, Backend)
+  X(::zero::optim::Sgd, Precision, Backend)                    \
+  X(::zero::optim::PlainSgd, Precision, Backend)
 #define ZERO_FOR_EACH_BUILTIN_ENGINE(X, Backend)                              \
   ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(fp32), Backend)   \
   ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(bf16), Backend)   \
@@ -85,7 +87,7 @@
 #define ZERO_DETAIL_HANDLE(O, P, B) ZERO_DETAIL_HANDLE_INSTANCE(, O, P, B)
 #define ZERO_DETAIL_DISK_STORE(O, P, B) ZERO_DETAIL_DISK_STORE_INSTANCE(, O, P)
 
-// The nine engines of a backend declared compiled elsewhere: at the end of
+// The twelve engines of a backend declared compiled elsewhere: at the end of
 // engine.hpp (backend::Host, under ZERO_PRECOMPILED_ENGINES), or after the
 // header of a backend of your own (tests/engine/late_copies.hpp does).
 #define ZERO_EXTERN_ENGINES(Backend) ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_ENGINE, Backend)
