@@ -9,6 +9,7 @@
 
 #include <stdlib.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -701,4 +702,36 @@ TEST_CASE("state slots are saved by the optimizer's state names; checkpoints say
     sgd.save((dir.path / "sgd").string());
   });
   CHECK(slot_names(dir.path / "sgd") == V{"master", "momentum"});
+}
+
+namespace {
+// A user's policy's Hyper with a field no built-in optimizer has.
+struct GammaHyper {
+  double lr = 0.25;
+  double gamma = 0.75;
+  bool centered = true;
+  static constexpr auto fields() {
+    using F = zero::optim::HyperField<GammaHyper>;
+    return std::array{F{"lr", &GammaHyper::lr}, F{"gamma", &GammaHyper::gamma}, F{"centered", &GammaHyper::centered}};
+  }
+};
+struct UnlistedHyper {  // no fields(): its lr alone
+  double lr = 0.125;
+  double gamma = 2.0;
+};
+}  // namespace
+
+// The manifest's optimizer.hyper comes from Hyper::fields(), so a user's
+// policy's own fields are saved (the writer listed eight built-in names by
+// hand, and 'gamma' was lost).
+TEST_CASE("the manifest records every hyper-parameter the policy lists", "[checkpoint][hyper]") {
+  using zero::checkpoint::detail::hyper_json;
+  CHECK(hyper_json(GammaHyper{}) == nlohmann::json{{"lr", 0.25}, {"gamma", 0.75}, {"centered", true}});
+  CHECK(hyper_json(UnlistedHyper{}) == nlohmann::json{{"lr", 0.125}});
+  const zero::optim::Sgd::Hyper sgd{.lr = 0.5, .momentum = 0.9, .nesterov = true};
+  CHECK(hyper_json(sgd) == nlohmann::json{{"lr", 0.5}, {"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.0},
+                                          {"nesterov", true}});
+  const zero::optim::AdamW::Hyper adamw{};
+  CHECK(hyper_json(adamw).size() == std::size(zero::optim::AdamW::Hyper::fields()));
+  CHECK(hyper_json(adamw)["beta2"] == adamw.beta2);
 }

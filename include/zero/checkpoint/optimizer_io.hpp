@@ -41,23 +41,29 @@
 #include "zero/checkpoint/checkpoint.hpp"
 #include "zero/checkpoint/hugging_face.hpp"
 #include "zero/engine/zero_optimizer.hpp"
+#include "zero/optim/policy.hpp"
 
 namespace zero::checkpoint {
 
 namespace detail {
-// The built-in optimizers' hyper-parameters by name (recorded for the reader;
-// loading keeps the running program's, which a schedule sets per step).
+// The optimizer's hyper-parameters by name, as its Hyper::fields() lists
+// them (recorded for the reader; loading keeps the running program's, which
+// a schedule sets per step): a policy of the user's is saved as the
+// built-in ones are. A Hyper without fields() records its `lr` where it
+// has one (docs/custom-optimizer.md: list the fields to have them saved).
 template <class Hyper>
 nlohmann::json hyper_json(const Hyper& h) {
   nlohmann::json j = nlohmann::json::object();
-  if constexpr (requires { h.lr; }) j["lr"] = h.lr;
-  if constexpr (requires { h.beta1; }) j["beta1"] = h.beta1;
-  if constexpr (requires { h.beta2; }) j["beta2"] = h.beta2;
-  if constexpr (requires { h.eps; }) j["eps"] = h.eps;
-  if constexpr (requires { h.momentum; }) j["momentum"] = h.momentum;
-  if constexpr (requires { h.dampening; }) j["dampening"] = h.dampening;
-  if constexpr (requires { h.weight_decay; }) j["weight_decay"] = h.weight_decay;
-  if constexpr (requires { h.nesterov; }) j["nesterov"] = h.nesterov;
+  if constexpr (optim::DescribesHyperFields<Hyper>) {
+    for (const auto& field : Hyper::fields()) {
+      if (field.number != nullptr)
+        j[field.name] = h.*field.number;
+      else
+        j[field.name] = h.*field.flag;
+    }
+  } else if constexpr (requires { h.lr; }) {
+    j["lr"] = h.lr;
+  }
   return j;
 }
 // State slot k of the optimizer policy P: P::state_names[k] when it has

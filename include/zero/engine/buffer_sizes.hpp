@@ -23,7 +23,7 @@
 #include "zero/engine/state_blocks.hpp"
 #include "zero/quant/symmetric.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/disk_window.hpp"
+#include "zero/engine/disk_window.hpp"
 
 namespace zero {
 

@@ -4,7 +4,7 @@
 // allocation of every buffer from the sizes the planner shares
 // (buffer_sizes.hpp), with errors naming the buffer and what makes it
 // smaller, and the memory report built from what was allocated.
-// Included by engine.hpp.
+// Brought in by engine.hpp.
 #pragma once
 
 #include "zero/config.hpp"
@@ -18,7 +18,7 @@
 
 #include "zero/engine/agreement.hpp"
 #include "zero/engine/buffer_sizes.hpp"
-#include "zero/engine/engine.hpp"
+#include "zero/engine/engine_class.hpp"
 #include "zero/engine/rank_checks.hpp"
 
 namespace zero::detail {

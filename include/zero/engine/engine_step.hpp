@@ -4,7 +4,7 @@
 // decides the norm, overflow and the ranks' agreement (StepControl), the
 // update (UpdatePipeline), and the updated parameters published to every
 // rank (all-gather at stages 1-2; stage 3 drops its gathered copies).
-// Included by engine.hpp.
+// Brought in by engine.hpp.
 #pragma once
 
 #include "zero/config.hpp"
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/engine/engine.hpp"
+#include "zero/engine/engine_class.hpp"
 #include "zero/engine/rank_checks.hpp"
 
 namespace zero::detail {

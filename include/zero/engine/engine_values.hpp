@@ -5,7 +5,7 @@
 // reads and writes through the engine's public view instead of its members;
 // and the values in your own memory (use_memory: the copies OwnMemory
 // makes), the whole parameters of hold_whole(), and the reports' figures
-// across ranks (mean_over_ranks, comm_report). Included by engine.hpp.
+// across ranks (mean_over_ranks, comm_report). Brought in by engine.hpp.
 #pragma once
 
 #include "zero/config.hpp"
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/engine/engine.hpp"
+#include "zero/engine/engine_class.hpp"
 #include "zero/engine/rank_checks.hpp"
 #include "zero/precision/convert.hpp"
 

@@ -13,7 +13,7 @@
 #include "zero/backend/pieced_buffer.hpp"
 #include "zero/engine/stage_plan.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/disk_window.hpp"
+#include "zero/engine/disk_window.hpp"
 #include "zero/simd/dispatch.hpp"
 
 namespace zero {

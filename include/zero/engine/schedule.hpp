@@ -3,7 +3,7 @@
 // the element sizes and the Options, and nothing else. The schedule derives
 // it in one place: every buffer ZeroOptimizer::finalize() allocates, with its
 // elements and its place (device, host or disk), from the sizes finalize()
-// itself allocates (engine/buffer_sizes.hpp, offload/disk_window.hpp), and
+// itself allocates (engine/buffer_sizes.hpp, engine/disk_window.hpp), and
 // every collective of a step with its calls and bytes, from the stage plan's
 // decisions (which collective, when), never from the stage number. The
 // planner (engine/plan.hpp) is this schedule printed; tests hold it to real

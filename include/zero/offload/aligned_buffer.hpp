@@ -11,11 +11,9 @@
 #include <cstdint>
 
 #include "zero/backend/host_buffer.hpp"
+#include "zero/engine/disk_window.hpp"  // disk_alignment
 
 namespace zero::offload {
-
-// Alignment of every offset, size and buffer address DiskSwap accepts.
-inline constexpr std::size_t disk_alignment = 4096;
 
 // n rounded up to a multiple of disk_alignment (n must leave room to round).
 inline constexpr std::size_t round_up_to_disk_alignment(std::size_t n) {

@@ -20,7 +20,7 @@
 //
 // 8-bit states: a chunk ends before a block it would cut (a block is
 // quantized with one absmax from all its values, so it is updated in one
-// piece: offload/disk_window.hpp), so chunk c begins at the owned element
+// piece: engine/disk_window.hpp), so chunk c begins at the owned element
 // the chunk table says, not at c * C. The codes of every owned element are
 // on disk (those of the few small parameters that keep fp32 state unused);
 // each block's absmax and the small parameters' fp32 state, 0.2% and a few
@@ -51,7 +51,7 @@
 #include "zero/kernels/fused_step.hpp"
 #include "zero/offload/aligned_buffer.hpp"
 #include "zero/offload/disk_swap.hpp"
-#include "zero/offload/disk_window.hpp"
+#include "zero/engine/disk_window.hpp"
 
 namespace zero::offload {
 

@@ -41,36 +41,11 @@
 
 #include "zero/config.hpp"
 
-#include "zero/backend/host.hpp"
-#include "zero/optim/adam.hpp"
-#include "zero/optim/sgd.hpp"
-#include "zero/policies.hpp"
-
-// X(Optimizer, Precision, Backend) for the four built-in optimizer policies of
-// one precision, and for all twelve (the list make_optimizer chooses from).
-#define ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, Precision, Backend) \
-  X(::zero::optim::Adam, Precision, Backend)                   \
-  X(::zero::optim::AdamW, Precision, Backend)                  \
-  X(::zero::optim::Sgd, Precision, Backend)                    \
-  X(::zero::optim::PlainSgd, Precision, Backend)
-#define ZERO_FOR_EACH_BUILTIN_ENGINE(X, Backend)                              \
-  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(fp32), Backend)   \
-  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(bf16), Backend)   \
-  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(X, ZERO_PRECISION_POLICY(fp16), Backend)
-
-// The precision policy of each short name (fp32, bf16, fp16), the one list
-// of the three: also for a file compiled once per precision with
-// -DNAME=fp32 and so on (src/zero_engines.cpp), where NAME is expanded first.
-#define ZERO_DETAIL_PRECISION_fp32 ::zero::precision::Full<float>
-#define ZERO_DETAIL_PRECISION_bf16 ::zero::precision::Mixed<::zero::bf16>
-#define ZERO_DETAIL_PRECISION_fp16 ::zero::precision::Mixed<::zero::fp16>
-#define ZERO_DETAIL_PASTE(a, b) a##b
-#define ZERO_PRECISION_POLICY(NAME) ZERO_DETAIL_PASTE(ZERO_DETAIL_PRECISION_, NAME)
+#include "zero/engine/builtin_engines.hpp"  // the lists, and the engines' own macros
 
 // One instance of each template: KEYWORD is `extern` to declare it, nothing
-// to compile it. (The disk store does not depend on the backend.)
-#define ZERO_DETAIL_ENGINE_INSTANCE(KEYWORD, Optimizer, Precision, Backend) \
-  KEYWORD template class ::zero::detail::Engine<Precision, Optimizer, Backend>;
+// to compile it. (The disk store does not depend on the backend.) The
+// engines' own are in engine/builtin_engines.hpp.
 #define ZERO_DETAIL_HANDLE_INSTANCE(KEYWORD, Optimizer, Precision, Backend) \
   KEYWORD template class ::zero::detail::EngineHandle<Precision, Optimizer, Backend>;
 #define ZERO_DETAIL_DISK_STORE_INSTANCE(KEYWORD, Optimizer, Precision)                                    \
@@ -80,26 +55,21 @@
       ->std::unique_ptr<                                                                                   \
           ::zero::AnyStateStore<Optimizer, typename Precision::grad_type, typename Precision::param_type>>;
 
-#define ZERO_DETAIL_EXTERN_ENGINE(O, P, B) ZERO_DETAIL_ENGINE_INSTANCE(extern, O, P, B)
 #define ZERO_DETAIL_EXTERN_HANDLE(O, P, B) ZERO_DETAIL_HANDLE_INSTANCE(extern, O, P, B)
 #define ZERO_DETAIL_EXTERN_DISK_STORE(O, P, B) ZERO_DETAIL_DISK_STORE_INSTANCE(extern, O, P)
-#define ZERO_DETAIL_ENGINE(O, P, B) ZERO_DETAIL_ENGINE_INSTANCE(, O, P, B)
 #define ZERO_DETAIL_HANDLE(O, P, B) ZERO_DETAIL_HANDLE_INSTANCE(, O, P, B)
 #define ZERO_DETAIL_DISK_STORE(O, P, B) ZERO_DETAIL_DISK_STORE_INSTANCE(, O, P)
 
-// The twelve engines of a backend declared compiled elsewhere: at the end of
-// engine.hpp (backend::Host, under ZERO_PRECOMPILED_ENGINES), or after the
-// header of a backend of your own (tests/engine/late_copies.hpp does).
-#define ZERO_EXTERN_ENGINES(Backend) ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_ENGINE, Backend)
+// The handles and the disk stores declared compiled elsewhere (at the end of
+// make_optimizer.hpp and disk_state_store.hpp under the macros above).
 #define ZERO_EXTERN_HANDLES(Backend) ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_HANDLE, Backend)
 #define ZERO_EXTERN_DISK_STORES() ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_DISK_STORE, )
 
-// What the file that compiles one precision's engines writes: the engines;
-// make_optimizer's handles, after including zero/runtime/make_optimizer.hpp
-// (nlohmann-json, xxhash.h); the disk tier's stores, after including
+// What the file that compiles one precision's engines writes: the engines
+// (ZERO_INSTANTIATE_ENGINES, engine/builtin_engines.hpp); make_optimizer's
+// handles, after including zero/runtime/make_optimizer.hpp (nlohmann-json,
+// xxhash.h); the disk tier's stores, after including
 // zero/offload/disk_state_store.hpp (liburing).
-#define ZERO_INSTANTIATE_ENGINES(Precision, Backend) \
-  ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_ENGINE, Precision, Backend)
 #define ZERO_INSTANTIATE_HANDLES(Precision, Backend) \
   ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_HANDLE, Precision, Backend)
 #define ZERO_INSTANTIATE_DISK_STORES(Precision) ZERO_FOR_EACH_BUILTIN_OPTIMIZER(ZERO_DETAIL_DISK_STORE, Precision, )

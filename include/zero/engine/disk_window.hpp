@@ -4,6 +4,9 @@
 // allocates from these functions, and the schedule (engine/buffer_sizes.hpp,
 // engine/schedule.hpp) predicts from them, so the planner reads the window
 // from the very option the store reads. Arithmetic only: no liburing here.
+// It sits with the engine, below the disk tier's store (offload/), because
+// the planner sizes the window before any store exists; the names stay in
+// zero::offload, the tier's own.
 #pragma once
 
 #include "zero/config.hpp"
@@ -15,9 +18,12 @@
 #include <vector>
 
 #include "zero/error.hpp"
-#include "zero/offload/aligned_buffer.hpp"
 
 namespace zero::offload {
+
+// Alignment of every offset, size and buffer address DiskSwap accepts:
+// O_DIRECT's logical block (offload/aligned_buffer.hpp says why 4096).
+inline constexpr std::size_t disk_alignment = 4096;
 
 // Chunks the window holds at once: read ahead, update, write behind.
 inline constexpr std::size_t disk_window_chunks = 3;
