@@ -2,11 +2,13 @@
 // parameters the ZeRO optimizer owns, so the model here owns none. Each layer
 // is one ZeRO *unit*: its parameters are one flat fp32 span laid out as
 // [W (out x in, row-major), b (out)], and its gradients are written to a flat
-// span of the same layout. Forward and backward are explicit per-layer steps
-// that ask for a layer's parameters just before use and hand them back just
-// after (so stage 3 can all-gather and free one unit at a time), and that
-// announce each layer's finished gradient (so stages 2 and 3 can
-// reduce-scatter it while the rest of backward runs).
+// span of the same layout. Forward and backward are per-layer steps, so the
+// caller asks for a layer's parameters just before use and hands them back
+// just after (stage 3 all-gathers and frees one unit at a time), and hands
+// on each layer's gradient as soon as it is written (stages 2 and 3
+// reduce-scatter it while the rest of backward runs): the trainer makes
+// those calls itself, between the steps; forward_backward makes them
+// through hooks.
 //
 // Gradients are d(sum of per-example losses)/d(params) divided by a caller-
 // given `grad_divisor`, not by the local batch: with the global batch size as
@@ -122,35 +124,59 @@ class Mlp {
     for (int l = 0; l < num_layers(); ++l) init_layer(layers_[l], params[l], seed + static_cast<std::uint64_t>(l));
   }
 
-  // One forward and backward pass over `batch` examples x (batch x inputs,
-  // row-major) with labels y. Returns the mean loss over these `batch`
-  // examples; writes d(sum of losses)/d(params) / grad_divisor into the grads.
-  //
-  // Hook order, for L layers:
-  //   forward   l = 0 .. L-1:  acquire(l), release(l)
-  //   backward  l = L-1 .. 0:  acquire(l), buffer(l), ready(l), release(l)
-  // ready(l) comes as soon as layer l's gradient is written; backward then
-  // still reads layer l's parameters (to pass the gradient to layer l-1)
-  // before release(l).
-  float forward_backward(const float* x, const std::uint8_t* y, int batch, const ParamHooks& params,
-                         const GradHooks& grads, float grad_divisor) {
-    zero::require(y != nullptr, "Mlp::forward_backward: labels y is null");
-    zero::require(grad_divisor > 0.0f && std::isfinite(grad_divisor),
-                  "Mlp::forward_backward: grad_divisor must be positive and finite (the global batch size), got ",
-                  grad_divisor);
-    zero::require(static_cast<bool>(grads.buffer), "Mlp::forward_backward: GradHooks::buffer is empty");
-    forward(x, batch, params);
+  // One training pass, step by step, for a caller that makes the optimizer's
+  // calls between the steps itself (train_fashion_mnist.cpp), for L layers:
+  //   start(x, batch)               the batch: x is batch x inputs, row-major,
+  //                                 and must stay valid until the pass ends
+  //   forward(l, params)            l = 0 .. L-1: layer l's output
+  //   loss_gradient(y, divisor)     the mean loss over the batch (labels y)
+  //   param_gradient(l, grad)       l = L-1 .. 0: layer l's gradient into grad,
+  //   input_gradient(l, params)     and for l > 0 the one passed to layer l-1
+  // params are the layer's flat parameters (LayerShape::numel() floats).
+  // After the forward steps, predictions() gives each example's class.
+  void start(const float* x, int batch) {
+    zero::require(x != nullptr, "Mlp: input x is null");
+    zero::require(batch > 0, "Mlp: batch must be positive, got ", batch);
+    reserve(batch);
+    x_ = x;
+    batch_ = batch;
+  }
 
-    // Softmax cross-entropy; its gradient d(loss)/d(logits) = softmax - onehot
-    // (scaled by 1/grad_divisor) overwrites the logits.
+  // act_[l + 1] = relu(input W^T + b) (no ReLU on the last layer: the logits).
+  void forward(int l, const float* params) {
+    zero::require(params != nullptr, "Mlp::forward: layer ", l, "'s parameters are null");
+    const LayerShape& s = layers_[l];
+    const float* input = l == 0 ? x_ : act_[l].data();
+    float* out = act_[l + 1].data();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch_, s.out, s.in, 1.0f, input, s.in, params, s.in, 0.0f,
+                out, s.out);
+    const float* b = params + s.bias_offset();
+    const bool relu = l + 1 < num_layers();
+    for (int i = 0; i < batch_; ++i) {
+      float* row = out + static_cast<std::size_t>(i) * s.out;
+      for (int o = 0; o < s.out; ++o) {
+        const float v = row[o] + b[o];
+        row[o] = relu ? std::max(v, 0.0f) : v;
+      }
+    }
+  }
+
+  // Softmax cross-entropy: returns the mean loss over the batch; its
+  // gradient d(loss)/d(logits) = softmax - onehot, divided by grad_divisor,
+  // overwrites the logits (backward starts from it).
+  float loss_gradient(const std::uint8_t* y, float grad_divisor) {
+    zero::require(y != nullptr, "Mlp::loss_gradient: labels y is null");
+    zero::require(grad_divisor > 0.0f && std::isfinite(grad_divisor),
+                  "Mlp::loss_gradient: grad_divisor must be positive and finite (the global batch size), got ",
+                  grad_divisor);
     const int classes = num_classes();
     float* logits = act_.back().data();
     const float inv_divisor = 1.0f / grad_divisor;
     double loss_sum = 0.0;
-    for (int i = 0; i < batch; ++i) {
+    for (int i = 0; i < batch_; ++i) {
       float* z = logits + static_cast<std::size_t>(i) * classes;
       const int label = y[i];
-      zero::require(label < classes, "Mlp::forward_backward: label ", label, " of example ", i, " is not below the ",
+      zero::require(label < classes, "Mlp::loss_gradient: label ", label, " of example ", i, " is not below the ",
                     classes, " classes");
       const float zmax = *std::max_element(z, z + classes);
       const float label_shifted = z[label] - zmax;  // log-softmax(label) = label_shifted - log(sum)
@@ -164,39 +190,76 @@ class Mlp {
       for (int c = 0; c < classes; ++c) z[c] *= scale;
       z[label] -= inv_divisor;
     }
+    delta_ = logits;
+    return static_cast<float>(loss_sum / batch_);
+  }
 
-    // Backward, last layer first. `delta` is d(loss)/d(layer output), batch x out.
-    const float* delta = logits;
+  // Layer l's gradient, from the gradient of its output (delta_, batch x
+  // out) and its input: [dW = delta^T input (out x in)][db = column sums of
+  // delta], written over `grad`.
+  void param_gradient(int l, float* grad) {
+    zero::require(grad != nullptr, "Mlp::param_gradient: layer ", l, "'s gradient buffer is null");
+    const LayerShape& s = layers_[l];
+    const float* input = l == 0 ? x_ : act_[l].data();
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s.out, s.in, batch_, 1.0f, delta_, s.out, input, s.in, 0.0f,
+                grad, s.in);
+    float* db = grad + s.bias_offset();
+    std::fill(db, db + s.out, 0.0f);
+    for (int i = 0; i < batch_; ++i) {
+      const float* row = delta_ + static_cast<std::size_t>(i) * s.out;
+      for (int o = 0; o < s.out; ++o) db[o] += row[o];
+    }
+  }
+
+  // The gradient of layer l's input (l > 0): delta W, then through the ReLU
+  // that produced the input; it becomes delta_ for layer l-1.
+  void input_gradient(int l, const float* params) {
+    zero::require(l > 0, "Mlp::input_gradient: layer 0's input is the data, which takes no gradient");
+    zero::require(params != nullptr, "Mlp::input_gradient: layer ", l, "'s parameters are null");
+    const LayerShape& s = layers_[l];
+    const float* input = act_[l].data();
+    float* next = (delta_ == delta_a_.data()) ? delta_b_.data() : delta_a_.data();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch_, s.in, s.out, 1.0f, delta_, s.out, params, s.in, 0.0f,
+                next, s.in);
+    const std::size_t n = static_cast<std::size_t>(batch_) * s.in;
+    for (std::size_t k = 0; k < n; ++k)
+      if (input[k] <= 0.0f) next[k] = 0.0f;
+    delta_ = next;
+  }
+
+  // The class with the largest logit, for each example of the batch.
+  void predictions(int* out_labels) const {
+    zero::require(out_labels != nullptr, "Mlp::predictions: out_labels is null");
+    const int classes = num_classes();
+    for (int i = 0; i < batch_; ++i) {
+      const float* z = act_.back().data() + static_cast<std::size_t>(i) * classes;
+      out_labels[i] = static_cast<int>(std::max_element(z, z + classes) - z);
+    }
+  }
+
+  // The same pass in one call, reaching the parameters and gradients
+  // through hooks. Returns the mean loss over these `batch` examples; writes
+  // d(sum of losses)/d(params) / grad_divisor into the grads.
+  //
+  // Hook order, for L layers:
+  //   forward   l = 0 .. L-1:  acquire(l), release(l)
+  //   backward  l = L-1 .. 0:  acquire(l), buffer(l), ready(l), release(l)
+  // ready(l) comes as soon as layer l's gradient is written; backward then
+  // still reads layer l's parameters (to pass the gradient to layer l-1)
+  // before release(l).
+  float forward_backward(const float* x, const std::uint8_t* y, int batch, const ParamHooks& params,
+                         const GradHooks& grads, float grad_divisor) {
+    zero::require(static_cast<bool>(grads.buffer), "Mlp::forward_backward: GradHooks::buffer is empty");
+    forward_pass(x, batch, params);
+    const float loss = loss_gradient(y, grad_divisor);
     for (int l = num_layers() - 1; l >= 0; --l) {
-      const LayerShape& s = layers_[l];
       const float* w = acquire(params, l);
-      float* g = grads.buffer(l);
-      zero::require(g != nullptr, "Mlp::forward_backward: GradHooks::buffer(", l, ") returned null");
-      const float* input = l == 0 ? x : act_[l].data();
-      // dW = delta^T input  (out x in)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s.out, s.in, batch, 1.0f, delta, s.out, input, s.in, 0.0f,
-                  g, s.in);
-      // db = column sums of delta
-      float* db = g + s.bias_offset();
-      std::fill(db, db + s.out, 0.0f);
-      for (int i = 0; i < batch; ++i) {
-        const float* row = delta + static_cast<std::size_t>(i) * s.out;
-        for (int o = 0; o < s.out; ++o) db[o] += row[o];
-      }
+      param_gradient(l, grads.buffer(l));
       if (grads.ready) grads.ready(l);
-      if (l > 0) {
-        // d(loss)/d(input) = delta W, then through the ReLU that produced the input.
-        float* next = (delta == delta_a_.data()) ? delta_b_.data() : delta_a_.data();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, s.in, s.out, 1.0f, delta, s.out, w, s.in, 0.0f,
-                    next, s.in);
-        const std::size_t n = static_cast<std::size_t>(batch) * s.in;
-        for (std::size_t k = 0; k < n; ++k)
-          if (input[k] <= 0.0f) next[k] = 0.0f;
-        delta = next;
-      }
+      if (l > 0) input_gradient(l, w);
       if (params.release) params.release(l);
     }
-    return static_cast<float>(loss_sum / batch);
+    return loss;
   }
 
   // Same, with every layer's parameters and gradient buffers resident.
@@ -211,13 +274,8 @@ class Mlp {
   // Class with the largest logit for each of `batch` examples. Hook order:
   // acquire(l), release(l) for l = 0 .. L-1.
   void predict(const float* x, int batch, const ParamHooks& params, int* out_labels) {
-    zero::require(out_labels != nullptr, "Mlp::predict: out_labels is null");
-    forward(x, batch, params);
-    const int classes = num_classes();
-    for (int i = 0; i < batch; ++i) {
-      const float* z = act_.back().data() + static_cast<std::size_t>(i) * classes;
-      out_labels[i] = static_cast<int>(std::max_element(z, z + classes) - z);
-    }
+    forward_pass(x, batch, params);
+    predictions(out_labels);
   }
 
   void predict(const float* x, int batch, const std::vector<const float*>& params, int* out_labels) {
@@ -254,38 +312,24 @@ class Mlp {
     delta_b_.resize(static_cast<std::size_t>(batch) * widest);
   }
 
-  // act_[l + 1] = relu(act_[l] W^T + b) (no ReLU on the last layer: logits).
-  void forward(const float* x, int batch, const ParamHooks& params) {
-    zero::require(x != nullptr, "Mlp: input x is null");
-    zero::require(batch > 0, "Mlp: batch must be positive, got ", batch);
+  // start, then forward through every layer, reaching each through the hooks.
+  void forward_pass(const float* x, int batch, const ParamHooks& params) {
     zero::require(static_cast<bool>(params.acquire), "Mlp: ParamHooks::acquire is empty");
-    reserve(batch);
-    const float* input = x;
+    start(x, batch);
     for (int l = 0; l < num_layers(); ++l) {
-      const LayerShape& s = layers_[l];
-      const float* w = acquire(params, l);
-      const float* b = w + s.bias_offset();
-      float* out = act_[l + 1].data();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, s.out, s.in, 1.0f, input, s.in, w, s.in, 0.0f, out,
-                  s.out);
-      const bool relu = l + 1 < num_layers();
-      for (int i = 0; i < batch; ++i) {
-        float* row = out + static_cast<std::size_t>(i) * s.out;
-        for (int o = 0; o < s.out; ++o) {
-          const float v = row[o] + b[o];
-          row[o] = relu ? std::max(v, 0.0f) : v;
-        }
-      }
+      forward(l, acquire(params, l));
       if (params.release) params.release(l);
-      input = out;
     }
   }
 
   std::vector<int> sizes_;
   std::vector<LayerShape> layers_;
   int capacity_ = 0;                    // rows the scratch holds
+  const float* x_ = nullptr;            // the pass's input (start)
+  int batch_ = 0;                       // and its rows
   std::vector<std::vector<float>> act_;  // act_[l] = input of layer l (l >= 1); act_.back() = logits
   std::vector<float> delta_a_, delta_b_;  // ping-pong d(loss)/d(activation)
+  const float* delta_ = nullptr;        // d(loss)/d(output) of backward's layer: the logits, then delta_a_/_b_
 };
 
 }  // namespace fashion_mnist

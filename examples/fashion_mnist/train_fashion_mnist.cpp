@@ -16,13 +16,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +30,7 @@
 #include "fashion_mnist/idx_dataset.hpp"
 #include "fashion_mnist/mlp.hpp"
 #include "common/cli.hpp"
+#include "common/launch.hpp"
 #include "common/openblas_core.hpp"
 #include "common/rank_errors.hpp"
 #include "common/zero_config.hpp"
@@ -150,11 +151,17 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
   const std::unique_ptr<zero::AnyOptimizer> optimizer = make_mlp_optimizer(comm, args, model, units);
   zero::AnyOptimizer& opt = *optimizer;
   // The model computes in fp32 whatever the storage (the optimizer's fp32 calls convert one layer at a time).
+  const int layers = model.num_layers();
   auto unit = [&](int l) { return units[static_cast<std::size_t>(l)]; };
-  fashion_mnist::ParamHooks params{[&](int l) { return opt.acquire_fp32(unit(l)); },
-                                   [&](int l) { opt.release_unit(unit(l)); }};
-  fashion_mnist::GradHooks grads{[&](int l) { return opt.grad_buffer_fp32(unit(l)); },
-                                 [&](int l) { opt.grad_ready(unit(l)); }};
+  // Forward through the layers in order, each layer's unit held for its
+  // layer only: stage 3 gathers it in acquire and frees it in release.
+  auto forward = [&](const float* images, int n) {
+    model.start(images, n);
+    for (int l = 0; l < layers; ++l) {
+      model.forward(l, opt.acquire_fp32(unit(l)));
+      opt.release_unit(unit(l));
+    }
+  };
 
   const int local_batch = args.batch / ranks;
   const std::size_t features = data.train.features();
@@ -185,14 +192,15 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
     for (std::size_t b = begin; b < data.test.count && b < per_rank * static_cast<std::size_t>(comm.rank() + 1);) {
       const int n = static_cast<int>(std::min<std::size_t>(1000, end - b));
       predicted.resize(static_cast<std::size_t>(n));
-      model.predict(data.test.image(b), n, params, predicted.data());
+      forward(data.test.image(b), n);
+      model.predictions(predicted.data());
       for (int i = 0; i < n; ++i) correct += predicted[static_cast<std::size_t>(i)] == data.test.labels[b + static_cast<std::size_t>(i)];
       b += static_cast<std::size_t>(n);
     }
-    // Ranks run the same number of predict calls (stage 3 gathers are collective).
+    // Ranks run the same number of forward passes (stage 3 gathers are collective).
     const int my_batches = static_cast<int>((end - begin + 999) / 1000);
     const int max_batches = static_cast<int>((per_rank + 999) / 1000);
-    for (int extra = my_batches; extra < max_batches; ++extra) model.predict(data.test.image(0), 1, params, predicted.data());
+    for (int extra = my_batches; extra < max_batches; ++extra) forward(data.test.image(0), 1);
     return correct;
   };
 
@@ -269,10 +277,21 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& args, const fas
       // Cosine decay to zero over the run.
       const double t = static_cast<double>((epoch - 1) * steps_per_epoch + s) / static_cast<double>(total_steps);
       opt.set_lr(args.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * t)));
+      forward(x.data(), local_batch);
       // Each rank's gradient is the mean over its slice (the optimizer averages
       // over ranks); fp16 gradients are of the scaled loss.
-      const float divisor = static_cast<float>(local_batch / opt.loss_scale());
-      loss_sum += model.forward_backward(x.data(), y.data(), local_batch, params, grads, divisor);
+      loss_sum += model.loss_gradient(y.data(), static_cast<float>(local_batch / opt.loss_scale()));
+      // Backward, last layer first. Each layer's gradient goes to the
+      // optimizer as soon as it is written (stages 2 and 3 reduce-scatter it
+      // while backward goes on); the layer's parameters pass the gradient on
+      // to the layer before.
+      for (int l = layers - 1; l >= 0; --l) {
+        const float* w = opt.acquire_fp32(unit(l));
+        model.param_gradient(l, opt.grad_buffer_fp32(unit(l)));
+        opt.grad_ready(unit(l));
+        if (l > 0) model.input_gradient(l, w);
+        opt.release_unit(unit(l));
+      }
       opt.step();
       batches_done = epoch_start + s + 1;
       if (!args.save_dir.empty() && args.save_every > 0 && batches_done % args.save_every == 0 &&
@@ -325,9 +344,6 @@ int main(int argc, char** argv) {
   // and sleeping OpenMP waits: the default run took 15 s here without, 7.4 s with.
   zero::examples::tune_host_math_libraries(argv);
   try {
-#if defined(ZERO_EXAMPLE_HAVE_MPI)
-    std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
-#endif
     Args args;
     CLI::App app("Trains an MLP 784-256-128-10 on Fashion-MNIST with ZeRO on CPU ranks; prints one line per "
                  "epoch and ends with test_accuracy=<value>.",
@@ -341,33 +357,17 @@ int main(int argc, char** argv) {
     }
     const auto data = fashion_mnist::load_fashion_mnist(args.data);
     fashion_mnist::use_single_threaded_blas();
-    double accuracy = 0;
-    if (args.launch.comm == "local") {
-      zero::comm::LocalGroup group(args.launch.ranks, {.ranks_per_node = args.launch.ranks_per_node});
-      zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
-        const double acc = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, data);
-        if (comm.rank() == 0) accuracy = acc;
-      });
-    } else {
-#if defined(ZERO_EXAMPLE_HAVE_MPI)
-      mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
-      zero::comm::Mpi comm(MPI_COMM_WORLD, {.ranks_per_node = args.launch.ranks_per_node});
-      args.launch.ranks = comm.size();
-#if ZERO_HAS_OPENMP
-      // Processes on one machine share its cores: split them, as LocalGroup does for threads.
-      omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
-#endif
+    zero::examples::Launch launch(app, args.launch, argc, argv);
+    const std::optional<double> accuracy = launch.run([&](zero::comm::AnyCommunicator& comm) {
+      // The MPI world's size is known only now (--comm local's --ranks is checked with the options).
       if (args.batch % comm.size() != 0)
         zero::examples::fail_option(app, "--batch", std::to_string(args.batch) +
                                                         " is not a multiple of the MPI world size " +
                                                         std::to_string(comm.size()));
-      accuracy = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, data);
-      if (comm.rank() != 0) return 0;
-#else
-      zero::examples::fail_option(app, "--comm", "mpi: this build has no MPI support (install libopenmpi-dev and reconfigure)");
-#endif
-    }
-    std::printf("test_accuracy=%.4f\n", accuracy);
+      return train_rank(comm, args, data);
+    });
+    if (!accuracy) return 0;  // an MPI rank but the first
+    std::printf("test_accuracy=%.4f\n", *accuracy);
     return 0;
   } catch (const std::exception& e) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)

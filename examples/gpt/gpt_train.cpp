@@ -28,12 +28,13 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/cli.hpp"
+#include "common/launch.hpp"
 #include "common/openblas_core.hpp"
 #include "common/rank_errors.hpp"
 #include "gpt/gpt_host.hpp"
@@ -167,9 +168,6 @@ double train_rank_on_host(zero::comm::AnyCommunicator& comm, const Args& a, cons
 int main(int argc, char** argv) {
   zero::examples::tune_host_math_libraries(argv);
   try {
-#if defined(ZERO_EXAMPLE_HAVE_MPI)
-    std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
-#endif
     Args args;
     CLI::App app("Trains a character-level GPT on The Devil's Dictionary with ZeRO on CPU ranks or GPUs; prints the losses "
                  "every --eval-every steps and ends with val_loss=<value>.",
@@ -177,14 +175,15 @@ int main(int argc, char** argv) {
     add_options(app, args);
     zero::examples::parse_or_exit(app, argc, argv);
     const gpt::TextCorpus corpus = gpt::load_corpus(args.data, args.model.context);
-    double val = 0;
+    zero::examples::Launch launch(app, args.launch, argc, argv);
+    std::optional<double> val;
     if (args.backend == "cuda") {
 #if defined(ZERO_EXAMPLE_HAVE_CUDA)
       std::vector<unsigned char> nccl_id;
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
       if (args.launch.comm == "nccl" && args.nccl_id_file.empty()) {
         // Under mpirun (or alone): MPI says who is who and carries rank 0's NCCL unique id.
-        mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
+        launch.start_mpi();
         zero::comm::Mpi comm;
         args.nccl_rank = comm.rank();
         args.nccl_world = comm.size();
@@ -205,27 +204,11 @@ int main(int argc, char** argv) {
 #else
       throw zero::InvalidArgument("--backend cuda: not built (check_backend_choices refuses it first)");
 #endif
-    } else if (args.launch.comm == "local") {
-      zero::comm::LocalGroup group(args.launch.ranks, {.ranks_per_node = args.launch.ranks_per_node});
-      zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
-        const double v = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
-        if (comm.rank() == 0) val = v;
-      });
     } else {
-#if defined(ZERO_EXAMPLE_HAVE_MPI)
-      mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
-      zero::comm::Mpi comm(MPI_COMM_WORLD, {.ranks_per_node = args.launch.ranks_per_node});
-      args.launch.ranks = comm.size();
-#if ZERO_HAS_OPENMP
-      omp_set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm.size()));
-#endif
-      val = train_rank_on_host(*zero::comm::AnyCommunicator::wrap(comm), args, corpus);
-      if (comm.rank() != 0) return 0;
-#else
-      zero::examples::fail_option(app, "--comm", "mpi: this build has no MPI support (install libopenmpi-dev and reconfigure)");
-#endif
+      val = launch.run([&](zero::comm::AnyCommunicator& comm) { return train_rank_on_host(comm, args, corpus); });
+      if (!val) return 0;  // an MPI rank but the first
     }
-    std::printf("val_loss=%.4f\n", val);
+    std::printf("val_loss=%.4f\n", *val);
     return 0;
   } catch (const std::exception& e) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)

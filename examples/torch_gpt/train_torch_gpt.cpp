@@ -15,12 +15,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/cli.hpp"
+#include "common/launch.hpp"
 #include "common/openmp_waits.hpp"
 #include "common/rank_errors.hpp"
 #include "gpt/text_corpus.hpp"
@@ -231,9 +233,6 @@ double train_rank(zero::comm::AnyCommunicator& comm, const Args& a, const gpt::T
 int main(int argc, char** argv) {
   zero::examples::use_passive_openmp_waits(argv);  // LibTorch's OpenMP threads share the cores with the ranks
   try {
-#if defined(ZERO_EXAMPLE_HAVE_MPI)
-    std::unique_ptr<zero::comm::MpiRuntime> mpi_runtime;
-#endif
     Args args;
     CLI::App app("Trains a character-level GPT written with LibTorch (torch::nn, autograd) with ZeRO's optimizer on "
                  "CPU ranks; prints the losses every --eval-every steps and ends with val_loss=<value>.",
@@ -243,31 +242,19 @@ int main(int argc, char** argv) {
     const gpt::TextCorpus corpus = gpt::load_corpus(args.data, args.shape.context);
     args.shape.vocab = corpus.vocab_size();
     const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    double val = 0;
-    if (args.launch.comm == "local") {
-      // One replica per rank, made here one after another: torch's
-      // generator is global.
-      std::vector<torch_gpt::Gpt> models;
-      for (int r = 0; r < args.launch.ranks; ++r) models.push_back(make_replica(args));
-      zero::comm::LocalGroup group(args.launch.ranks);
-      zero::examples::run_local_ranks(group, [&](zero::comm::Local& comm) {
-        at::set_num_threads(std::max(1, cores / args.launch.ranks));
-        const double v = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, corpus,
-                                    models[static_cast<std::size_t>(comm.rank())]);
-        if (comm.rank() == 0) val = v;
-      });
-    } else {
-#if defined(ZERO_EXAMPLE_HAVE_MPI)
-      mpi_runtime = std::make_unique<zero::comm::MpiRuntime>(&argc, &argv);
-      zero::comm::Mpi comm;
-      args.launch.ranks = comm.size();
+    // A replica per rank of this process (--ranks threads, or the one MPI
+    // rank), made here one after another: torch's generator is global.
+    const int replicas = args.launch.comm == "local" ? args.launch.ranks : 1;
+    std::vector<torch_gpt::Gpt> models;
+    for (int r = 0; r < replicas; ++r) models.push_back(make_replica(args));
+    zero::examples::Launch launch(app, args.launch, argc, argv);
+    const std::optional<double> val = launch.run([&](zero::comm::AnyCommunicator& comm) {
       at::set_num_threads(std::max(1, cores / comm.size()));
-      torch_gpt::Gpt model = make_replica(args);
-      val = train_rank(*zero::comm::AnyCommunicator::wrap(comm), args, corpus, model);
-      if (comm.rank() != 0) return 0;
-#endif
-    }
-    std::printf("val_loss=%.4f\n", val);
+      const std::size_t replica = args.launch.comm == "local" ? static_cast<std::size_t>(comm.rank()) : 0;
+      return train_rank(comm, args, corpus, models[replica]);
+    });
+    if (!val) return 0;  // an MPI rank but the first
+    std::printf("val_loss=%.4f\n", *val);
     return 0;
   } catch (const std::exception& e) {
 #if defined(ZERO_EXAMPLE_HAVE_MPI)
