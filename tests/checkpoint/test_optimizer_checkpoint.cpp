@@ -735,3 +735,18 @@ TEST_CASE("the manifest records every hyper-parameter the policy lists", "[check
   CHECK(hyper_json(adamw).size() == std::size(zero::optim::AdamW::Hyper::fields()));
   CHECK(hyper_json(adamw)["beta2"] == adamw.beta2);
 }
+
+// The checkpoint layer's view of the engine's state is private to the
+// engine (checkpoint::EngineIo is its friend): a user's doors are save(),
+// load() and load_hf(), not settle(), read_state() or restore_progress().
+template <class E>
+concept ExposesCheckpointPlumbing = requires(E& e, float* host) {
+  e.settle("");
+} || requires(E& e, float* host) { e.read_state(zero::StateSlot{}, 0, 0, 0, host); } || requires(E& e) {
+  e.all_gather_control(std::vector<std::uint64_t>{});
+};
+using PlainEngine = zero::detail::Engine<zero::precision::Full<float>, zero::optim::AdamW, zero::backend::Host>;
+static_assert(!ExposesCheckpointPlumbing<PlainEngine>);
+static_assert(!ExposesCheckpointPlumbing<zero::ZeroOptimizer<zero::precision::Full<float>, zero::optim::AdamW,
+                                                              zero::stage<1>>>);
+static_assert(requires(PlainEngine& e) { e.save(""); });

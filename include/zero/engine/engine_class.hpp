@@ -43,6 +43,10 @@ namespace checkpoint {
 // nlohmann-json and xxHash), included only by programs that checkpoint.
 template <class Opt>
 struct OptimizerIo;
+// The checkpoint layer of one engine: the one caller of the engine's view of
+// its state for checkpoints (private to the engine, a friend of it).
+template <class Opt>
+struct EngineIo;
 // The Io of save/load/load_hf once its header is included; without it, this
 // static_assert instead of "invalid use of incomplete type". (Named through
 // the member template's parameter: checked where a call is compiled.)
@@ -309,7 +313,16 @@ class Engine {
     steps_at_reset_ = steps_;
   }
 
+ private:
+  using Ops = backend::Ops<Backend>;
+  template <class T>
+  using Buffer = typename Ops::template Buffer<T>;
+
   // ---- The state as the checkpoint layer sees it (engine_values.hpp) -------
+  // Out of the user's sight: checkpoint::EngineIo (optimizer_io.hpp) alone
+  // calls these, as a friend; save(), load() and load_hf() are the doors.
+  template <class>
+  friend struct checkpoint::EngineIo;
   // Which elements of each unit this rank owns, and where they sit.
   Ownership ownership() const { return Ownership{plan_.rules, static_cast<std::size_t>(rank()), &layout_}; }
   // `count` elements of this rank's owned range of unit `unit`, from element
@@ -344,10 +357,6 @@ class Engine {
   // An asynchronous save in flight, completed by wait_save().
   void adopt_background_save(std::unique_ptr<checkpoint::BackgroundSave> save) { background_save_ = std::move(save); }
 
- private:
-  using Ops = backend::Ops<Backend>;
-  template <class T>
-  using Buffer = typename Ops::template Buffer<T>;
 
   static EnginePlan checked(EnginePlan plan, DiskMaker disk);
   // The master's format and the copies' rounding against the precision.

@@ -22,9 +22,10 @@
 // instead of through the typed hyper(), whose struct is the optimizer's;
 // the stage is stage() and plan(), not the constant `stage`; save_step(root)
 // is a call here, where a ZeroOptimizer program calls
-// checkpoint::OptimizerIo<Opt>::save_step(opt, root); and the checkpoint
-// layer's view of the state (ownership(), read_state(), ...) is the
-// engine's own, not on this handle.
+// checkpoint::OptimizerIo<Opt>::save_step(opt, root). (The checkpoint
+// layer's view of the state, ownership(), read_state() and the rest, is
+// private to the engine, whose friend checkpoint::EngineIo calls it: on
+// neither face.)
 #pragma once
 
 #include "zero/config.hpp"
