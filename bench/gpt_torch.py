@@ -1,6 +1,14 @@
 #!/usr/bin/python3
 """Host speed of the GPT example beside PyTorch 1.13, side by side in one run.
 
+This measures Debian 12's PyTorch 1.13 (python3-torch), three years old, not
+the PyTorch users run today. The comparison against PyTorch 2.x (eager and
+torch.compile), FSDP2 and DeepSpeed ZeRO-3, on the same GPT and on the main
+job, is bench/peers/run.sh; the README and docs/performance.md quote that
+one. Its reason for two PyTorch runs (below) was measured on 1.13; for PyTorch
+2.x, bench/peers/run.sh runs eager under both wait policies and takes the
+faster as the peer.
+
     /usr/bin/python3 bench/gpt_torch.py --trainer build/examples/gpt_train [--steps 20] [--rounds 2] [--threads 2]
 
 Trains the same model (tests/gpt/torch_gpt.py: 4 layers, width 128, 4 heads,

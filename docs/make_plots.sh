@@ -2,7 +2,8 @@
 # Runs the programs behind the figures of docs/ and draws them into docs/images/.
 #
 #   bash docs/make_plots.sh [BUILD_DIR] [DATA_DIR]      (defaults: build, docs/plot-data)
-#   PARTS="step training" bash docs/make_plots.sh       (a subset of: memory step comm training)
+#   PARTS="step training" bash docs/make_plots.sh       (a subset of: memory step comm training peers;
+#                                                        peers only when named: PEERS_JSON=FILE draws FILE)
 #   IMAGES=/tmp/figures ...                             (draw elsewhere than docs/images)
 #   STEP_REPS=41 STEP_ROUNDS=5 ...                      (bench_step_host: repetitions per run, default 21;
 #                                                        passes over all sizes, default 3)
@@ -93,6 +94,18 @@ if ready training "$trainer" train; then
     [[ $usage == *--history-json* ]] && history=(--history-json "$data/train/stage$stage.json")
     "$trainer" --stage "$stage" "${history[@]}" | tee "$data/train/stage$stage.txt"
   done
+fi
+
+# (5) zero beside PyTorch 2.x, FSDP2 and DeepSpeed (asked for alone: PARTS=peers): the results JSON
+#     of PEERS_JSON=FILE (bench/peers/run.sh --json FILE, bench/results/*-peers-*.json), or of a
+#     full run of bench/peers/run.sh now (under 30 minutes on 2 cores, and a 5.4 GB environment once).
+if has_part peers; then
+  rm -rf "${data:?}/peers" && mkdir -p "$data/peers"
+  if [[ -n ${PEERS_JSON:-} ]]; then
+    cp "$PEERS_JSON" "$data/peers/results.json"
+  else
+    "$here/../bench/peers/run.sh" --json "$data/peers/results.json"
+  fi
 fi
 
 only=$(echo "$parts" | tr ' ' ',')

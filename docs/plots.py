@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Draws the figures of docs/ from the JSON (and text) the programs print.
 
-    /usr/bin/python3 docs/plots.py --data DIR [--out docs/images] [--only memory,step,comm,training]
+    /usr/bin/python3 docs/plots.py --data DIR [--out docs/images] [--only memory,step,comm,training,peers]
 
 DIR holds what docs/make_plots.sh collects (every part is optional; a figure
 whose inputs are missing is skipped with a message):
@@ -11,6 +11,7 @@ whose inputs are missing is skipped with a message):
     DIR/comm/*.json       `bench_comm --json` outputs
     DIR/train/*.json      trainer `--history-json` files, or
     DIR/train/*.txt       the trainer's stdout (its `epoch ...` lines)
+    DIR/peers/*.json      bench/peers/run.sh's results (--json FILE; the newest name is drawn)
     DIR/machine.json      where the data came from (cpu, cores, l3_bytes, date)
 
 Without plan files, the memory figure is drawn from the ZeRO paper's
@@ -366,13 +367,68 @@ def plot_training(args, out):
     save(fig, out, "training_curves.png")
 
 
+# ---- (5) zero beside its peers (bench/peers/run.sh's results JSON) ---------------------------------
+
+PEER_COLORS = {"zero": "#d62728", "single": "#1f77b4", "sharded": "#7f7f7f"}
+
+
+def peers_results(path):
+    """[(job, title, [(name, kind, speed summary, RSS summary)])] from bench/peers' results JSON (its
+    summaries: harness.summarize() writes them into the file)."""
+    with open(path) as f:
+        doc = json.load(f)
+    jobs = []
+    for job, j in doc["jobs"].items():
+        rows = [(c["name"], c["kind"], c["speed"], c["rss_sum_mib"]) for c in j["configs"] if c.get("speed")]
+        if rows:
+            jobs.append((job, j["title"], rows))
+    if not jobs:
+        raise ValueError("%s has no configuration with a speed summary" % path)
+    return doc, jobs
+
+
+def plot_peers(args, out):
+    paths = files(args.data, "peers", "*.json")
+    if not paths:
+        print("peers: no peers/*.json (bench/peers/run.sh --json FILE) in %s; skipped" % args.data)
+        return
+    doc, jobs = peers_results(sorted(paths)[-1])
+    fig, axes = plt.subplots(len(jobs), 2, figsize=(13, 1.2 + 0.42 * sum(len(r) for _, _, r in jobs) + 0.8 * len(jobs)),
+                             squeeze=False, gridspec_kw={"height_ratios": [len(r) for _, _, r in jobs], "hspace": 0.4})
+    for (job, title, rows), (ax_speed, ax_mem) in zip(jobs, axes):
+        names = [r[0] for r in rows][::-1]
+        colors = [PEER_COLORS.get(r[1], "#999999") for r in rows][::-1]
+        speed = [r[2] for r in rows][::-1]
+        mem = [r[3]["median"] if r[3] else 0 for r in rows][::-1]
+        y = range(len(rows))
+        med = [s["median"] for s in speed]
+        err = [[s["median"] - s["min"] for s in speed], [s["max"] - s["median"] for s in speed]]
+        ax_speed.barh(y, med, xerr=err, color=colors, capsize=3)
+        ax_speed.set_yticks(list(y))
+        ax_speed.set_yticklabels(names, fontsize=8)
+        ax_speed.set_xlabel(("tokens/s" if job == "gpt" else "samples/s") + ": median, bars from min to max")
+        ax_speed.set_title(title, fontsize=9, loc="left")
+        ax_mem.barh(y, mem, color=colors)
+        ax_mem.set_yticks(list(y))
+        ax_mem.set_yticklabels([])
+        ax_mem.set_xlabel("peak resident memory, all processes (MiB, median)")
+        for ax in (ax_speed, ax_mem):
+            ax.grid(True, axis="x", alpha=0.3)
+    m, v = doc.get("machine", {}), doc.get("versions", {})
+    fig.suptitle("zero (red) beside one-process PyTorch (blue) and sharded peers (grey): %s, %s cores; torch %s, "
+                 "DeepSpeed %s; %s" % (m.get("cpu", "?"), m.get("cores", "?"), v.get("torch"), v.get("deepspeed"),
+                                       doc.get("date", "")[:10]),
+                 fontsize=10)
+    save(fig, out, "peers.png")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="directory of JSON/text inputs (see above)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "images"),
                         help="where the PNG files go (default: docs/images)")
-    parser.add_argument("--only", default="memory,step,comm,training",
-                        help="comma-separated subset of memory,step,comm,training")
+    parser.add_argument("--only", default="memory,step,comm,training,peers",
+                        help="comma-separated subset of memory,step,comm,training,peers")
     parser.add_argument("--formulas", action="store_true", help="memory figure from the paper's formulas")
     parser.add_argument("--formula-params", type=float, default=7.5e9,
                         help="model size for the formula fallback (default 7.5e9, the ZeRO paper's example)")
@@ -387,7 +443,8 @@ def main():
     if not os.path.isdir(args.data):
         parser.error("--data %s is not a directory" % args.data)
     os.makedirs(args.out, exist_ok=True)
-    plots = {"memory": plot_memory, "step": plot_step, "comm": plot_comm, "training": plot_training}
+    plots = {"memory": plot_memory, "step": plot_step, "comm": plot_comm, "training": plot_training,
+             "peers": plot_peers}
     for name in args.only.split(","):
         if name not in plots:
             parser.error("--only: unknown figure '%s' (choose from %s)" % (name, ",".join(plots)))

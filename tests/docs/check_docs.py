@@ -3,7 +3,7 @@
 example in docs/zero-math.md agrees with the formulas docs/plots.py draws, and
 plots.py draws every figure from inputs in each format the programs write
 (zero_plan --json, bench_step_host --json lines, bench_comm --json, trainer
---history-json and trainer stdout). Without matplotlib the drawing is not
+--history-json and trainer stdout, bench/peers/run.sh's results JSON). Without matplotlib the drawing is not
 checked (it says so); the rest is.
 
     check_docs.py DOCS_DIR
@@ -117,6 +117,16 @@ def write_inputs(data):
     json.dump({"config": {"stage": 2, "ranks": 4},
                "epochs": [{"epoch": 1, "loss": 0.5, "test_accuracy": 0.85, "samples_per_s": 1.0, "seconds": 1.0}]},
               open(os.path.join(data, "train", "stage2.json"), "w"))
+    os.makedirs(os.path.join(data, "peers"))
+    summary = lambda m: {"n": 3, "median": m, "min": 0.9 * m, "max": 1.1 * m, "mean": m, "stdev": 0.1 * m}  # noqa: E731
+    json.dump({"date": "2026-12-07T00:00:00+00:00", "machine": {"cpu": "a CPU", "cores": 2},
+               "versions": {"torch": "2.15.0", "deepspeed": "0.19.8"},
+               "jobs": {"gpt": {"title": "GPT", "configs": [
+                   {"name": "zero, 4 ranks", "kind": "zero", "speed": summary(25000.0), "rss_sum_mib": summary(390.0)},
+                   {"name": "PyTorch eager", "kind": "single", "speed": summary(19000.0), "rss_sum_mib": summary(1050.0)},
+                   {"name": "FSDP2", "kind": "sharded", "speed": summary(10000.0), "rss_sum_mib": summary(3800.0)},
+                   {"name": "failed peer", "kind": "sharded", "speed": None, "rss_sum_mib": None}]}}},
+              open(os.path.join(data, "peers", "results.json"), "w"))
     with open(os.path.join(data, "train", "stage3.txt"), "w") as f:
         f.write("zero: Fashion-MNIST MLP 784-256-128-10, 4 ranks (local), stage 3, bf16, adamw, batch 256, 2 epochs, "
                 "235146 parameters\n"
@@ -141,13 +151,16 @@ def check_plots(plots, data, out):
     series, paper, _ = plots.memory_from_plans([os.path.join(data, "plan", p) for p in os.listdir(os.path.join(data, "plan"))])
     check(series[3] == [(1, 16e9 + 1), (8, 2e9 + 1), (64, 16e9 / 64 + 1)], "plan totals by N: %s" % series.get(3))
     check(paper[0][0] == (1, 16e9), "paper model states from the plan: %s" % paper.get(0))
+    _, jobs = plots.peers_results(os.path.join(data, "peers", "results.json"))
+    check([(j, [r[0] for r in rows]) for j, _, rows in jobs] == [("gpt", ["zero, 4 ranks", "PyTorch eager", "FSDP2"])],
+          "bench/peers results read as %s (a configuration without a speed left out)" % jobs)
     if plots.plt is None:
         print("not checked: drawing the figures (matplotlib is not installed: apt-get install python3-matplotlib)")
         return
     sys.argv = ["plots.py", "--data", data, "--out", out, "--synthetic"]
     check(plots.main() == 0, "plots.py failed")
     for name in ("memory_per_rank.png", "step_host.png", "comm_bandwidth.png", "comm_limit_ratio.png",
-                 "training_curves.png"):
+                 "training_curves.png", "peers.png"):
         path = os.path.join(out, name)
         check(os.path.exists(path) and os.path.getsize(path) > 10000, "%s was not drawn" % name)
 
