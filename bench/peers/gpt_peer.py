@@ -53,6 +53,24 @@ def load_corpus(torch, path):
     return ids, train_size, len(alphabet)
 
 
+
+def torch_step(torch, model, runner, opt):
+    """One optimizer step of a torch.optim optimizer (PyTorch eager, compiled
+    or FSDP2): the learning rate, backward through `runner` (the model or its
+    compiled form), clipping at 1.0 as zero's trainer does, the update.
+    `torch` is the module, which main() imports."""
+    def train_step(x, y, lr):
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        loss = runner(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.detach()
+    return train_step
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--system", required=True, choices=["eager", "compile", "fsdp2", "deepspeed"])
@@ -100,16 +118,7 @@ def main():
         if args.system == "compile":
             versions["inductor_isa"] = inductor_links_its_own_torch()
             runner = torch.compile(model)
-
-        def train_step(x, y, lr):
-            for g in opt.param_groups:
-                g["lr"] = lr
-            opt.zero_grad(set_to_none=True)
-            loss = runner(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            return loss.detach()
+        train_step = torch_step(torch, model, runner, opt)
     elif args.system == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         dist = init_gloo(world)
@@ -118,16 +127,7 @@ def main():
         fully_shard(model)
         opt = torch.optim.AdamW(model.parameters(), lr=learning_rate(0, args.steps), weight_decay=0.01)
         eval_module = model
-
-        def train_step(x, y, lr):
-            for g in opt.param_groups:
-                g["lr"] = lr
-            opt.zero_grad(set_to_none=True)
-            loss = model(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            return loss.detach()
+        train_step = torch_step(torch, model, model, opt)
     else:
         import deepspeed
         from deepspeed.ops.adam import DeepSpeedCPUAdam
