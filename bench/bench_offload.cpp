@@ -207,7 +207,7 @@ struct DiskCase {
     chunk = zero::offload::disk_chunk_elements(o.window, Optimizer::state_slots, owned, mb, sb);
     const zero::StateBlocks blocks =
         formats.states == zero::StateFormat::blockwise8
-            ? zero::StateBlocks::build(zero::Ownership{zero::stage_plan(1), 0, &disk->layout()}, options.state_block,
+            ? zero::StateBlocks::build(zero::Ownership{zero::stage_rules(1), 0, &disk->layout()}, options.state_block,
                                        options.state_fp32_below)
             : zero::StateBlocks{};
     const std::size_t records = zero::offload::disk_chunk_starts(chunk, owned, blocks).size() - 1;

@@ -9,14 +9,20 @@
 
 #include "common/choices.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "zero/runtime/config.hpp"
+#include "zero/runtime/enum_values.hpp"
 #include "zero/runtime/name_list.hpp"
 // --config FILE needs nlohmann-json (header-only); without it the option is
 // there and says what to install.
@@ -64,6 +70,94 @@ inline void add_nvme_window_option(CLI::App& app, double& mib) {
       ->capture_default_str();
 }
 
+// The Options fields the programs take as flags, each found by its key in
+// the field table (zero::Options::fields(); a nested one as "nvme.directory"),
+// whose member's type makes the flag: a bool a switch that turns it on, an
+// enum one of its names, a number or a text a value.
+struct OptionFlag {
+  const char* key;
+  const char* help;
+  const char* flag = nullptr;  // when it is not "--" and the key with dashes
+  std::optional<CLI::Validator> check = {};
+  bool in_mib = false;  // a byte count, given in MiB
+};
+inline const OptionFlag kOptionFlags[] = {
+    {.key = "master",
+     .help = "how the fp32 master weights of bf16 parameters are kept: fp32 (4 bytes per parameter), remainder (the "
+             "bf16 parameters plus 16 bits: 2 bytes, the same values bit for bit; copies rounded half away from "
+             "zero)"},
+    {.key = "states",
+     .help = "how the optimizer state (Adam's m and v) is stored: fp32 (4 bytes per value), bf16 (2: rounded to "
+             "nearest), bf16_stochastic (2: rounded stochastically), blockwise8 (1: 8-bit codes with an fp32 absmax "
+             "per block; docs/lean-states.md)"},
+    {.key = "hpz",
+     .help = "stage 3: keep a secondary copy of each gathered unit sharded inside the node, so backward's gathers "
+             "never leave it (ZeRO++ hpZ; the same values bit for bit, 1/ranks-per-node of the parameters more "
+             "memory)"},
+    {.key = "hpz_int8",
+     .help = "with --hpz: keep the secondary copy as int8 blocks (half its memory and of the gathers inside the "
+             "node; backward's parameters within half a step of their block's scale)"},
+    {.key = "qwz",
+     .help = "stage 3: gather the parameters over every rank as int8 codes with one fp32 scale per block (ZeRO++ "
+             "qwZ): about half the bytes of 16-bit parameters, values within half a step of their block's scale"},
+    {.key = "qgz",
+     .help = "stages 1-3: reduce-scatter the gradients as two all-to-alls of block-quantized codes, inside the node "
+             "and then across nodes, summed in fp32 (ZeRO++ qgZ): 1/ranks-per-node of the unit's int4 size crosses "
+             "nodes"},
+    {.key = "qgz_bits", .help = "--qgz's gradient codes: 4 (int4) or 8 (int8) bits", .check = CLI::IsMember({4, 8})},
+    {.key = "qgz_block", .help = "--qgz's elements per fp32 scale (even, 32 to 1048576)"},
+    {.key = "qgz_error_feedback",
+     .help = "--qgz with error feedback: what each quantization drops is added to the next step's gradient (fp32 "
+             "residuals: 4 bytes x (1 + 1/ranks-per-node) per parameter and rank)",
+     .flag = "--qgz-feedback"},
+    {.key = "check_replicas",
+     .help = "compare a fingerprint of every rank's parameters (stage 3: of each gathered unit) at each step, and "
+             "name a rank whose bytes differ (silent data corruption)"},
+    {.key = "nvme.directory", .help = kNvmeDirHelp, .flag = "--nvme-dir"},
+    {.key = "nvme.window_bytes", .help = kNvmeWindowHelp, .flag = "--nvme-window-mib", .check = kPositive,
+     .in_mib = true},
+};
+
+// Adds `flag`'s option over its field of `options`; a key the field table
+// does not have is a mistake in kOptionFlags, refused on the first run.
+inline void add_option_flag(CLI::App& app, zero::Options& options, const OptionFlag& flag) {
+  bool found = false;
+  zero::detail::for_each_option(options, [&]<class T>(const std::string& key, T& value, zero::AgreedWhen) {
+    if (key != flag.key) return;
+    found = true;
+    std::string name = flag.flag != nullptr ? flag.flag : "--" + key;
+    if (flag.flag == nullptr) std::replace(name.begin(), name.end(), '_', '-');
+    CLI::Option* option = nullptr;
+    if constexpr (std::is_same_v<T, bool>) {
+      option = app.add_flag_function(name, [&value](std::int64_t) { value = true; }, flag.help);
+    } else if constexpr (std::is_enum_v<T>) {
+      option = app.add_option_function<std::string>(
+                      name, [&value](const std::string& text) {
+                        value = *zero::detail::parse_by_name(text, zero::detail::all_values_of(T{}));
+                      },
+                      flag.help)
+                   ->check(CLI::IsMember(names_of(zero::detail::all_values_of(T{}))))
+                   ->default_str(zero::name(value));
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      option = app.add_option(name, value, flag.help);
+    } else if constexpr (std::is_integral_v<T>) {
+      if (flag.in_mib)
+        option = app.add_option_function<double>(
+                        name, [&value](double mib) { value = static_cast<T>(nvme_window_bytes(mib)); }, flag.help)
+                     ->default_str(std::to_string(value >> 20));
+      else
+        option = app.add_option_function<T>(name, [&value](T v) { value = v; }, flag.help)
+                     ->default_str(std::to_string(value));
+    } else {
+      option = app.add_option(name, value, flag.help)->capture_default_str();
+    }
+    if (flag.check) option->check(*flag.check);
+  });
+  if (!found)
+    throw std::logic_error(std::string("kOptionFlags names '") + flag.key +
+                           "', which zero::Options::fields() does not list");
+}
+
 // What a program takes in a zero::Config beyond what the library checks:
 // the optimizers it can build and the offload tiers it was built with.
 struct ConfigChoices {
@@ -73,10 +167,10 @@ struct ConfigChoices {
 
 // The ZeRO choices as one zero::Config (zero/runtime/config.hpp), from a
 // file and the command line: --config FILE (a JSON file, docs/configuration.md),
-// then --stage, --precision, --optimizer, --offload, --master, --states,
-// --nvme-dir DIR, --nvme-window-mib MIB, --check-replicas and the ZeRO++
-// flags (--hpz, --hpz-int8, --qwz, --qgz, --qgz-bits, --qgz-block,
-// --qgz-feedback).
+// then --stage, --precision, --optimizer, --offload and kOptionFlags' flags
+// (--master, --states, the ZeRO++ flags --hpz, --hpz-int8, --qwz, --qgz,
+// --qgz-bits, --qgz-block and --qgz-feedback, --check-replicas,
+// --nvme-dir DIR, --nvme-window-mib MIB).
 //
 // Contract: after app.parse(), `config` holds what it held before, with
 // every setting FILE has replaced (zero::load_config_into: keys FILE does not
@@ -123,59 +217,7 @@ inline void add_config_options(CLI::App& app, zero::Config& config, const Config
          "through a host window; stages 1-3)")
       ->check(CLI::IsMember(accepted.offload_tiers))
       ->default_str(zero::name(config.offload));
-  app.add_option_function<std::string>(
-         "--master", [&config](const std::string& text) { config.options.master = *zero::parse_master_weights(text); },
-         "how the fp32 master weights of bf16 parameters are kept: fp32 (4 bytes per parameter), remainder (the "
-         "bf16 parameters plus 16 bits: 2 bytes, the same values bit for bit; copies rounded half away from zero)")
-      ->check(CLI::IsMember(names_of(zero::all_master_weights)))
-      ->default_str(zero::name(config.options.master));
-  app.add_option_function<std::string>(
-         "--states", [&config](const std::string& text) { config.options.states = *zero::parse_state_format(text); },
-         "how the optimizer state (Adam's m and v) is stored: fp32 (4 bytes per value), bf16 (2: rounded to "
-         "nearest), bf16_stochastic (2: rounded stochastically), blockwise8 (1: 8-bit codes with an fp32 absmax per "
-         "block; docs/lean-states.md)")
-      ->check(CLI::IsMember(names_of(zero::all_state_formats)))
-      ->default_str(zero::name(config.options.states));
-  app.add_flag_function(
-      "--hpz", [&config](std::int64_t) { config.options.hpz = true; },
-      "stage 3: keep a secondary copy of each gathered unit sharded inside the node, so backward's gathers never "
-      "leave it (ZeRO++ hpZ; the same values bit for bit, 1/ranks-per-node of the parameters more memory)");
-  app.add_flag_function(
-      "--hpz-int8", [&config](std::int64_t) { config.options.hpz_int8 = true; },
-      "with --hpz: keep the secondary copy as int8 blocks (half its memory and of the gathers inside the node; "
-      "backward's parameters within half a step of their block's scale)");
-  app.add_flag_function(
-      "--qwz", [&config](std::int64_t) { config.options.qwz = true; },
-      "stage 3: gather the parameters over every rank as int8 codes with one fp32 scale per block (ZeRO++ qwZ): "
-      "about half the bytes of 16-bit parameters, values within half a step of their block's scale");
-  app.add_flag_function(
-      "--qgz", [&config](std::int64_t) { config.options.qgz = true; },
-      "stages 1-3: reduce-scatter the gradients as two all-to-alls of block-quantized codes, inside the node and "
-      "then across nodes, summed in fp32 (ZeRO++ qgZ): 1/ranks-per-node of the unit's int4 size crosses nodes");
-  app.add_option_function<int>(
-         "--qgz-bits", [&config](int bits) { config.options.qgz_bits = bits; },
-         "--qgz's gradient codes: 4 (int4) or 8 (int8) bits")
-      ->check(CLI::IsMember({4, 8}))
-      ->default_str(std::to_string(config.options.qgz_bits));
-  app.add_option_function<std::size_t>(
-         "--qgz-block", [&config](std::size_t block) { config.options.qgz_block = block; },
-         "--qgz's elements per fp32 scale (even, 32 to 1048576)")
-      ->default_str(std::to_string(config.options.qgz_block));
-  app.add_flag_function(
-      "--qgz-feedback", [&config](std::int64_t) { config.options.qgz_error_feedback = true; },
-      "--qgz with error feedback: what each quantization drops is added to the next step's gradient (fp32 "
-      "residuals: 4 bytes x (1 + 1/ranks-per-node) per parameter and rank)");
-  app.add_flag_function(
-      "--check-replicas", [&config](std::int64_t) { config.options.check_replicas = true; },
-      "compare a fingerprint of every rank's parameters (stage 3: of each gathered unit) at each step, and name a "
-      "rank whose bytes differ (silent data corruption)");
-  app.add_option("--nvme-dir", config.options.nvme.directory, kNvmeDirHelp);
-  app.add_option_function<double>(
-         "--nvme-window-mib",
-         [&config](double mib) { config.options.nvme.window_bytes = nvme_window_bytes(mib); },
-         kNvmeWindowHelp)
-      ->check(kPositive)
-      ->default_str(std::to_string(config.options.nvme.window_bytes >> 20));
+  for (const OptionFlag& flag : kOptionFlags) add_option_flag(app, config.options, flag);
 }
 
 // Checks the settings together (zero::Config::validate: the stage, offload

@@ -39,7 +39,10 @@
 
 // Lower layers a program may use directly.
 #include "zero/backend/host.hpp"             // defines: backend::Host's operations (Ops<Host>)
+#include "zero/engine/run_shape.hpp"         // defines: RunShape (what of a run decides its buffers, collectives, rules)
+#include "zero/engine/run_rules.hpp"         // defines: RunRule, run_problem, require_run (which runs are refused, why)
 #include "zero/engine/buffer_sizes.hpp"      // defines: BufferSizes (the buffers a run allocates, by size)
+#include "zero/engine/schedule.hpp"          // defines: Schedule, schedule(): every part's rows (BufferRow, CollectiveRow)
 #include "zero/kernels/fused_step.hpp"       // defines: kernels::FusedStepArgs, the per-element fused update
 #include "zero/kernels/host_convert.hpp"     // defines: kernels::host_convert, host_accumulate (SIMD casts)
 #include "zero/kernels/host_step.hpp"        // defines: kernels::host_fused_step (the SIMD optimizer step)

@@ -649,7 +649,7 @@ TEST_CASE("8-bit states on disk: chunks end before a block they would cut", "[en
   const UnitId c = layout.add_unit("c");
   layout.add_param(c, "c.w", 5000);
   layout.finalize(2);
-  const StateBlocks blocks = StateBlocks::build(Ownership{stage_plan(1), 0, &layout}, 192, 1000);
+  const StateBlocks blocks = StateBlocks::build(Ownership{stage_rules(1), 0, &layout}, 192, 1000);
   const std::size_t owned = layout.padded_total();
   const auto starts = offload::disk_chunk_starts(4096, owned, blocks);
   REQUIRE(starts.front() == 0);
@@ -688,20 +688,19 @@ TEST_CASE("8-bit blocks check Options::state_block themselves", "[engine][states
   layout.finalize(2);
   for (const std::size_t block : {std::size_t{0}, std::size_t{100}, std::size_t{8192}}) {
     INFO("state_block " << block);
-    CHECK_THROWS_WITH(StateBlocks::build(Ownership{stage_plan(1), 0, &layout}, block, 1000),
+    CHECK_THROWS_WITH(StateBlocks::build(Ownership{stage_rules(1), 0, &layout}, block, 1000),
                       Catch::StartsWith("StateBlocks: Options::state_block is " + std::to_string(block) +
                                         ", but 8-bit block-wise states need blocks of a multiple of 64 in [64, "
                                         "4096] elements"));
     Options options;  // fp32 states: the block is not checked
     options.state_block = block;
     CHECK_NOTHROW(options.validate());
-    ScheduleSpec spec;
-    spec.stage = stage_plan(1);
-    spec.states = StateFormat::blockwise8;
-    CHECK_THROWS_WITH(schedule(layout, spec, options), Catch::Contains("Options::state_block is " +
+    options.states = StateFormat::blockwise8;
+    const RunShape run{.stage = stage_rules(1)};
+    CHECK_THROWS_WITH(schedule(layout, run, options), Catch::Contains("Options::state_block is " +
                                                                        std::to_string(block)));
   }
-  CHECK(StateBlocks::build(Ownership{stage_plan(1), 0, &layout}, 4096, 1000).block() == 4096);
+  CHECK(StateBlocks::build(Ownership{stage_rules(1), 0, &layout}, 4096, 1000).block() == 4096);
 }
 
 TEST_CASE("8-bit states on disk: bit for bit as in memory, the codes on disk and a third of the bytes",

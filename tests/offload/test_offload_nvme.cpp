@@ -360,16 +360,13 @@ TEST_CASE("offload::Nvme: the window's minimum and its messages follow the maste
     options.nvme.window_bytes = least - 1;
     CHECK_NOTHROW(options.validate());
     // The planner's schedule says the same as the store.
-    zero::ScheduleSpec spec;
-    spec.stage = zero::stage_plan(2);
-    spec.offload = zero::OffloadTier::nvme;
-    spec.state_slots = AdamW::state_slots;
-    spec.element_bytes = 2;
-    spec.master = c.master;
-    spec.states = c.states;
-    CHECK_THROWS_WITH(zero::require_valid_schedule(spec, options), Catch::EndsWith(rule));
+    const zero::RunShape run{.stage = zero::stage_rules(2),
+                             .offload = zero::OffloadTier::nvme,
+                             .precision = zero::PrecisionChoice::bf16,
+                             .state_slots = AdamW::state_slots};
+    CHECK_THROWS_WITH(zero::require_valid_schedule(run, options), Catch::EndsWith(rule));
     options.nvme.window_bytes = least;
-    CHECK_NOTHROW(zero::require_valid_schedule(spec, options));
+    CHECK_NOTHROW(zero::require_valid_schedule(run, options));
   }
   // The store at finalize: 8-bit states with an fp32 master, a window that
   // held AdamW's fp32 arrays (36 KiB, then 48 KiB: what the options let through).

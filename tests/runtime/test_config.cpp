@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "zero/engine/rank_checks.hpp"
 #include "zero/optim/adam.hpp"
 #include "zero/optim/sgd.hpp"
 #include "zero/runtime/config.hpp"
@@ -30,9 +31,9 @@ using zero::PrecisionChoice;
 namespace {
 
 // Each struct's member count is spelled out: a member added to Options (or
-// Config) fails to compile here until it has its key in config_keys
-// (zero/runtime/config_json.hpp), in docs/configuration.md and in
-// every_setting_changed() below.
+// Config) fails to compile here until it has its row in Options::fields()
+// (Config's key in config_keys, zero/runtime/config_json.hpp), its key in
+// docs/configuration.md and its value in every_setting_changed() below.
 [[maybe_unused]] void members_have_keys(Config& c) {
   [[maybe_unused]] auto& [precision, optimizer, hyper, stage, offload, options] = c;
   [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, release_memory_pages, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
@@ -155,6 +156,112 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
                                      "states", "state_block", "state_fp32_below", "hpz", "hpz_int8", "qwz", "qwz_block", "qgz", "qgz_bits", "qgz_block", "qgz_error_feedback", "offload_threads",
                                      "require_pinned_memory", "pinned_piece_bytes", "delayed_update",
                                      "delayed_update_warmup", "check_replicas"});
+}
+
+namespace {
+
+// An aggregate's member count found without its field table: the most
+// initializers its braces take, each convertible to any member's type.
+struct AnyMember {
+  template <class T>
+  operator T() const;  // (only named in unevaluated braces)
+};
+template <class S, class... Given>
+constexpr std::size_t member_count() {
+  if constexpr (requires { S{Given{}..., AnyMember{}}; }) return member_count<S, Given..., AnyMember>();
+  else return sizeof...(Given);
+}
+template <class S>
+constexpr std::size_t row_count = std::tuple_size_v<decltype(S::fields())>;
+
+// Per field of the table, by its key path: a change that sets it alone to
+// its value in every_setting_changed().
+std::vector<std::pair<std::string, std::function<void(zero::Options&)>>> each_field_changed_alone() {
+  std::vector<std::pair<std::string, std::function<void(zero::Options&)>>> changes;
+  const zero::Options changed = every_setting_changed().options;
+  zero::detail::for_each_option(changed, [&]<class T>(const std::string& key, const T& value, zero::AgreedWhen) {
+    changes.emplace_back(key, [key, value](zero::Options& o) {
+      zero::detail::for_each_option(o, [&]<class U>(const std::string& k, U& field, zero::AgreedWhen) {
+        if constexpr (std::is_same_v<T, U>)
+          if (k == key) field = value;
+      });
+    });
+  });
+  return changes;
+}
+
+// Every value of a JSON object by its key path ("offload.tier").
+void flatten(const json& j, const std::string& at, std::map<std::string, json>& out) {
+  for (const auto& item : j.items()) {
+    if (item.value().is_object()) flatten(item.value(), at + item.key() + ".", out);
+    else out[at + item.key()] = item.value();
+  }
+}
+
+// The names of the settings agreed_engine_settings() gives different values for `a` and `b`.
+std::set<std::string> settings_that_differ(const zero::Options& a, const zero::Options& b) {
+  const zero::Layout layout(2);
+  const zero::detail::EngineIdentity id{2, "adamw", true, zero::DType::bf16, "none"};
+  const auto in_a = zero::detail::agreed_engine_settings(layout, a, id);
+  const auto in_b = zero::detail::agreed_engine_settings(layout, b, id);
+  REQUIRE(in_a.size() == in_b.size());
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < in_a.size(); ++i)
+    if (in_a[i].value != in_b[i].value) names.insert(in_a[i].what);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("Options' field table has a row for every member", "[runtime][config]") {
+  // A member without its row would be silently neither read from a file,
+  // written, given a flag nor compared across ranks.
+  CHECK(row_count<zero::Options> == member_count<zero::Options>());
+  CHECK(row_count<zero::LossScaleOptions> == member_count<zero::LossScaleOptions>());
+  CHECK(row_count<zero::NvmeOptions> == member_count<zero::NvmeOptions>());
+  // The count counts (members_have_keys spells these out).
+  CHECK(member_count<zero::Options>() == 32);
+  CHECK(member_count<zero::LossScaleOptions>() == 6);
+  CHECK(member_count<zero::NvmeOptions>() == 5);
+}
+
+TEST_CASE("Each field of the table alone: its key in a file, read back, and compared across ranks or not",
+          "[runtime][config]") {
+  // Where ranks may differ, written out here as an independent view of the table.
+  const std::set<std::string> rank_own{"offload_threads",   "require_pinned_memory", "pinned_piece_bytes",
+                                       "nvme.directory",    "nvme.window_bytes",     "nvme.block_bytes",
+                                       "nvme.queue_depth",  "nvme.direct"};
+  const std::set<std::string> only_with_blockwise8{"state_block", "state_fp32_below"};
+  std::map<std::string, json> defaults;
+  flatten(zero::to_json(Config{}), "", defaults);
+  const auto changes = each_field_changed_alone();
+  CHECK(changes.size() == 30 + 6 + 5);  // the members but the two groups, and theirs
+  for (const auto& [key, change] : changes) {
+    INFO("Options::" << key);
+    Config one;
+    change(one.options);
+    REQUIRE_FALSE(one == Config{});  // every_setting_changed() sets it: the checks below are not vacuous
+
+    std::map<std::string, json> written;
+    flatten(zero::to_json(one), "", written);
+    std::set<std::string> keys_that_differ;
+    for (const auto& [k, v] : written)
+      if (defaults.at(k) != v) keys_that_differ.insert(k);
+    const std::string file_key = key.starts_with("nvme.") ? "offload." + key.substr(5) : key;
+    CHECK(keys_that_differ == std::set<std::string>{file_key});
+    CHECK(zero::config_from_json(json::parse(zero::to_json(one).dump())) == one);
+
+    const bool agreed = !rank_own.contains(key) && !only_with_blockwise8.contains(key);
+    CHECK(settings_that_differ(one.options, {}) ==
+          (agreed ? std::set<std::string>{"Options::" + key} : std::set<std::string>{}));
+    if (only_with_blockwise8.contains(key)) {
+      zero::Options blockwise8;
+      blockwise8.states = zero::StateFormat::blockwise8;
+      zero::Options changed = blockwise8;
+      change(changed);
+      CHECK(settings_that_differ(changed, blockwise8) == std::set<std::string>{"Options::" + key});
+    }
+  }
 }
 
 TEST_CASE("A file sets only the keys it has; integral numbers in exponent form are integers", "[runtime][config]") {

@@ -121,3 +121,21 @@ TEST_CASE("check_config_options: the library's checks and the program's choices,
   CHECK_THAT(message(c, false, built), Catch::Contains("--offload nvme: this program was built with these offload "
                                                        "tiers (--offload, offload.tier in --config): none"));
 }
+
+TEST_CASE("The Options flags, found by their keys in Options::fields(), each set their field", "[runtime][cli]") {
+  Config want;
+  auto& o = want.options;
+  o.master = zero::MasterWeights::remainder;
+  o.states = zero::StateFormat::blockwise8;
+  o.hpz = o.hpz_int8 = o.qwz = o.qgz = o.qgz_error_feedback = o.check_replicas = true;
+  o.qgz_bits = 8;
+  o.qgz_block = 512;
+  o.nvme.directory = "/d";
+  o.nvme.window_bytes = std::size_t{8} << 20;
+  CHECK(parsed("--master remainder --states blockwise8 --hpz --hpz-int8 --qwz --qgz --qgz-bits 8 --qgz-block 512 "
+               "--qgz-feedback --check-replicas --nvme-dir /d --nvme-window-mib 8") == want);
+  CHECK_THROWS_AS(parsed("--states fp8"), CLI::ValidationError);
+  CHECK_THROWS_AS(parsed("--qgz-bits 5"), CLI::ValidationError);
+  CHECK_THROWS_AS(parsed("--nvme-window-mib 0"), CLI::ValidationError);
+  CHECK_THROWS_AS(parsed("--qgz-block many"), CLI::ParseError);
+}

@@ -175,7 +175,7 @@ struct EngineIo {
     }
     // Stages 1-3: this rank's shard of each unit (within its unpadded data);
     // stage 0: all of it.
-    std::vector<OwnedRange> owned() const override { return ranges(opt_.plan().rules.states_sharded); }
+    std::vector<OwnedRange> owned() const override { return ranges(opt_.shape().stage.states_sharded); }
     // Saved: the shards at every stage (at stage 0 each rank writes a part).
     std::vector<OwnedRange> save_ranges() const override { return ranges(true); }
 

@@ -19,7 +19,8 @@
 
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/run_shape.hpp"
+#include "zero/engine/stage_rules.hpp"
 #include "zero/engine/state_blocks.hpp"
 #include "zero/quant/symmetric.hpp"
 #include "zero/error.hpp"
@@ -27,53 +28,11 @@
 
 namespace zero {
 
-// What of the optimizer's type and run decides its buffer sizes.
-struct BufferSpec {
-  StagePlan stage = stage_plan(0);
-  bool separate_master = true;   // an fp32 master beside the parameters (mixed precision, or any offload)
-  std::size_t grad_bytes = 2;    // bytes per gradient element (2 for bf16/fp16, 4 for fp32)
-  int state_slots = 2;           // optimizer-state slots (Adam: m and v; SGD: momentum), in Options::states' format
-  bool overlap = false;          // communication overlaps compute: gradient staging double-buffered
-  // The offload buffers (BufferSizes::host_grads and below) are sized from
-  // these two; left at their defaults, there are none.
-  OffloadTier offload = OffloadTier::none;
-  bool device_backend = false;   // the backend's memory is a device's (backend::Cuda), not the host's
-  // Bytes of the master per owned element: 4 (fp32), or 2 (a remainder
-  // master's remainders beside the bf16 parameters; Options::master).
-  std::size_t master_bytes = 4;
-  // Bytes of one optimizer-state element: 4 (fp32), 2 (bf16) or 1
-  // (blockwise8's codes; Options::states).
-  std::size_t state_bytes = 4;
-  // Ranks per node (comm::Topology; 0: one node of every rank): Options::hpz
-  // keeps 1/ranks_per_node of every unit.
-  int ranks_per_node = 0;
-  // Whose buffers: with 8-bit block-wise states the disk tier's chunks end
-  // before the blocks this rank's shard boundaries cut, so its swap file
-  // may hold a record more or less than another rank's.
-  std::size_t rank = 0;
-};
-
-// Offloaded from a device: the owned gradient is copied to the host for the
-// CPU update and the updated parameters staged back (backend::Host with
-// offload::Nvme updates straight from and into its own buffers).
-inline bool offload_host_staging(const BufferSpec& spec) {
-  return spec.offload != OffloadTier::none && spec.device_backend;
-}
-// The parameters the CPU writes are staged in host memory, then copied to the
-// device: 16-bit parameters (mixed precision: the engine keeps parameters and
-// gradients in one type), and fp32 ones under offload::Nvme (its master is in
-// the window only in passing); fp32 ones under offload::Cpu are uploaded from
-// the master itself.
-inline bool offload_stages_params(const BufferSpec& spec) {
-  const bool mixed = spec.grad_bytes != 4;
-  return offload_host_staging(spec) && (mixed || spec.offload == OffloadTier::nvme);
-}
-
 // Stages 0 and 1 take the caller's gradient straight into the full gradient
 // buffer (no staging, no copy) without accumulation, or with it when the
 // caller adds into its gradients (GradWrites::accumulate: the accumulator
 // is zeroed at the window's start, and backward's += sums the micro-batches).
-inline bool gradients_in_place(const StagePlan& stage, const Options& options) {
+inline bool gradients_in_place(const StageRules& stage, const Options& options) {
   return !stage.grads_sharded &&
          (options.grad_accumulation_steps == 1 || options.grad_writes == GradWrites::accumulate);
 }
@@ -117,7 +76,7 @@ struct GradientBuckets {
 // its reduce-scatter results (a quarter of 1/N) stay at 7/8 of the whole
 // gradient or less, unless one unit is larger than that (a bucket holds at
 // least one: gradient_saving_note says so).
-inline std::size_t effective_bucket_bytes(const Layout& layout, const StagePlan& stage, std::size_t grad_bytes,
+inline std::size_t effective_bucket_bytes(const Layout& layout, const StageRules& stage, std::size_t grad_bytes,
                                           std::size_t staging_sets, const Options& options) {
   if (options.bucket_bytes != 0) return options.bucket_bytes;
   if (!stage.grads_sharded) return default_bucket_bytes;
@@ -209,7 +168,7 @@ struct BufferSizes {
   std::size_t control = 0;         // doubles: the step's [sum of squares, one report per rank]
   std::size_t max_unit = 0;        // largest padded unit
   std::size_t max_shard = 0;       // largest shard
-  // Offload (BufferSpec::offload), host memory. From a device backend: the
+  // Offload (RunShape::offload), host memory. From a device backend: the
   // owned gradient's host copy the CPU update reads (gradient type, one set
   // per step in flight: two with Options::delayed_update) and the parameters
   // the CPU writes before they are copied to the device (parameter type;
@@ -225,33 +184,33 @@ struct BufferSizes {
 };
 
 // `layout` must be finalized (its padding decides every size).
-inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, const Options& options) {
+inline BufferSizes buffer_sizes(const Layout& layout, const RunShape& run, const Options& options) {
   require(layout.finalized(), "buffer_sizes: finalize the layout first");
   BufferSizes s;
   const std::size_t full = layout.padded_total(), shard = layout.shard_total();
-  const std::size_t owned = spec.stage.states_sharded ? shard : full;
-  s.params = spec.stage.params_sharded ? shard : full;
-  s.grads = spec.stage.grads_sharded ? shard : full;
-  s.master = spec.separate_master ? owned : 0;
+  const std::size_t owned = run.stage.states_sharded ? shard : full;
+  s.params = run.stage.params_sharded ? shard : full;
+  s.grads = run.stage.grads_sharded ? shard : full;
+  s.master = run.separate_master() ? owned : 0;
   s.state_per_slot = owned;
 
   s.max_unit = layout.max_unit();
   for (const auto& u : layout.units()) s.max_shard = std::max(s.max_shard, u.shard);
-  s.staging_sets = staging_set_count(options, spec.overlap);
-  s.bucket_bytes = effective_bucket_bytes(layout, spec.stage, spec.grad_bytes, s.staging_sets, options);
-  s.buckets = gradient_buckets(layout, spec.grad_bytes, s.bucket_bytes);
+  s.staging_sets = staging_set_count(options, run.overlap);
+  s.bucket_bytes = effective_bucket_bytes(layout, run.stage, run.element_bytes(), s.staging_sets, options);
+  s.buckets = gradient_buckets(layout, run.element_bytes(), s.bucket_bytes);
   // Products of a set count and a bucket size: checked, a huge bucket must not wrap.
   auto sets = [](std::size_t count, std::size_t per_set, const char* what) {
     return checked_mul(count, per_set, "finalize(): the ", what, " (", count, " sets)");
   };
   const std::size_t bucket = s.buckets.max_elements;
-  if (!gradients_in_place(spec.stage, options))
+  if (!gradients_in_place(run.stage, options))
     s.grad_staging = sets(s.staging_sets, bucket, "gradient staging");
   // Stage 1 widens one unit at a time at step(); the others a whole staged
   // bucket. qgZ reduces in fp32 by itself, into its own sums.
   if (options.qgz) {
     const std::size_t ranks = static_cast<std::size_t>(layout.ranks());
-    const std::size_t per_node = spec.ranks_per_node == 0 ? ranks : static_cast<std::size_t>(spec.ranks_per_node);
+    const std::size_t per_node = run.ranks_per_node == 0 ? ranks : static_cast<std::size_t>(run.ranks_per_node);
     const std::size_t nodes = ranks / per_node;
     const quant::Format format{options.qgz_bits, options.qgz_block};
     s.qgz_payloads = checked_mul(2 * ranks, format.payload_bytes(s.max_shard), "finalize(): qgZ's payloads");
@@ -259,19 +218,19 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     if (options.qgz_error_feedback)
       s.qgz_residuals = (per_node > 1 ? full : 0) + (nodes > 1 ? full / per_node : 0);
   }
-  if (options.reduce_dtype == ReduceDType::fp32 && spec.grad_bytes != 4 && !options.qgz)
-    s.reduce_staging_fp32 = spec.stage.reduce_scatter_at_step
+  if (options.reduce_dtype == ReduceDType::fp32 && run.element_bytes() != 4 && !options.qgz)
+    s.reduce_staging_fp32 = run.stage.reduce_scatter_at_step
                                 ? s.max_unit
                                 : sets(s.staging_sets, bucket, "fp32 reduction staging");
-  if (spec.stage.reduce_scatter_on_flush && !options.qgz)
+  if (run.stage.reduce_scatter_on_flush && !options.qgz)
     s.shard_staging = sets(s.staging_sets, s.buckets.max_shard_elements, "reduce-scatter staging");
-  if (spec.stage.params_sharded) {
+  if (run.stage.params_sharded) {
     s.gather_slot_count = static_cast<std::size_t>(options.prefetch_units) + 1;
     s.gather_slots = gather_arena_elements(layout, s.gather_slot_count);
     std::size_t largest_part = 0;  // bytes, with hpz_int8
     for (const auto& u : layout.units()) {
       if (!options.hpz) break;
-      const std::size_t part = hpz_part(u.padded, spec.ranks_per_node, layout.ranks());
+      const std::size_t part = hpz_part(u.padded, run.ranks_per_node, layout.ranks());
       if (!options.hpz_int8) {
         s.hpz_secondary += part;
         continue;
@@ -282,31 +241,31 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
     }
     if (options.hpz && options.hpz_int8)
       s.hpz_int8_staging =
-          checked_mul(static_cast<std::size_t>(spec.ranks_per_node == 0 ? layout.ranks() : spec.ranks_per_node),
+          checked_mul(static_cast<std::size_t>(run.ranks_per_node == 0 ? layout.ranks() : run.ranks_per_node),
                       largest_part, "finalize(): hpZ's int8 staging");
     if (options.qwz)
       s.qwz_staging = checked_mul(static_cast<std::size_t>(layout.ranks()),
                                   quant::Format{8, options.qwz_block}.payload_bytes(s.max_shard), "finalize(): qwZ's payloads");
   }
   s.control = 1 + static_cast<std::size_t>(layout.ranks()) * (options.check_replicas ? 2 : 1);
-  if (offload_host_staging(spec)) {
+  if (run.offload_host_staging()) {
     s.host_grad_sets = options.delayed_update ? 2 : 1;
     s.host_grads = checked_mul(owned, s.host_grad_sets, "finalize(): the host gradient");
-    if (offload_stages_params(spec)) s.host_params = owned;
+    if (run.offload_stages_params()) s.host_params = owned;
   }
-  if (spec.offload == OffloadTier::nvme) {
+  if (run.offload == OffloadTier::nvme) {
     const std::size_t window = options.nvme.window_bytes;
-    const std::size_t mb = spec.master_bytes, sb = spec.state_bytes;
-    s.disk_chunk = offload::disk_chunk_elements(window, spec.state_slots, owned, mb, sb);
-    s.disk_window = offload::disk_window_elements(window, spec.state_slots, owned, mb, sb);
+    const std::size_t mb = master_element_bytes(options.master), sb = state_element_bytes(options.states);
+    s.disk_chunk = offload::disk_chunk_elements(window, run.state_slots, owned, mb, sb);
+    s.disk_window = offload::disk_window_elements(window, run.state_slots, owned, mb, sb);
     // Chunks end before a block of 8-bit state they would cut: this rank's
     // (another rank's shard boundaries cut a few blocks elsewhere).
-    const StateBlocks blocks = options.states == StateFormat::blockwise8 && spec.state_slots > 0
-                                   ? StateBlocks::build(Ownership{spec.stage, spec.rank, &layout}, options.state_block,
+    const StateBlocks blocks = options.states == StateFormat::blockwise8 && run.state_slots > 0
+                                   ? StateBlocks::build(Ownership{run.stage, run.rank, &layout}, options.state_block,
                                                         options.state_fp32_below)
                                    : StateBlocks{};
     const std::size_t records = offload::disk_chunk_starts(s.disk_chunk, owned, blocks).size() - 1;
-    s.swap_file_bytes = offload::disk_records_bytes(records, s.disk_chunk, spec.state_slots, mb, sb);
+    s.swap_file_bytes = offload::disk_records_bytes(records, s.disk_chunk, run.state_slots, mb, sb);
   }
   return s;
 }
@@ -317,10 +276,10 @@ inline BufferSizes buffer_sizes(const Layout& layout, const BufferSpec& spec, co
 // unit for the whole model), the stage saves no gradient memory. The one
 // line finalize() prints on rank 0 and the planner prints then, or "" (also
 // below 1 MiB of gradient, where there is nothing worth saving).
-inline std::string gradient_saving_note(const BufferSizes& s, const BufferSpec& spec, const Layout& layout,
+inline std::string gradient_saving_note(const BufferSizes& s, const RunShape& run, const Layout& layout,
                                         const Options& options) {
-  if (!spec.stage.grads_sharded || layout.ranks() < 2) return "";
-  const std::uint64_t gb = spec.grad_bytes;
+  if (!run.stage.grads_sharded || layout.ranks() < 2) return "";
+  const std::uint64_t gb = run.element_bytes();
   const std::uint64_t whole = gb * layout.padded_total();
   const std::uint64_t shard = gb * s.grads;
   const std::uint64_t staging = gb * (s.grad_staging + s.shard_staging) + 4 * s.reduce_staging_fp32;
@@ -330,7 +289,7 @@ inline std::string gradient_saving_note(const BufferSizes& s, const BufferSpec& 
     std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(b) / 1048576.0);
     return std::string(text);
   };
-  return detail::concat("zero: stage ", spec.stage.stage, " holds ", mib(shard + staging), " of gradients per rank (a 1/",
+  return detail::concat("zero: stage ", run.stage.stage, " holds ", mib(shard + staging), " of gradients per rank (a 1/",
                 layout.ranks(), " shard, ", mib(shard), ", and staging for ", s.staging_sets, " bucket(s) of up to ",
                 s.buckets.max_units, " unit(s), ", mib(staging), "), no less than stage 0's whole gradient (",
                 mib(whole), "): ", options.bucket_bytes == 0 ? "register smaller units (a bucket holds at least one; "

@@ -80,6 +80,21 @@ inline std::string disk_window_rule(std::optional<int> state_slots, std::size_t 
                 " KiB for one, ", kib(2), " KiB for two (Adam's)");
 }
 
+// What is wrong with a window of `window_bytes`, or "": the words of every
+// place that checks it. `master` and `states` name the formats (their
+// element bytes decide the least window), `optimizer` the optimizer where
+// it is known (null: not named).
+inline std::string disk_window_problem(std::size_t window_bytes, std::optional<int> state_slots,
+                                       std::size_t master_bytes, std::size_t state_bytes, const char* master,
+                                       const char* states, const char* optimizer = nullptr) {
+  if (window_bytes >= disk_least_window_bytes(state_slots.value_or(0), master_bytes, state_bytes)) return "";
+  return zero::detail::concat("Options::nvme.window_bytes is ", window_bytes, " (", optimizer ? optimizer : "",
+                              optimizer ? ", " : "", "master ", master, ", states ", states, "); ",
+                              disk_window_rule(state_slots, master_bytes, state_bytes));
+}
+// What a window should be, after disk_window_problem's words.
+inline constexpr const char* disk_window_advice = "; 64 MiB (the default) streams well";
+
 // Elements per chunk for a window of `window_bytes` (three records): a
 // multiple of the block (1024 elements with fp32 master and states), at
 // least one block, no more than the owned elements need.

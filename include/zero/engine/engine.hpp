@@ -1,7 +1,8 @@
 // Why: this is the engine every optimizer runs on, compiled once per
-// precision, optimizer and backend: the ZeRO stage and the offload tier are a
-// plan it takes as a value (EnginePlan), so a program that picks them at run
-// time compiles one engine, not one per combination. zero::ZeroOptimizer
+// precision, optimizer and backend: the ZeRO stage and the offload tier are
+// values it takes (and describes with the rest of the run as a RunShape,
+// engine/run_shape.hpp), so a program that picks them at run time compiles
+// one engine, not one per combination. zero::ZeroOptimizer
 // (zero_optimizer.hpp) is the typed layer users name; zero::make_optimizer
 // (zero/runtime/make_optimizer.hpp) picks the engine from a zero::Config.
 //

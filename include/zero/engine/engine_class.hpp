@@ -26,8 +26,11 @@
 #include "zero/engine/own_memory.hpp"
 #include "zero/engine/ownership.hpp"
 #include "zero/engine/param_gatherer.hpp"
+#include "zero/engine/param_store.hpp"
 #include "zero/engine/reports.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/run_rules.hpp"
+#include "zero/engine/run_shape.hpp"
+#include "zero/engine/stage_rules.hpp"
 #include "zero/engine/state_store.hpp"
 #include "zero/engine/replica_check.hpp"
 #include "zero/engine/step_control.hpp"
@@ -77,12 +80,6 @@ struct StepResult {
   double loss_scale = 1.0;        // the scale that was in effect for this step
 };
 
-// The stage and the offload tier of a run, as values.
-struct EnginePlan {
-  StagePlan rules = stage_plan(0);
-  OffloadTier offload = OffloadTier::none;
-};
-
 namespace detail {
 
 template <PrecisionPolicy Precision, optim::Policy Optimizer, BackendPolicy Backend>
@@ -98,13 +95,15 @@ class Engine {
   static constexpr int state_slots = Optimizer::state_slots;
   using DiskMaker = DiskStoreMaker<Optimizer, grad_type, param_type>;
 
-  // The plan is checked here with the words of ZeroOptimizer's
-  // static_asserts; `disk` makes offload nvme's store (null: the program
-  // was built without zero/offload/disk_state_store.hpp).
+  // The stage and the offload tier are checked here by the rules
+  // ZeroOptimizer's static_asserts test (engine/run_rules.hpp); `disk` makes
+  // offload nvme's store (null: the program was built without
+  // zero/offload/disk_state_store.hpp).
   template <comm::Communicator Comm>
-  Engine(Comm& communicator, EnginePlan plan, Hyper hyper, Options options = {}, DiskMaker disk = nullptr)
+  Engine(Comm& communicator, int stage, OffloadTier offload, Hyper hyper, Options options = {},
+         DiskMaker disk = nullptr)
       : comm_(communicator),
-        plan_(checked(plan, disk)),
+        run_(checked(stage, offload, options, disk)),
         disk_(disk),
         hyper_(hyper),
         options_(options),
@@ -112,7 +111,6 @@ class Engine {
         control_(options.loss_scale, Precision::loss_scaling) {
     hyper_.validate();
     options_.validate();
-    check_master_format(options_);
   }
 
   Engine(const Engine&) = delete;
@@ -154,8 +152,10 @@ class Engine {
   const Layout& layout() const { return layout_; }
   int rank() const { return comm_->rank(); }
   int ranks() const { return comm_->size(); }
-  const EnginePlan& plan() const { return plan_; }
-  int stage() const { return plan_.rules.stage; }
+  // What the rules, the buffer sizes and the schedule read of this run
+  // (engine/run_shape.hpp); the communicator's overlap is known from finalize().
+  const RunShape& shape() const { return run_; }
+  int stage() const { return run_.stage.stage; }
 
   // ---- Values (engine_values.hpp) ----------------------------------------
   // Collective. Sets a parameter from fp32 host values (numel of them). Every
@@ -179,7 +179,7 @@ class Engine {
     const comm::ApiCall api_call("acquire_unit");
     require_finalized("acquire_unit");
     require_unit(id, "acquire_unit");
-    if (plan_.rules.params_whole()) return params_.data() + layout_.units()[id.index].full_offset;
+    if (run_.stage.params_whole()) return params_.unit(id.index);
     if (whole_.size() != 0) return whole_.data() + layout_.units()[id.index].full_offset;  // hold_whole(): local
     const param_type* unit = gatherer_.acquire(id.index, reducer_.in_backward());
     if (replicas_.enabled()) record_replica(id.index, unit);
@@ -189,7 +189,7 @@ class Engine {
   // Stage 3: frees the unit's room in the gather arena. Other stages: nothing.
   void release_unit(UnitId id) {
     require_unit(id, "release_unit");
-    if (!plan_.rules.params_sharded || whole_.size() != 0) return;
+    if (!run_.stage.params_sharded || whole_.size() != 0) return;
     gatherer_.release(id.index);
     own_.release_values(layout_, id.index);
   }
@@ -324,7 +324,7 @@ class Engine {
   template <class>
   friend struct checkpoint::EngineIo;
   // Which elements of each unit this rank owns, and where they sit.
-  Ownership ownership() const { return Ownership{plan_.rules, static_cast<std::size_t>(rank()), &layout_}; }
+  Ownership ownership() const { return Ownership{run_.stage, static_cast<std::size_t>(rank()), &layout_}; }
   // `count` elements of this rank's owned range of unit `unit`, from element
   // `local` of that range, between the engine and host memory: the
   // parameters (param_type), or a slot of the state store (fp32; the master
@@ -358,9 +358,10 @@ class Engine {
   void adopt_background_save(std::unique_ptr<checkpoint::BackgroundSave> save) { background_save_ = std::move(save); }
 
 
-  static EnginePlan checked(EnginePlan plan, DiskMaker disk);
-  // The master's format and the copies' rounding against the precision.
-  static void check_master_format(const Options& options);
+  // The run's shape from the types and the communicator, refused by the
+  // rules known at construction (the others wait for finalize()).
+  RunShape checked(int stage, OffloadTier offload, const Options& options, DiskMaker disk) const;
+  static constexpr Voice voice{"zero::ZeroOptimizer"};
 
   const UnitInfo& unit_of(std::size_t index) const { return layout_.units()[index]; }
   param_type* param_ptr(const UnitInfo& u) { return params_.data() + ownership().param_offset(u); }
@@ -404,7 +405,7 @@ class Engine {
   // Offload at stages 2-3: the reducer copies each finished shard to the
   // host gradient set the next update reads.
   void aim_final_copies() {
-    if (plan_.rules.reduce_scatter_on_flush && update_.host_staging())
+    if (run_.stage.reduce_scatter_on_flush && update_.host_staging())
       reducer_.copy_final_shards_to(update_.final_shard_copies());
   }
 
@@ -413,29 +414,29 @@ class Engine {
   template <class T, class Fill>
   void gather_units(T* out, Fill fill);
 
-  // A buffer of n elements for finalize(); an overflowing size or a failed
-  // allocation becomes an error naming the buffer, its bytes, this rank and
-  // `lower_it` (the option or stage that makes it smaller). Any buffer type:
+  // A part's row (engine/part_rows.hpp) as a buffer, for finalize(); an
+  // overflowing size or a failed allocation becomes an error naming the
+  // buffer, its bytes, this rank and what makes it smaller. Any buffer type:
   // the backend's, the store's, page-locked host buffers.
   template <class Buf>
-  Buf allocate_as(std::size_t n, const char* what, const std::string& lower_it);
+  Buf allocate_as(const BufferRow& row);
   template <class T>
-  Buffer<T> allocate(std::size_t n, const char* what, const std::string& lower_it) {
-    return allocate_as<Buffer<T>>(n, what, lower_it);
+  Buffer<T> allocate(const BufferRow& row) {
+    return allocate_as<Buffer<T>>(row);
   }
   backend::PiecePlan piece_plan(std::size_t n) const;
   void check_agreement();
   void account_memory();
 
   CommChannel<Ops> comm_;  // the communicator, and on a GPU the lane its collectives run on
-  EnginePlan plan_;
+  RunShape run_;
   DiskMaker disk_;
   Hyper hyper_;
   Options options_;
   Layout layout_;
   bool finalized_ = false;
 
-  Buffer<param_type> params_;                       // whole, or this rank's shards at stage 3
+  ParamStore<Ops, param_type> params_;              // whole, or this rank's shards at stage 3
   Buffer<param_type> whole_;                        // stage 3, while hold_whole()'s scope lives
   GradientReducer<Ops, grad_type> reducer_;         // gradients: staging, buckets, reductions, accumulator
   StepControl<Ops> control_;                        // the step's decision: norm, overflow, loss scale, clipping

@@ -1,8 +1,8 @@
 // Why: everything the engine does once, at construction and finalize(): the
-// plan's checks (the same words as ZeroOptimizer's static_asserts, for a
-// plan chosen at run time), the ranks' agreement on every setting, the
-// allocation of every buffer from the sizes the planner shares
-// (buffer_sizes.hpp), with errors naming the buffer and what makes it
+// run's checks (engine/run_rules.hpp, the rules ZeroOptimizer's
+// static_asserts test, for a run chosen at run time), the ranks' agreement
+// on every setting, the allocation of each part's rows (part_rows.hpp, the
+// rows the planner lists), with errors naming the buffer and what makes it
 // smaller, and the memory report built from what was allocated.
 // Brought in by engine.hpp.
 #pragma once
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "zero/engine/agreement.hpp"
+#include "zero/engine/part_rows.hpp"
 #include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/engine_class.hpp"
 #include "zero/engine/rank_checks.hpp"
@@ -24,95 +25,68 @@
 namespace zero::detail {
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
-EnginePlan Engine<P, O, B>::checked(EnginePlan plan, DiskMaker disk) {
-  const int stage = plan.rules.stage;
-  require(stage >= 0 && stage <= 3, "zero: stage ", stage, " does not exist: ZeRO has stages 0, 1, 2 and 3");
-  // The words of ZeroOptimizer's static_asserts (zero_optimizer.hpp).
-  require(plan.offload != OffloadTier::cpu || B::device,
-          "zero::ZeroOptimizer: offload::Cpu moves optimizer state from GPU memory to the host, but with "
-          "backend::Host it is already in host memory; use offload::None (or offload::Nvme to move it to disk)");
-  require(plan.offload == OffloadTier::none || !B::device || backend::OffloadOps<Ops>,
+RunShape Engine<P, O, B>::checked(int stage, OffloadTier offload, const Options& options, DiskMaker disk) const {
+  const RunShape run{.stage = stage_rules(stage),
+                     .offload = offload,
+                     .precision = precision_choice<P>(),
+                     .device_backend = B::device,
+                     .state_slots = state_slots,
+                     .optimizer = O::name,
+                     .ranks_per_node = comm_->topology().ranks_per_node,
+                     .rank = static_cast<std::size_t>(rank())};
+  // The rules of the run's types and of the master's format now; those of
+  // the ZeRO++ options, the delayed update and the released pages at
+  // finalize() (their errors have always come from there); the disk
+  // window's from offload::Nvme's store, which names the optimizer.
+  constexpr RunRule at_construction[] = {RunRule::stage_exists, RunRule::offload_needs_partition,
+                                         RunRule::cpu_offload_needs_device, RunRule::remainder_master_needs_bf16,
+                                         RunRule::bf16_copy_options};
+  require_run(run, options, voice, at_construction);
+  // What only the engine knows: its backend's abilities and the program's includes.
+  require(offload == OffloadTier::none || !B::device || backend::OffloadOps<Ops>,
           "zero: offload from backend ", B::name, " needs a backend with page-locked host buffers and asynchronous "
           "copies (backend/ops.hpp, OffloadOps)");
-  require(plan.offload == OffloadTier::none || stage != 0,
-          "zero::ZeroOptimizer: ZeRO-Offload moves this rank's partition of the optimizer state to the host; "
-          "stage 0 has no partition: use stage<1> or higher with offload::Cpu/Nvme");
-  require(plan.offload != OffloadTier::nvme || disk != nullptr,
+  require(offload != OffloadTier::nvme || disk != nullptr,
           "zero: offload nvme needs its store: #include \"zero/offload/disk_state_store.hpp\" (liburing, "
           "xxhash.h) in the program that makes the optimizer");
-  return plan;
-}
-
-template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
-void Engine<P, O, B>::check_master_format(const Options& options) {
-  const char* precision = P::mixed ? dtype_traits<param_type>::name : "fp32";
-  require(options.master != MasterWeights::remainder || std::is_same_v<param_type, bf16>,
-          "Options::master is remainder, but the parameters are ", precision,
-          ": the remainder master is the bf16 parameters plus 16 bits (", P::mixed
-              ? "an fp16 value's upper bits are not an fp32 value's; use precision::Mixed<bf16>, or "
-                "Options::master = MasterWeights::fp32)"
-              : "fp32 training keeps no master apart from its parameters; set Options::master = fp32)");
-  const std::string copies = bf16_copy_option_problem(options, precision_choice<P>());
-  require(copies.empty(), "ZeroOptimizer: Options::", copies);
+  return run;
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::finalize() {
   const comm::ApiCall api_call("finalize");  // names this call in communicator errors (as every collective call)
   require(!finalized_, "ZeroOptimizer::finalize() called twice");
-  const StagePlan& rules = plan_.rules;
+  const StageRules& rules = run_.stage;
   layout_.finalize(sizeof(float));  // fp32 masters, states and reduction staging are the widest
   const std::size_t gather_slots = rules.params_sharded ? static_cast<std::size_t>(options_.prefetch_units) + 1 : 0;
   comm_.open(first_slot_event() + gather_slots);
+  run_.overlap = comm_.overlaps();
   check_agreement();
-  const std::string zeropp = zeropp_stage_problem(options_.hpz, options_.qwz, options_.qgz, stage());
-  require(zeropp.empty(), "ZeroOptimizer: Options::", zeropp);
+  constexpr RunRule at_finalize[] = {RunRule::zeropp_stage, RunRule::delayed_update_needs_offload_from_device,
+                                     RunRule::released_pages_need_host};
+  require_run(run_, options_, voice, at_finalize);
   // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
-  // fp32 training keeps no master apart from the parameters unless offload
-  // moves it to the host (the device then keeps a working copy).
-  const bool separate_master = P::mixed || plan_.offload != OffloadTier::none;
-  const BufferSpec spec{rules,
-                        separate_master,
-                        sizeof(grad_type),
-                        state_slots,
-                        comm_.overlaps(),
-                        plan_.offload,
-                        B::device,
-                        master_element_bytes(options_.master),
-                        state_element_bytes(options_.states),
-                        comm_->topology().ranks_per_node,
-                        static_cast<std::size_t>(rank())};
-  const BufferSizes sizes = buffer_sizes(layout_, spec, options_);
-  if (const std::string note = gradient_saving_note(sizes, spec, layout_, options_); !note.empty() && rank() == 0)
+  const BufferSizes sizes = buffer_sizes(layout_, run_, options_);
+  if (const std::string note = gradient_saving_note(sizes, run_, layout_, options_); !note.empty() && rank() == 0)
     std::fprintf(stderr, "%s\n", note.c_str());
-  update_.configure(spec, options_);
+  update_.configure(run_, options_);
 
-  // What makes each buffer smaller, for the out-of-memory message.
-  const char* shard_params = "stage 3 shards the parameters: use stage<3> or more ranks";
-  const char* shard_grads = "stages 2 and 3 shard the gradients: use stage<2> or higher, or more ranks";
-  const char* shard_states =
-      "stages 1-3 shard the master weights and optimizer state: use stage<1> or higher, or more ranks";
-  const std::string fewer_units =
-      "lower Options::bucket_bytes (a bucket holds at least one unit), or split the largest unit";
-  params_ = allocate<param_type>(sizes.params, "parameters", rules.params_sharded ? "more ranks" : shard_params);
+  // Each part's rows (engine/part_rows.hpp), allocated here and handed to
+  // the part; the planner's schedule lists the same rows.
+  params_.bind(allocate<param_type>(parameter_row(run_, sizes)), layout_, rules.params_sharded);
+  const GradientRows grad_rows = gradient_rows(run_, sizes);
   typename GradientReducer<Ops, grad_type>::Buffers grad_buffers;
-  grad_buffers.accumulator =
-      allocate<grad_type>(sizes.grads, "gradients", rules.grads_sharded ? "more ranks" : shard_grads);
-  require(!options_.delayed_update || update_.host_staging(),
-          "Options::delayed_update overlaps the CPU update of offload with the next step's work on the device; it "
-          "needs offload::Cpu or offload::Nvme with a device backend (backend::Cuda); clear the option otherwise");
+  grad_buffers.accumulator = allocate<grad_type>(grad_rows.accumulator);
+  grad_buffers.staging = allocate<grad_type>(grad_rows.staging);
+  grad_buffers.staging_fp32 = allocate<float>(grad_rows.staging_fp32);
+  grad_buffers.shard_staging = allocate<grad_type>(grad_rows.shard_staging);
   // (a generic lambda, not an explicit template one: nvcc 13 refuses those in
   // a member of a class template with default arguments)
-  update_.allocate(ownership(), sizes, params_.data(), grad_buffers.accumulator.data(), options_, rank(), disk_,
-                   [&](auto buffer_type, std::size_t n, const char* what) {
-                     using Buf = typename decltype(buffer_type)::type;
-                     return allocate_as<Buf>(n, what, rules.states_sharded ? "more ranks" : shard_states);
+  update_.allocate(ownership(), state_rows(run_, options_, layout_, sizes), update_rows(run_, sizes), params_.data(),
+                   grad_buffers.accumulator.data(), options_, rank(), disk_,
+                   [&](auto buffer_type, const BufferRow& row) {
+                     return allocate_as<typename decltype(buffer_type)::type>(row);
                    });
-  grad_buffers.staging = allocate<grad_type>(sizes.grad_staging, "gradient staging (one bucket)", fewer_units);
-  grad_buffers.staging_fp32 =
-      allocate<float>(sizes.reduce_staging_fp32, "fp32 reduction staging",
-                      "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " + fewer_units);
-  grad_buffers.shard_staging = allocate<grad_type>(sizes.shard_staging, "reduce-scatter staging", fewer_units);
   reducer_.bind(std::move(grad_buffers), sizes.buckets, rules, options_.grad_writes,
                 gradients_in_place(rules, options_), sizes.staging_sets, layout_, comm_);
   aim_final_copies();
@@ -120,45 +94,27 @@ void Engine<P, O, B>::finalize() {
     // Collective: every rank splits its communicator here, in this order.
     comm::AnyCommunicator& node = comm_->node();
     comm::AnyCommunicator& across = comm_->across();
+    const QgzRows rows = qgz_rows(run_, sizes);
     typename QuantizedReducer<Ops, grad_type>::Buffers qgz;
-    const char* smaller = "turn Options::qgz off, or split the largest unit (the payloads hold every rank's codes of "
-                          "its largest shard)";
-    qgz.payloads = allocate<std::uint8_t>(sizes.qgz_payloads, "qgZ payloads", smaller);
-    qgz.sums = allocate<float>(sizes.qgz_sums, "qgZ fp32 sums", smaller);
-    qgz.residuals = allocate<float>(sizes.qgz_residuals, "qgZ error feedback residuals",
-                                    "turn Options::qgz_error_feedback off (the residuals are fp32 of every gradient "
-                                    "element), or put more ranks on each node");
+    qgz.payloads = allocate<std::uint8_t>(rows.payloads);
+    qgz.sums = allocate<float>(rows.sums);
+    qgz.residuals = allocate<float>(rows.residuals);
     reducer_.bind_qgz(std::move(qgz), quant::Format{options_.qgz_bits, options_.qgz_block}, node, across);
   }
   if (rules.params_sharded) {
-    gatherer_.bind(allocate<param_type>(sizes.gather_slots, "stage-3 gather arena",
-                                        "lower Options::prefetch_units (the arena holds the prefetch_units + 1 "
-                                        "largest units), or split the largest units"),
-                   sizes.gather_slot_count, layout_, params_.data(), comm_, options_.prefetch_units, first_slot_event());
+    const GatherRows gather = gather_rows(run_, sizes);
+    gatherer_.bind(allocate<param_type>(gather.arena), sizes.gather_slot_count, layout_, params_, comm_,
+                   options_.prefetch_units, first_slot_event());
     if (options_.qwz)  // (before hpZ: an int8 copy keeps qwZ's payloads)
-      gatherer_.bind_qwz(allocate<std::uint8_t>(sizes.qwz_staging, "qwZ payloads (every rank's int8 shard)",
-                                                "turn Options::qwz off, or lower Options::qwz_block's overhead by "
-                                                "splitting the largest unit"),
-                         options_.qwz_block);
+      gatherer_.bind_qwz(allocate<std::uint8_t>(gather.qwz_payloads), options_.qwz_block);
     if (options_.hpz && options_.hpz_int8)
-      gatherer_.bind_hpz_int8(
-          allocate<std::uint8_t>(sizes.hpz_int8_secondary, "hpZ secondary copy as int8 blocks",
-                                 "turn Options::hpz off, or put more ranks on each node (the copy is 1/ranks_per_node "
-                                 "of the parameters)"),
-          allocate<std::uint8_t>(sizes.hpz_int8_staging, "hpZ int8 staging (the node's payloads of a part)",
-                                 "split the largest unit"),
-          options_.qwz_block, comm_->node());
+      gatherer_.bind_hpz_int8(allocate<std::uint8_t>(gather.hpz_int8_secondary),
+                              allocate<std::uint8_t>(gather.hpz_int8_staging), options_.qwz_block, comm_->node());
     else if (options_.hpz)
-      gatherer_.bind_hpz(allocate<param_type>(sizes.hpz_secondary, "hpZ secondary copy of the parameters",
-                                              "turn Options::hpz off, or put more ranks on each node (the copy is "
-                                              "1/ranks_per_node of the parameters)"),
-                         comm_->node());
+      gatherer_.bind_hpz(allocate<param_type>(gather.hpz_secondary), comm_->node());
   }
-  control_.bind(sizes.control, comm_);
+  control_.bind(control_rows(run_, sizes).front().elements, comm_);
   replicas_.bind(layout_.units().size(), options_.check_replicas);
-  require(!options_.release_memory_pages || !B::device,
-          "Options::release_memory_pages hands the pages of your host arrays back to the operating system; with "
-          "backend ", B::name, " your memory is the device's: clear the option");
   own_.bind(layout_, options_.release_memory_pages);
   account_memory();
   finalized_ = true;
@@ -166,12 +122,17 @@ void Engine<P, O, B>::finalize() {
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 template <class Buf>
-Buf Engine<P, O, B>::allocate_as(std::size_t n, const char* what, const std::string& lower_it) {
+Buf Engine<P, O, B>::allocate_as(const BufferRow& row) {
   using T = std::remove_pointer_t<decltype(std::declval<Buf&>().data())>;
   constexpr bool in_backend = std::is_same_v<Buf, Buffer<T>>;
   const char* where = in_backend && B::device ? "device" : "host";
+  const char* what = row.name;
+  require(row.element_bytes == sizeof(T), "finalize(): the row of the ", what, " has ", row.element_bytes,
+          "-byte elements, but its buffer's are ", sizeof(T), " bytes (a part's rows and its buffers differ)");
+  require(row.elements <= SIZE_MAX, "finalize(): the ", what, " has ", row.elements, " elements, more than memory can address");
+  const auto n = static_cast<std::size_t>(row.elements);
   checked_mul(n, sizeof(T), "finalize(): the ", what, " (", n, " elements)");
-  auto failed = [&](const char* why) { return allocation_error(rank(), what, n, sizeof(T), where, why, lower_it); };
+  auto failed = [&](const char* why) { return allocation_error(rank(), what, n, sizeof(T), where, why, row.smaller); };
   Buf buffer;
   try {
     if constexpr (std::is_constructible_v<Buf, std::size_t, const backend::PiecePlan&>)
@@ -225,7 +186,7 @@ std::vector<std::uint64_t> Engine<P, O, B>::all_gather_control(const std::vector
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::check_agreement() {
   const std::vector<AgreedSetting> settings = agreed_engine_settings(
-      layout_, options_, {stage(), O::name, P::mixed, dtype_traits<param_type>::dtype, name(plan_.offload)});
+      layout_, options_, {stage(), O::name, P::mixed, dtype_traits<param_type>::dtype, name(run_.offload)});
   std::vector<std::uint64_t> mine;
   for (const auto& setting : settings) mine.push_back(setting.value);
   const std::vector<std::uint64_t> all = all_gather_control(mine);

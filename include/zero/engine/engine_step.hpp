@@ -26,7 +26,7 @@ StepResult Engine<P, O, B>::step() {
   require_finalized("step");
   require(whole_.size() == 0, "step(): the parameters are held whole (hold_whole()); end that scope before the "
           "step that changes them");
-  const StagePlan& rules = plan_.rules;
+  const StageRules& rules = run_.stage;
   // The units grad_ready did not make final are now; those in your own
   // memory (use_memory) from there.
   reducer_.finish_units(first_micro(), last_micro(), [this](std::size_t u) {
@@ -156,26 +156,28 @@ void Engine<P, O, B>::blame_non_finite(const NonFiniteGradients& gradients_error
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::publish_params() {
+  // The update wrote every unit's owned range where the store keeps it.
+  for (std::size_t unit = 0; unit < layout_.units().size(); ++unit) params_.written(unit);
   // Stage 3: the shards changed, so every gathered copy is stale (none is in
   // use: step() checked); acquire_unit gathers the updated values.
-  if (plan_.rules.params_sharded) gatherer_.drop_all();
+  if (run_.stage.params_sharded) gatherer_.drop_all();
   // Stages 1 and 2: every rank needs the full updated parameters again.
-  if (plan_.rules.all_gather_after_step) {
+  if (run_.stage.all_gather_after_step) {
     const Ownership own = ownership();
     comm_.communicate([&] {
       for (std::size_t unit = 0; unit < layout_.units().size(); ++unit) {
         const UnitInfo& u = layout_.units()[unit];
         const auto purpose = comm_.exchange("gathers the updated parameters of", "unit", u.name, unit);
-        param_type* full = params_.data() + u.full_offset;
+        param_type* full = params_.unit(unit);
         comm_->all_gather(full + own.update_begin(u), full, u.shard, dtype_traits<param_type>::dtype, false);
       }
     });
   }
   write_own_values();  // stages 0-2: your memory gets the new values
   // Stages 0-2: every rank now holds the same parameters, checked at the next step.
-  if (replicas_.enabled() && !plan_.rules.params_sharded)
+  if (replicas_.enabled() && !run_.stage.params_sharded)
     for (std::size_t unit = 0; unit < layout_.units().size(); ++unit)
-      record_replica(unit, params_.data() + layout_.units()[unit].full_offset);
+      record_replica(unit, params_.unit(unit));
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
@@ -222,7 +224,7 @@ void Engine<P, O, B>::blame_replicas() {
                      "; no majority, so which is wrong cannot be told)");
     throw CommError(concat(
         "step() on rank ", rank(), ", step ", steps_ + 1, ": Options::check_replicas: the ",
-        plan_.rules.params_sharded ? "gathered copy (acquire_unit)" : "parameters after the last update",
+        run_.stage.params_sharded ? "gathered copy (acquire_unit)" : "parameters after the last update",
         " of unit '", layout_.units()[unit].name, "' ", who,
         "; the ranks computed or received them the same way, so a bit changed where it should not have (memory, a "
         "core, or the link: silent data corruption). Nothing was updated; check those ranks' machines, and resume "
@@ -241,7 +243,7 @@ auto Engine<P, O, B>::param_data(ParamId id) const -> const param_type* {
           layout_.params().size(), " parameters)");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = unit_of(p.unit.index);
-  if (plan_.rules.params_whole()) return params_.data() + u.full_offset + p.offset;
+  if (run_.stage.params_whole()) return params_.data() + u.full_offset + p.offset;
   // Stage 3 inside hold_whole(): every unit is in the whole copy (acquire_unit hands it out from there).
   if (whole_.size() != 0) return whole_.data() + u.full_offset + p.offset;
   // Acquired, not merely prefetched: acquire_unit waited for the gather.

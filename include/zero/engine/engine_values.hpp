@@ -29,7 +29,7 @@ void Engine<P, O, B>::set_param(ParamId id, const float* values) {
   require(id.index < layout_.params().size(), "set_param: parameter id ", id.index, " does not exist");
   const ParamInfo& p = layout_.param(id);
   const UnitInfo& u = unit_of(p.unit.index);
-  const StagePlan& rules = plan_.rules;
+  const StageRules& rules = run_.stage;
   // A gathered copy of the unit would keep the old values: a prefetched one
   // is dropped below; one in use cannot be.
   if (rules.params_sharded)
@@ -62,9 +62,10 @@ void Engine<P, O, B>::set_param(ParamId id, const float* values) {
     if (rules.params_sharded) to_params(owned, hi - lo, param_ptr(u) + (lo - begin));  // stages 0-2: below
   }
   if (rules.params_whole()) {
-    to_params(values, p.numel, params_.data() + u.full_offset + p.offset);
-    own_.write_value(layout_, id.index, params_.data() + u.full_offset);  // your memory (use_memory)
+    to_params(values, p.numel, params_.unit(p.unit.index) + p.offset);
+    own_.write_value(layout_, id.index, params_.unit(p.unit.index));  // your memory (use_memory)
   }
+  params_.written(p.unit.index);
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
@@ -80,7 +81,7 @@ void Engine<P, O, B>::gather_params(param_type* out) {
   const comm::ApiCall api_call("gather_params");
   require_finalized("gather_params");
   land_update();
-  if (plan_.rules.params_whole())
+  if (run_.stage.params_whole())
     Ops::download(out, params_.data(), layout_.padded_total());
   else
     gather_units(out, [this](const UnitInfo& u, param_type* dst) { Ops::copy(dst, param_ptr(u), u.shard); });
@@ -197,23 +198,26 @@ void Engine<P, O, B>::take_own_grads(std::size_t unit) {
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::write_own_values() {
-  if (!own_.any() || !plan_.rules.params_whole()) return;
+  if (!own_.any() || !run_.stage.params_whole()) return;
   for (std::size_t u = 0; u < layout_.units().size(); ++u)
-    own_.write_values(layout_, u, params_.data() + unit_of(u).full_offset);
+    own_.write_values(layout_, u, params_.unit(u));
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 HeldWhole Engine<P, O, B>::hold_whole() {
   const comm::ApiCall api_call("hold_whole");
   require_finalized("hold_whole");
-  if (!plan_.rules.params_sharded) return {};
+  if (!run_.stage.params_sharded) return {};
   require(whole_.size() == 0, "hold_whole(): the parameters are held whole already; end that scope first");
   if (const auto held = gatherer_.any_acquired())
     throw InvalidArgument(concat("hold_whole(): unit '", unit_of(*held).name,
                                  "' is acquired; release_unit() every unit before holding the parameters whole"));
   land_update();
-  whole_ = allocate<param_type>(layout_.padded_total(), "whole parameters (hold_whole)",
-                                "evaluate without hold_whole (acquire_unit gathers a unit at a time, on every rank)");
+  // (Held only while the scope lives: not one of the run's rows.)
+  whole_ = allocate<param_type>(BufferRow{"whole parameters (hold_whole)", "", ReportedAs::not_reported,
+                                          backend_place(run_), layout_.padded_total(), sizeof(param_type),
+                                          "evaluate without hold_whole (acquire_unit gathers a unit at a time, on "
+                                          "every rank)"});
   comm_.communicate([&] {
     for (std::size_t u = 0; u < layout_.units().size(); ++u)
       gatherer_.gather_unit(u, whole_.data() + unit_of(u).full_offset);

@@ -9,7 +9,7 @@
 //   stage 0     all_reduce of each bucket, on the window's last micro-batch;
 //   stage 1     reduce_scatter of every unit, once, at the step (reduce_at_step);
 //   stages 2-3  reduce_scatter of each bucket as it fills, every micro-batch.
-// It reads the stage as a value (StagePlan), not a type.
+// It reads the stage as a value (StageRules), not a type.
 //
 // Contract, per micro-batch, by Options::grad_writes:
 //   overwrite   hand_out(u) then ready(u) for every unit, one unit at a time;
@@ -38,11 +38,12 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/part_rows.hpp"
 #include "zero/engine/comm_channel.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/quantized_reducer.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/stage_rules.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
@@ -167,6 +168,54 @@ class UnwrittenCheck {
   bool seen_before_ = false;   // ... in an earlier one: refused now
 };
 
+// The reducer's buffers for a run (engine/part_rows.hpp): the gradient
+// accumulator and the buckets' staging, sized by buffer_sizes().
+struct GradientRows {
+  BufferRow accumulator, staging, staging_fp32, shard_staging;
+  BufferRows list() const { return {accumulator, staging, staging_fp32, shard_staging}; }
+};
+inline GradientRows gradient_rows(const RunShape& run, const BufferSizes& z) {
+  const Place at = backend_place(run);
+  const std::uint64_t eb = run.element_bytes();
+  const std::string fewer_units =
+      "lower Options::bucket_bytes (a bucket holds at least one unit), or split the largest unit";
+  constexpr auto comm = ReportedAs::communication_buffers;
+  GradientRows r;
+  r.accumulator = {"gradients", "grads", ReportedAs::grads, at, z.grads, eb,
+                   shard_it(run.stage.grads_sharded, "stages 2 and 3 shard the gradients: use stage<2> or higher, or "
+                                                     "more ranks")};
+  r.staging = {"gradient staging (one bucket)", "gradient_staging", comm, at, z.grad_staging, eb, fewer_units};
+  r.staging_fp32 = {"fp32 reduction staging", "reduce_staging_fp32", comm, at, z.reduce_staging_fp32, 4,
+                    "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " + fewer_units};
+  r.shard_staging = {"reduce-scatter staging", "shard_staging", comm, at, z.shard_staging, eb, fewer_units};
+  return r;
+}
+// The gradient reductions per step, as the stage rules decide: stage 0
+// all-reduces on the last micro-batch, stages 2-3 reduce-scatter as each
+// bucket fills (every micro-batch), stage 1 once at the step; qgZ's
+// all-to-alls instead of a reduce-scatter. Gradients travel in fp32 when
+// Options::reduce_dtype asks and they are 16-bit.
+inline CollectiveRows reduction_collectives(const RunShape& run, const CollectiveCounter& count) {
+  using comm::Collective;
+  const Options& options = count.options;
+  const std::uint64_t reduce_bytes = options.reduce_dtype == ReduceDType::fp32 ? 4 : run.element_bytes();
+  CollectiveRows rows;
+  if (run.stage.all_reduce_on_flush)
+    rows.push_back(count.per_unit("gradient all-reduce on the last micro-batch", Collective::all_reduce, 1,
+                                  reduce_bytes, 2));
+  if (run.stage.reduce_scatter_on_flush && options.qgz)
+    for (const CollectiveRow& c : qgz_collectives(count, count.micro_batches(), false)) rows.push_back(c);
+  if (run.stage.reduce_scatter_on_flush && !options.qgz)
+    rows.push_back(count.per_unit("gradient reduce-scatter as each bucket fills, every micro-batch",
+                                  Collective::reduce_scatter, count.micro_batches(), reduce_bytes, 1));
+  if (run.stage.reduce_scatter_at_step && options.qgz)
+    for (const CollectiveRow& c : qgz_collectives(count, 1, true)) rows.push_back(c);
+  if (run.stage.reduce_scatter_at_step && !options.qgz)
+    rows.push_back(count.per_unit("gradient reduce-scatter at the step", Collective::reduce_scatter, 1, reduce_bytes,
+                                  1));
+  return rows;
+}
+
 template <class Ops, class G>
 class GradientReducer {
  public:
@@ -184,11 +233,11 @@ class GradientReducer {
   // At finalize(). `in_place`: the caller writes into the accumulator
   // (gradients_in_place); `sets` staging sets (staging_set_count), staging
   // set s's event is s on the channel.
-  void bind(Buffers buffers, GradientBuckets buckets, StagePlan plan, GradWrites writes, bool in_place,
+  void bind(Buffers buffers, GradientBuckets buckets, StageRules rules, GradWrites writes, bool in_place,
             std::size_t sets, const Layout& layout, CommChannel<Ops>& channel) {
     b_ = std::move(buffers);
     buckets_ = std::move(buckets);
-    plan_ = plan;
+    rules_ = rules;
     writes_ = writes;
     in_place_ = in_place;
     sets_ = sets;
@@ -364,9 +413,9 @@ class GradientReducer {
     // Three phases, so that a communicator may launch the bucket's
     // collectives as one group: what they read is prepared first, what reads
     // their results runs after.
-    if (!plan_.reduce_scatter_on_flush) {
+    if (!rules_.reduce_scatter_on_flush) {
       // Keep the whole gradient; stage 0 all-reduces it on the last micro-batch.
-      const bool all_reduce = plan_.all_reduce_on_flush && last;
+      const bool all_reduce = rules_.all_reduce_on_flush && last;
       for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
         G* acc = b_.accumulator.data() + u.full_offset;
@@ -432,7 +481,7 @@ class GradientReducer {
   // Stage 1, at the step: reduce-scatters the accumulated whole gradient of
   // every unit in place (this rank's shard of the sum lands at its position).
   void reduce_at_step() {
-    if (!plan_.reduce_scatter_at_step) return;
+    if (!rules_.reduce_scatter_at_step) return;
     constexpr DType gdt = dtype_traits<G>::dtype;
     auto& comm = *channel_;
     const std::size_t r = static_cast<std::size_t>(comm.rank());
@@ -515,7 +564,7 @@ class GradientReducer {
 
   Buffers b_;
   GradientBuckets buckets_;  // units whose reductions are launched together (buffer_sizes.hpp)
-  StagePlan plan_{};
+  StageRules rules_{};
   GradWrites writes_ = GradWrites::overwrite;
   bool in_place_ = false;
   std::size_t sets_ = 1;

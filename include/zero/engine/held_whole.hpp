@@ -14,7 +14,8 @@
 
 namespace zero {
 
-class HeldWhole {
+// [[nodiscard]]: a scope dropped where it is made ends at once, its gather wasted.
+class [[nodiscard]] HeldWhole {
  public:
   HeldWhole() = default;
   explicit HeldWhole(std::function<void()> end) : end_(std::move(end)) {}

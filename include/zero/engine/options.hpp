@@ -9,9 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <type_traits>
 
 #include "zero/backend/pieced_buffer.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/stage_rules.hpp"
 #include "zero/error.hpp"
 #include "zero/engine/disk_window.hpp"
 #include "zero/simd/dispatch.hpp"
@@ -96,6 +98,79 @@ constexpr std::size_t state_element_bytes(StateFormat f) {
 inline constexpr const char* state_block_rule = "a multiple of 64 in [64, 4096]";
 constexpr bool allowed_state_block(std::uint64_t block) { return block >= 64 && block <= 4096 && block % 64 == 0; }
 
+struct Options;
+
+// ---- The field table ------------------------------------------------------
+// Each options struct lists its fields once, in a static fields(): the key a
+// configuration file spells (runtime/config_json.hpp) and a command line
+// selects (examples/common/cli.hpp), and when ranks must agree on it
+// (checked at finalize(): rank_checks.hpp). A field left out of the table
+// would be silently neither read, written, given a flag nor checked across
+// ranks, so tests/runtime/test_config.cpp counts the rows against the members.
+
+// When every rank must hold the same value of a field, given the whole
+// Options; rank_own (nullptr) for what is a rank's own (its threads, locked
+// memory, disk), in which ranks may differ. Ranks exchange such a value as
+// 64 bits, so it is a number, a flag or an enum.
+using AgreedWhen = bool (*)(const Options&);
+constexpr bool on_every_rank(const Options&) { return true; }
+inline constexpr AgreedWhen rank_own = nullptr;
+
+// A row: the field's key, its member, and when ranks agree on it.
+template <class S, class M>
+struct OptionField {
+  static constexpr bool group = false;
+  const char* key;
+  M S::*member;
+  AgreedWhen agreed;
+};
+// A nested options struct with a fields() of its own, its keys under `key`.
+template <class S, class M>
+struct OptionGroup {
+  static constexpr bool group = true;
+  const char* key;
+  M S::*member;
+};
+template <class S, class M>
+constexpr OptionField<S, M> option_field(const char* key, M S::*member, AgreedWhen agreed) {
+  return {key, member, agreed};
+}
+template <class S, class M>
+constexpr OptionGroup<S, M> option_group(const char* key, M S::*member) {
+  return {key, member};
+}
+
+namespace detail {
+// f(row, s.*row.member) for each row of S::fields(), in order (`s` may be const).
+template <class S, class F>
+constexpr void for_each_option_row(S& s, F&& f) {
+  std::apply([&](const auto&... row) { (f(row, s.*row.member), ...); }, std::remove_const_t<S>::fields());
+}
+// f(key path, value, agreed) for every field, one of a group under its
+// group's key ("loss_scale.initial_scale").
+template <class S, class F>
+void for_each_option(S& s, F&& f, const std::string& prefix = "") {
+  for_each_option_row(s, [&](const auto& row, auto& value) {
+    if constexpr (std::remove_cvref_t<decltype(row)>::group) for_each_option(value, f, prefix + row.key + ".");
+    else f(prefix + row.key, value, row.agreed);
+  });
+}
+// Whether every field ranks agree on fits the 64 bits they exchange.
+template <class S>
+constexpr bool agreed_fields_exchangeable() {
+  return std::apply(
+      [](const auto&... row) {
+        auto fits = [](const auto& r) {
+          using M = std::remove_cvref_t<decltype(std::declval<S&>().*r.member)>;
+          if constexpr (std::remove_cvref_t<decltype(r)>::group) return agreed_fields_exchangeable<M>();
+          else return r.agreed == rank_own || std::is_arithmetic_v<M> || std::is_enum_v<M>;
+        };
+        return (fits(row) && ...);
+      },
+      S::fields());
+}
+}  // namespace detail
+
 struct LossScaleOptions {
   double initial_scale = 65536.0;  // 2^16, as torch.cuda.amp.GradScaler
   int growth_interval = 2000;      // steps without overflow before the scale grows
@@ -105,6 +180,17 @@ struct LossScaleOptions {
   double min_scale = 1.0;
 
   bool operator==(const LossScaleOptions&) const = default;
+
+  // The field table (see OptionField); every rank steps with one scale.
+  static constexpr auto fields() {
+    using L = LossScaleOptions;
+    return std::tuple{option_field("initial_scale", &L::initial_scale, on_every_rank),
+                      option_field("growth_interval", &L::growth_interval, on_every_rank),
+                      option_field("growth_factor", &L::growth_factor, on_every_rank),
+                      option_field("backoff_factor", &L::backoff_factor, on_every_rank),
+                      option_field("hysteresis", &L::hysteresis, on_every_rank),
+                      option_field("min_scale", &L::min_scale, on_every_rank)};
+  }
 };
 
 // offload::Nvme (zero/offload/disk_state_store.hpp): where the swap files of
@@ -117,6 +203,17 @@ struct NvmeOptions {
   bool direct = true;                                // O_DIRECT (buffered, with a notice, where refused)
 
   bool operator==(const NvmeOptions&) const = default;
+
+  // The field table (see OptionField): each rank streams its own shard
+  // through its own disk, so ranks may differ in all of it.
+  static constexpr auto fields() {
+    using N = NvmeOptions;
+    return std::tuple{option_field("directory", &N::directory, rank_own),
+                      option_field("window_bytes", &N::window_bytes, rank_own),
+                      option_field("block_bytes", &N::block_bytes, rank_own),
+                      option_field("queue_depth", &N::queue_depth, rank_own),
+                      option_field("direct", &N::direct, rank_own)};
+  }
 };
 
 // The ZeRO++ options a stage cannot take, or "": what each does and why
@@ -277,6 +374,47 @@ struct Options {
   // (zero::Config compares whole configurations.)
   bool operator==(const Options&) const = default;
 
+  // The field table (see OptionField), in the order of the members: a
+  // member added above gets its row here.
+  static constexpr auto fields() {
+    using O = Options;
+    constexpr AgreedWhen all = on_every_rank;
+    // Read by 8-bit states alone: ranks may differ in them otherwise.
+    constexpr AgreedWhen with_blockwise8 = [](const Options& o) { return o.states == StateFormat::blockwise8; };
+    return std::tuple{option_field("bucket_bytes", &O::bucket_bytes, all),
+                      option_field("grad_writes", &O::grad_writes, all),
+                      option_field("live_buckets", &O::live_buckets, all),
+                      option_field("release_memory_pages", &O::release_memory_pages, all),
+                      option_field("prefetch_units", &O::prefetch_units, all),
+                      option_field("grad_accumulation_steps", &O::grad_accumulation_steps, all),
+                      option_field("clip_norm", &O::clip_norm, all),
+                      option_field("gradient_divisor", &O::gradient_divisor, all),
+                      option_group("loss_scale", &O::loss_scale),
+                      option_field("reduce_dtype", &O::reduce_dtype, all),
+                      option_field("seed", &O::seed, all),
+                      option_field("stochastic_rounding", &O::stochastic_rounding, all),
+                      option_field("master", &O::master, all),
+                      option_field("round_ties_away", &O::round_ties_away, all),
+                      option_field("states", &O::states, all),
+                      option_field("state_block", &O::state_block, with_blockwise8),
+                      option_field("state_fp32_below", &O::state_fp32_below, with_blockwise8),
+                      option_field("hpz", &O::hpz, all),
+                      option_field("hpz_int8", &O::hpz_int8, all),
+                      option_field("qwz", &O::qwz, all),
+                      option_field("qwz_block", &O::qwz_block, all),
+                      option_field("qgz", &O::qgz, all),
+                      option_field("qgz_bits", &O::qgz_bits, all),
+                      option_field("qgz_block", &O::qgz_block, all),
+                      option_field("qgz_error_feedback", &O::qgz_error_feedback, all),
+                      option_field("offload_threads", &O::offload_threads, rank_own),
+                      option_field("require_pinned_memory", &O::require_pinned_memory, rank_own),
+                      option_field("pinned_piece_bytes", &O::pinned_piece_bytes, rank_own),
+                      option_field("delayed_update", &O::delayed_update, all),
+                      option_field("delayed_update_warmup", &O::delayed_update_warmup, all),
+                      option_field("check_replicas", &O::check_replicas, all),
+                      option_group("nvme", &O::nvme)};
+  }
+
   // The bf16 copies' rounding: half away from zero (remainder master or
   // round_ties_away), or to even.
   bool copies_round_ties_away() const { return round_ties_away || master == MasterWeights::remainder; }
@@ -326,10 +464,9 @@ struct Options {
     // The least any optimizer needs with these formats (no state slots);
     // offload::Nvme checks its own optimizer's at finalize().
     const std::size_t master_bytes = master_element_bytes(master), state_bytes = state_element_bytes(states);
-    require(nvme.window_bytes >= offload::disk_least_window_bytes(0, master_bytes, state_bytes),
-            "Options::nvme.window_bytes is ", nvme.window_bytes, " (master ", name(master), ", states ", name(states),
-            "); ", offload::disk_window_rule(std::nullopt, master_bytes, state_bytes),
-            "; 64 MiB (the default) streams well");
+    const std::string window = offload::disk_window_problem(nvme.window_bytes, std::nullopt, master_bytes,
+                                                            state_bytes, name(master), name(states));
+    require(window.empty(), window, offload::disk_window_advice);
     const auto& ls = loss_scale;
     require(std::isfinite(ls.initial_scale) && ls.initial_scale >= 1, "Options::loss_scale.initial_scale is ",
             ls.initial_scale, "; it must be >= 1");
@@ -344,6 +481,10 @@ struct Options {
             ls.min_scale, "; it must be in [1, initial_scale]");
   }
 };
+
+static_assert(detail::agreed_fields_exchangeable<Options>(),
+              "a field of Options::fields() that ranks agree on is a number, a flag or an enum: ranks exchange it "
+              "as 64 bits (text, such as a directory, is a rank's own)");
 
 // An option of the bf16 parameter copies set where there are none, or "":
 // fp16 copies are always rounded to nearest even and fp32 training keeps no

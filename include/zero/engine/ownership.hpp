@@ -3,7 +3,7 @@
 // the checkpoint layer) shares: stage 0 updates every unit whole, stages 1-3
 // this rank's shard; the parameters and gradients keep the whole unit or
 // only the shard, according to the stage. Named once here, from the stage
-// as a value (StagePlan), so no caller re-derives it.
+// as a value (StageRules), so no caller re-derives it.
 #pragma once
 
 #include "zero/config.hpp"
@@ -11,12 +11,12 @@
 #include <cstddef>
 
 #include "zero/engine/layout.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/stage_rules.hpp"
 
 namespace zero {
 
 struct Ownership {
-  StagePlan rules{};
+  StageRules rules{};
   std::size_t rank = 0;
   const Layout* layout = nullptr;
 

@@ -6,28 +6,13 @@
 // direction of the pass. It issues one collective, the all_gather of a unit's
 // shards, on the communication lane (CommChannel), each marked by its slot's
 // event so that compute waits only for the unit it acquires. It reads the
-// engine's parameter shards and never writes them; the engine tells it when
-// they changed (drop_all after a step or load, drop after set_param).
+// parameter shards and never writes them; the engine tells it when they
+// changed (drop_all after a step or load, drop after set_param).
 //
-// Options::hpz (ZeRO++'s hierarchical partitioning): the first gather of a
-// unit after its shards changed also leaves this rank a secondary copy of
-// part node_rank of the unit's node_size parts, and every later gather of it
-// (backward, the next micro-batches, hold_whole) is an all_gather of those
-// parts inside the node (the communicator's node()), which nothing crosses.
-// The parts are copies of the same values, so the unit is the same bit for
-// bit; the copies go stale exactly when a gathered copy does (drop_all, drop).
-// With Options::hpz_int8 each part is kept as int8 payloads instead
-// (quant/symmetric.hpp), gathered inside the node as payloads and
-// dequantized: half the memory and bytes. With qwZ too the part is the
-// forward gather's own payloads of its shards, so backward dequantizes
-// exactly what forward did; without it, the part quantized on its own
-// (values within half a step of the parameters).
-//
-// Options::qwz (ZeRO++'s quantized weights): a gather over every rank sends
-// each shard as its int8 payload (quant/symmetric.hpp: codes and one fp32
-// scale per block of the shard) into the payload staging, and every rank
-// dequantizes all payloads into the unit: the same values on every rank,
-// within half a quantization step of the parameters.
+// How a unit travels and what a rank keeps of it for gathers inside its
+// node (ZeRO++'s qwZ and hpZ) are the two choices of gather_modes.hpp,
+// made once at bind. It reads the shards from the parameter store
+// (param_store.hpp), telling it which unit it prefetches.
 //
 // Contract: acquire(u) is collective (every rank acquires the same units in
 // the same order); release(u) frees the unit's room at once; a unit acquired
@@ -46,12 +31,71 @@
 #include <vector>
 
 #include "zero/engine/comm_channel.hpp"
+#include "zero/engine/gather_modes.hpp"
+#include "zero/engine/param_store.hpp"
+#include "zero/engine/part_rows.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 #include "zero/quant/symmetric.hpp"
 
 namespace zero::detail {
+
+// Stage 3's gather buffers for a run (engine/part_rows.hpp), sized by
+// buffer_sizes(): the arena, and the ZeRO++ copies and payloads.
+struct GatherRows {
+  BufferRow arena, hpz_secondary, hpz_int8_secondary, hpz_int8_staging, qwz_payloads;
+  BufferRows list() const { return {arena, hpz_secondary, hpz_int8_secondary, hpz_int8_staging, qwz_payloads}; }
+};
+inline GatherRows gather_rows(const RunShape& run, const BufferSizes& z) {
+  const Place at = backend_place(run);
+  const std::uint64_t eb = run.element_bytes();
+  constexpr auto comm = ReportedAs::communication_buffers;
+  const char* hpz_smaller =
+      "turn Options::hpz off, or put more ranks on each node (the copy is 1/ranks_per_node of the parameters)";
+  GatherRows r;
+  r.arena = {"stage-3 gather arena", "gather_slots", comm, at, z.gather_slots, eb,
+             "lower Options::prefetch_units (the arena holds the prefetch_units + 1 largest units), or split the "
+             "largest units"};
+  r.hpz_secondary = {"hpZ secondary copy (1/ranks_per_node of every unit)", "params", ReportedAs::params, at,
+                     z.hpz_secondary, eb, hpz_smaller};
+  r.hpz_int8_secondary = {"hpZ secondary copy as int8 blocks (1/ranks_per_node of every unit)", "params",
+                          ReportedAs::params, at, z.hpz_int8_secondary, 1, hpz_smaller};
+  r.hpz_int8_staging = {"hpZ int8 staging (the node's payloads of a part)", "hpz_int8_staging", comm, at,
+                        z.hpz_int8_staging, 1, "split the largest unit"};
+  r.qwz_payloads = {"qwZ payloads (every rank's int8 codes and scales of a shard)", "qwz_staging", comm, at,
+                    z.qwz_staging, 1, "turn Options::qwz off, or lower Options::qwz_block's overhead by splitting the "
+                                      "largest unit"};
+  return r;
+}
+// Stage 3's parameter gathers per step: every acquire_unit() gathers the
+// unit (`run.acquires_per_micro_batch` per micro-batch), as int8 payloads
+// with qwZ; with hpZ only a unit's first acquire after a step gathers over
+// every rank, keeping the node's secondary copy, and the later ones gather
+// inside the node.
+inline CollectiveRows gather_collectives(const RunShape& run, const CollectiveCounter& count) {
+  if (!run.stage.params_sharded) return {};
+  using comm::Collective;
+  const Options& options = count.options;
+  const std::uint64_t eb = run.element_bytes();
+  const std::uint64_t gathers = count.micro_batches() * static_cast<std::uint64_t>(run.acquires_per_micro_batch);
+  if (!options.hpz)
+    return {count.per_unit(options.qwz ? "parameter all-gather of int8 codes and scales (qwZ) at every acquire_unit "
+                                         "(forward and backward, every micro-batch)"
+                                       : "parameter all-gather at every acquire_unit (forward and backward, every "
+                                         "micro-batch)",
+                           Collective::all_gather, gathers, eb, 1, RankGroup::all, options.qwz)};
+  return {count.per_unit(options.qwz ? "parameter all-gather of int8 codes and scales (qwZ) at a unit's first "
+                                       "acquire_unit after a step, keeping hpZ's secondary copy"
+                                     : "parameter all-gather at a unit's first acquire_unit after a step, keeping "
+                                       "hpZ's secondary copy",
+                         Collective::all_gather, 1, eb, 1, RankGroup::all, options.qwz),
+          count.per_unit(options.hpz_int8 ? "hpZ all-gather inside the node of int8 codes and scales at every later "
+                                            "acquire_unit (backward, further micro-batches)"
+                                          : "hpZ all-gather inside the node at every later acquire_unit (backward, "
+                                            "further micro-batches)",
+                         Collective::all_gather, gathers - 1, eb, 1, RankGroup::node, options.hpz_int8)};
+}
 
 template <class Ops, class T>
 class ParamGatherer {
@@ -61,12 +105,11 @@ class ParamGatherer {
   // The most units the arena holds (prefetch_units is at most 16).
   static constexpr std::size_t max_slots = 17;
 
-  // At finalize(), stage 3 only: the arena and its slot count, the shards
-  // (this rank's unit shards, at UnitInfo::shard_offset), and slot s's event
-  // first_event + s on the channel. Everything stays valid for the engine's
-  // lifetime.
-  void bind(Buffer<T> arena, std::size_t slots, const Layout& layout, const T* shards, CommChannel<Ops>& channel,
-            int prefetch_units, std::size_t first_event) {
+  // At finalize(), stage 3 only: the arena and its slot count, the
+  // parameter store (its shards), and slot s's event first_event + s on the
+  // channel. Everything stays valid for the engine's lifetime.
+  void bind(Buffer<T> arena, std::size_t slots, const Layout& layout, ParamStore<Ops, T>& params,
+            CommChannel<Ops>& channel, int prefetch_units, std::size_t first_event) {
     require(slots <= max_slots, "ParamGatherer: ", slots, " slots, at most ", max_slots);
     arena_ = std::move(arena);
     slot_unit_.assign(slots, npos);
@@ -75,38 +118,30 @@ class ParamGatherer {
     slot_prefetched_.assign(slots, none);
     for (auto& v : vain_) v.assign(layout.units().size(), false);
     layout_ = &layout;
-    shards_ = shards;
+    params_ = &params;
     channel_ = &channel;
     prefetch_units_ = prefetch_units;
     first_event_ = first_event;
   }
   std::uint64_t arena_bytes() const { return arena_.bytes(); }
-  // Options::hpz, after bind(): the secondary copy (every unit's part, in
-  // unit order: engine/layout.hpp's hpz_part) and the node's ranks.
+  // Options::qwz, after bind(): room for every rank's payload of the
+  // largest shard, and the elements per scale.
+  void bind_qwz(Buffer<std::uint8_t> payloads, std::size_t block) { wire_.bind_qwz(std::move(payloads), block); }
+  // Options::hpz, after bind() (and bind_qwz): the secondary copy (every
+  // unit's part, in unit order: engine/layout.hpp's hpz_part) and the
+  // node's ranks.
   void bind_hpz(Buffer<T> secondary, comm::AnyCommunicator& node) {
-    secondary_ = std::move(secondary);
-    bind_parts(node, secondary_.size(), [&](std::size_t unit) { return hpz_part_of(unit); });
+    node_copy_.bind_parts(std::move(secondary), *layout_, node);
   }
   // Options::hpz_int8 instead: the parts as int8 payloads of blocks of
   // `block` (in unit order), and room for the node's payloads of the largest.
-  // (After bind_qwz, where qwZ is on.)
   void bind_hpz_int8(Buffer<std::uint8_t> secondary, Buffer<std::uint8_t> node_payloads, std::size_t block,
                      comm::AnyCommunicator& node) {
-    secondary_int8_ = std::move(secondary);
-    node_payloads_ = std::move(node_payloads);
-    hpz_block_ = block;
-    bind_parts(node, secondary_int8_.size(), [&](std::size_t unit) {
-      return hpz_int8_part_bytes(hpz_part_of(unit), layout_->units()[unit].shard, block, qwz_block_ != 0);
-    });
+    node_copy_.bind_int8_parts(std::move(secondary), std::move(node_payloads), block,
+                               wire_.qwz_block() != 0 ? &wire_ : nullptr, *layout_, node);
   }
-  std::uint64_t secondary_bytes() const { return secondary_.bytes() + secondary_int8_.bytes(); }
-  // Options::qwz, after bind(): room for every rank's payload of the
-  // largest shard, and the elements per scale.
-  void bind_qwz(Buffer<std::uint8_t> payloads, std::size_t block) {
-    payloads_ = std::move(payloads);
-    qwz_block_ = block;
-  }
-  std::uint64_t payload_bytes() const { return payloads_.bytes() + node_payloads_.bytes(); }
+  std::uint64_t secondary_bytes() const { return node_copy_.secondary_bytes(); }
+  std::uint64_t payload_bytes() const { return wire_.payload_bytes() + node_copy_.payload_bytes(); }
 
   // Collective: unit u whole, gathered now unless held already, and the next
   // prefetch_units units in the pass's direction (backward: downwards)
@@ -161,78 +196,28 @@ class ParamGatherer {
     return std::nullopt;
   }
 
-  // Unit u's shards gathered into `dst` (its padded elements), in place:
-  // this rank's shard goes to its position, then the all_gather fills the
-  // rest. Enqueued where the caller runs it (a slot's gather runs on the
-  // communication lane; so does Engine::hold_whole's).
-  // With hpZ, from the node's secondary parts once it has them.
+  // Unit u's shards gathered into `dst` (its padded elements): from the
+  // node's copy once it holds the unit (hpZ), else over every rank, keeping
+  // the node's part. Enqueued where the caller runs it (a slot's gather runs
+  // on the communication lane; so does Engine::hold_whole's).
   void gather_unit(std::size_t unit, T* dst) {
     const UnitInfo& u = layout_->units()[unit];
     const auto purpose = channel_->exchange("gathers", "unit", u.name, unit);
-    if (node_ != nullptr && secondary_valid_[unit]) {
-      const std::size_t part = hpz_part_of(unit);
-      if (hpz_block_ != 0) {
-        // With qwZ the node's parts are every shard's payload, in rank order.
-        const quant::Format format{8, hpz_block_};
-        const bool qwz = qwz_block_ != 0;
-        const std::size_t piece = qwz ? u.shard : part;
-        const std::size_t pieces = qwz ? static_cast<std::size_t>(channel_->size())
-                                       : static_cast<std::size_t>(node_->size());
-        const std::size_t payload = format.payload_bytes(piece);
-        node_->all_gather(secondary_int8_.data() + secondary_offset_[unit], node_payloads_.data(),
-                          hpz_int8_part_bytes(part, u.shard, hpz_block_, qwz), DType::u8, false);
-        Ops::dequantize(node_payloads_.data(), quant::Pieces{pieces, piece, piece, payload}, format, dst);
-        return;
-      }
-      T* mine = dst + static_cast<std::size_t>(node_->rank()) * part;
-      Ops::copy(mine, secondary_.data() + secondary_offset_[unit], part);
-      node_->all_gather(mine, dst, part, dtype_traits<T>::dtype, false);
-      return;
-    }
-    if (qwz_block_ != 0) {
-      const quant::Format format{8, qwz_block_};
-      const quant::Pieces one = quant::Pieces::one(u.shard, format);
-      std::uint8_t* all = payloads_.data();
-      std::uint8_t* mine = all + static_cast<std::size_t>(channel_->rank()) * one.payload_stride;
-      Ops::quantize(shards_ + u.shard_offset, nullptr, one, format, mine);
-      (*channel_)->all_gather(mine, all, one.payload_stride, DType::u8, false);
-      // Every rank's payload, back to back, into every rank's shard.
-      Ops::dequantize(all, quant::Pieces{static_cast<std::size_t>(channel_->size()), u.shard, u.shard,
-                                         one.payload_stride}, format, dst);
-    } else {
-      T* mine = dst + static_cast<std::size_t>(channel_->rank()) * u.shard;
-      Ops::copy(mine, shards_ + u.shard_offset, u.shard);
-      (*channel_)->all_gather(mine, dst, u.shard, dtype_traits<T>::dtype, false);
-    }
-    if (node_ != nullptr) {
-      const std::size_t part = hpz_part_of(unit);
-      const T* mine = dst + static_cast<std::size_t>(node_->rank()) * part;
-      if (hpz_block_ != 0 && qwz_block_ != 0) {
-        // The payloads of this rank's part's shards, as forward's gather moved them.
-        const std::size_t bytes = hpz_int8_part_bytes(part, u.shard, qwz_block_, true);
-        Ops::copy(secondary_int8_.data() + secondary_offset_[unit],
-                  payloads_.data() + static_cast<std::size_t>(node_->rank()) * bytes, bytes);
-      } else if (hpz_block_ != 0) {
-        const quant::Format format{8, hpz_block_};
-        Ops::quantize(mine, nullptr, quant::Pieces::one(part, format), format,
-                      secondary_int8_.data() + secondary_offset_[unit]);
-      } else {
-        Ops::copy(secondary_.data() + secondary_offset_[unit], mine, part);
-      }
-      secondary_valid_[unit] = true;
-    }
+    if (node_copy_.holds(unit)) return node_copy_.gather(unit, dst, static_cast<std::size_t>(channel_->size()));
+    wire_.gather(*channel_, u, params_->unit(unit), dst);
+    node_copy_.keep(unit, dst);
   }
   // The micro-batch is over: the next acquire starts a forward pass.
   void end_micro_batch() { last_acquired_ = npos; }
   // The shards changed: every gathered copy is stale (none may be acquired).
   void drop_all() {
     for (std::size_t s = 0; s < slot_unit_.size(); ++s) drop_slot(s);
-    secondary_valid_.assign(secondary_valid_.size(), false);
+    node_copy_.drop_all();
   }
   // Unit u's shards changed: a prefetched copy of it is dropped (it must not
   // be acquired).
   void drop(std::size_t unit) {
-    if (node_ != nullptr) secondary_valid_[unit] = false;
+    node_copy_.drop(unit);
     const int slot = find_slot(unit);
     if (slot < 0) return;
     slot_unit_[static_cast<std::size_t>(slot)] = npos;
@@ -244,25 +229,6 @@ class ParamGatherer {
 
   static constexpr int none = -1;  // slot_prefetched_: acquired (or empty) since its gather
 
-  // Where each unit's part of the secondary copy starts (`size(unit)`: its
-  // part's elements or bytes), checked against the copy's `total`.
-  template <class Size>
-  void bind_parts(comm::AnyCommunicator& node, std::size_t total, Size&& size) {
-    node_ = &node;
-    secondary_offset_.assign(layout_->units().size(), 0);
-    secondary_valid_.assign(layout_->units().size(), false);
-    std::size_t offset = 0;
-    for (std::size_t u = 0; u < secondary_offset_.size(); ++u) {
-      secondary_offset_[u] = offset;
-      offset += size(u);
-    }
-    require(offset == total, "ParamGatherer: the hpZ copy holds ", total, ", the units' parts ", offset);
-  }
-
-  std::size_t hpz_part_of(std::size_t unit) const {
-    return hpz_part(layout_->units()[unit].padded, node_->size(), layout_->ranks());
-  }
-
   // A prefetched unit nobody acquired before it was dropped was gathered in
   // vain: it is not prefetched in that direction again (say, a tied
   // embedding at the end of a backward whose lookup needs no weights),
@@ -273,14 +239,21 @@ class ParamGatherer {
     slot_prefetched_[s] = none;
   }
 
+  // Makes room: the slot's unit is dropped without being marked in vain.
+  void evict_slot(std::size_t s) {
+    slot_unit_[s] = npos;
+    slot_prefetched_[s] = none;
+  }
+
   int find_slot(std::size_t unit) const {
     for (std::size_t s = 0; s < slot_unit_.size(); ++s)
       if (slot_unit_[s] == unit) return static_cast<int>(s);
     return -1;
   }
 
-  // Where in the arena a unit of n elements fits now, or npos.
-  std::size_t arena_place(std::size_t n) const {
+  // Where in the arena a unit of n elements fits now, or npos; `ends_only`:
+  // against an end of the arena, or nowhere.
+  std::size_t arena_place(std::size_t n, bool ends_only) const {
     // The held units' ranges, sorted (no allocation).
     std::array<std::pair<std::size_t, std::size_t>, max_slots> held{};
     std::size_t count = 0;
@@ -298,7 +271,7 @@ class ParamGatherer {
       if (end - begin < n) continue;
       if (begin == 0) return 0;
       if (end == capacity) return end - n;
-      if (end - begin < best_gap) {
+      if (!ends_only && end - begin < best_gap) {
         best = begin;
         best_gap = end - begin;
       }
@@ -314,18 +287,25 @@ class ParamGatherer {
   int gather_into_slot(std::size_t unit, bool may_evict, int prefetched) {
     const UnitInfo& u = layout_->units()[unit];
     auto free_slot = [&] { return find_slot(npos); };
-    std::size_t offset = free_slot() >= 0 ? arena_place(u.padded) : npos;
+    // An acquired unit stays where it is until released, so it goes against
+    // an end: with at most one other unit acquired (at the other end, or
+    // gone), the arena of the two largest units always has room for it. A
+    // prefetch may take a gap in the middle; it is made room for.
+    std::size_t offset = free_slot() >= 0 ? arena_place(u.padded, may_evict) : npos;
     if (offset == npos && may_evict) {
       // Prefetched units no one acquired make room (gathered again when
-      // acquired); a gather still in flight into their range is ordered
+      // acquired, and not counted as gathered in vain: they were displaced,
+      // not unused); a gather still in flight into their range is ordered
       // before the one below on the communication lane.
       for (std::size_t s = 0; s < slot_unit_.size(); ++s)
-        if (!slot_in_use_[s]) drop_slot(s);
-      offset = arena_place(u.padded);
+        if (!slot_in_use_[s]) evict_slot(s);
+      offset = arena_place(u.padded, true);
+      if (offset == npos) offset = arena_place(u.padded, false);
     }
     const int slot = free_slot();
     if (slot < 0 || offset == npos) return -1;
     const std::size_t si = static_cast<std::size_t>(slot);
+    if (prefetched != none) params_->prefetch(unit);
     {
       // On the communication lane; acquire waits for the slot's event.
       auto lane = channel_->lane();
@@ -359,23 +339,13 @@ class ParamGatherer {
   std::vector<int> slot_prefetched_;      // prefetched (direction) and not acquired since, or none
   std::array<std::vector<bool>, 2> vain_;  // per direction (forward, backward) and unit: a prefetch gone to waste
   const Layout* layout_ = nullptr;
-  const T* shards_ = nullptr;
+  ParamStore<Ops, T>* params_ = nullptr;
   CommChannel<Ops>* channel_ = nullptr;
   int prefetch_units_ = 0;
   std::size_t first_event_ = 0;
   std::size_t last_acquired_ = npos;  // in this micro-batch: the pass's direction
-  // Options::hpz (bind_hpz): none without it.
-  Buffer<T> secondary_;
-  comm::AnyCommunicator* node_ = nullptr;
-  std::vector<std::size_t> secondary_offset_;  // per unit: its part in secondary_ (elements) or secondary_int8_ (bytes)
-  // Options::hpz_int8 (bind_hpz_int8): hpz_block_ 0 without it.
-  Buffer<std::uint8_t> secondary_int8_;
-  Buffer<std::uint8_t> node_payloads_;
-  std::size_t hpz_block_ = 0;
-  std::vector<bool> secondary_valid_;          // per unit: the part holds the current values
-  // Options::qwz (bind_qwz): every rank's payload; qwz_block_ 0 without qwZ.
-  Buffer<std::uint8_t> payloads_;
-  std::size_t qwz_block_ = 0;
+  WireGather<Ops, T> wire_;     // plain, or qwZ's payloads
+  NodeCopy<Ops, T> node_copy_;  // hpZ's parts of every unit, or none
 };
 
 }  // namespace zero::detail

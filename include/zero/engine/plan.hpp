@@ -7,7 +7,7 @@
 // receives per optimizer step, counted as the communicators count them. It
 // allocates nothing: it runs the engine's own layout (engine/layout.hpp) and
 // schedule (engine/schedule.hpp: the buffer sizes finalize() allocates, their
-// places, and the collectives the stage plan makes) on a description of the
+// places, and the collectives the stage rules make) on a description of the
 // model; this file only names lines and adds them up.
 // tests/engine/test_engine_plan.cpp holds it to memory_report() and
 // comm_report() of real optimizers, every stage x tier x precision, to the
@@ -28,19 +28,21 @@
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
+#include "zero/engine/run_rules.hpp"
+#include "zero/engine/run_shape.hpp"
 #include "zero/engine/schedule.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/stage_rules.hpp"
 #include "zero/engine/state_blocks.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 
 namespace zero::plan {
 
-using Precision = PrecisionChoice;  // (the planner's names for the plan's values: engine/stage_plan.hpp)
+using Precision = PrecisionChoice;  // (the planner's names for the plan's values: engine/stage_rules.hpp)
 using Offload = OffloadTier;
 using zero::name;  // of a Precision and an Offload
 // Bytes of a parameter or gradient element (the engine keeps both in one type).
-inline std::size_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+inline std::size_t element_bytes(Precision p) { return RunShape{.precision = p}.element_bytes(); }
 
 // The planner's name for a precision policy (zero/policies.hpp).
 template <class PrecisionPolicy>
@@ -134,20 +136,17 @@ struct Config {
   int ranks() const { return ranks_per_node * nodes; }
   comm::Topology topology() const { return comm::Topology{ranks(), ranks_per_node}; }
 
-  // What the schedule needs (engine/schedule.hpp).
-  ScheduleSpec schedule_spec() const {
-    ScheduleSpec s;
-    s.stage = stage_plan(stage);
-    s.offload = offload;
-    s.device_backend = device_backend;
-    s.element_bytes = element_bytes(precision);
-    s.state_slots = state_slots;
-    s.overlap = overlap;
-    s.master = options.master;
-    s.states = options.states;
-    s.ranks_per_node = ranks_per_node;
-    s.rank = rank < 0 ? 0 : static_cast<std::size_t>(rank);
-    return s;
+  // The run this asks about (engine/run_shape.hpp), as the schedule reads it.
+  RunShape run_shape() const {
+    return RunShape{.stage = stage_rules(stage),
+                    .offload = offload,
+                    .precision = precision,
+                    .device_backend = device_backend,
+                    .state_slots = state_slots,
+                    .optimizer = optimizer.c_str(),
+                    .overlap = overlap,
+                    .ranks_per_node = ranks_per_node,
+                    .rank = rank < 0 ? 0 : static_cast<std::size_t>(rank)};
   }
   // Whether ranks' buffers can differ (Config::rank).
   bool ranks_differ() const {
@@ -158,16 +157,11 @@ struct Config {
   void validate() const {
     require(!model.units.empty(), "plan: the model has no units");
     require(ranks_per_node >= 1 && nodes >= 1, "plan: ranks per node and nodes must be >= 1");
-    require(stage >= 0 && stage <= 3, "plan: stage must be 0, 1, 2 or 3, got ", stage);
     require(rank >= -1 && rank < ranks(), "plan: rank ", rank, " of ", ranks(),
             " rank(s); give one from 0, or -1 for the largest of any rank's buffers");
     require(state_slots >= 0 && state_slots <= 4, "plan: state_slots must be in [0, 4]");
-    require(options.master != MasterWeights::remainder || precision == Precision::bf16,
-            "plan: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits; the precision is ",
-            name(precision), ": use bf16, or master fp32");
-    const std::string copies = bf16_copy_option_problem(options, precision);
-    require(copies.empty(), "plan: ", copies);
     options.validate();
+    require_run(run_shape(), options, Voice{"plan"});
   }
 };
 
@@ -260,11 +254,11 @@ struct Plan {
 };
 
 // The paper's model-state bytes per parameter: p + g + K split into what
-// every rank keeps whole and what it keeps 1/N of, as the stage plan shards.
+// every rank keeps whole and what it keeps 1/N of, as the stage rules shard.
 struct PaperShares {
   std::uint64_t whole = 0, sharded = 0;
 };
-inline PaperShares paper_shares(const StagePlan& stage, std::uint64_t p, std::uint64_t g, std::uint64_t k) {
+inline PaperShares paper_shares(const StageRules& stage, std::uint64_t p, std::uint64_t g, std::uint64_t k) {
   PaperShares s;
   (stage.params_sharded ? s.sharded : s.whole) += p;
   (stage.grads_sharded ? s.sharded : s.whole) += g;
@@ -274,7 +268,7 @@ inline PaperShares paper_shares(const StagePlan& stage, std::uint64_t p, std::ui
 
 // "(2+2+K)Φ" and friends for this configuration's byte sizes.
 inline std::string paper_formula(int stage, std::size_t p, std::size_t g, std::size_t k) {
-  const StagePlan rules = stage_plan(stage);
+  const StageRules rules = stage_rules(stage);
   std::string whole, sharded;
   int whole_terms = 0, sharded_terms = 0;
   auto term = [&](bool is_sharded, std::size_t bytes) {
@@ -358,19 +352,19 @@ inline Plan make_plan(const Config& config) {
   plan.config = config;
   plan.param_elements = layout.param_total();
   plan.padded_elements = layout.padded_total();
-  ScheduleSpec spec = config.schedule_spec();
-  plan.schedule = schedule(layout, spec, config.options);
+  RunShape run = config.run_shape();
+  plan.schedule = schedule(layout, run, config.options);
   plan.sizes = plan.schedule.sizes;
   plan.placed = plan.schedule.placement();
   plan.lines = detail::plan_lines(plan.schedule, plan.placed, plan.param_elements, plan.padded_elements);
-  plan.rank = static_cast<int>(spec.rank);
+  plan.rank = static_cast<int>(run.rank);
   if (config.rank < 0 && config.ranks_differ()) {
     // Each line and place the largest of any rank's: what every rank's
     // memory must fit (one rank may hold the most host memory, another
     // the largest swap file).
     plan.rank = -1;
-    for (spec.rank = 1; spec.rank < N; ++spec.rank) {
-      const Schedule other = schedule(layout, spec, config.options);
+    for (run.rank = 1; run.rank < N; ++run.rank) {
+      const Schedule other = schedule(layout, run, config.options);
       const MemoryReport::Placement placed = other.placement();
       const std::vector<Line> lines = detail::plan_lines(other, placed, plan.param_elements, plan.padded_elements);
       for (std::size_t i = 0; i < lines.size(); ++i) plan.lines[i] = detail::largest(plan.lines[i], lines[i]);
@@ -392,15 +386,15 @@ inline Plan make_plan(const Config& config) {
   // (fp32 master when mixed, plus the fp32 state arrays), each term whole or
   // 1/N as the stage shards it.
   const std::uint64_t phi = plan.param_elements;
-  const std::uint64_t pb = spec.element_bytes;
+  const std::uint64_t pb = run.element_bytes();
   // (A remainder master adds 2 bytes: its other 2 are the parameter's.)
-  const std::uint64_t master_k = spec.mixed() ? master_element_bytes(spec.master) : 0;
+  const std::uint64_t master_k = run.mixed() ? master_element_bytes(config.options.master) : 0;
   const std::uint64_t k =
       master_k + state_element_bytes(config.options.states) * static_cast<std::uint64_t>(config.state_slots);
-  const PaperShares shares = paper_shares(spec.stage, pb, pb, k);
+  const PaperShares shares = paper_shares(run.stage, pb, pb, k);
   plan.paper_model_state_bytes = shares.whole * phi + shares.sharded * phi / N;
   plan.paper_k = k;
-  plan.paper_comm_elements = (spec.stage.params_sharded ? 3 : 2) * phi * (N - 1) / N;
+  plan.paper_comm_elements = (run.stage.params_sharded ? 3 : 2) * phi * (N - 1) / N;
 
   // Communication per optimizer step: the schedule's collectives.
   using comm::Collective;

@@ -41,11 +41,69 @@
 
 #include "zero/comm/any_communicator.hpp"
 #include "zero/engine/layout.hpp"
+#include "zero/engine/part_rows.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 #include "zero/quant/symmetric.hpp"
 
 namespace zero::detail {
+
+// qgZ's buffers for a run (engine/part_rows.hpp), sized by buffer_sizes().
+struct QgzRows {
+  BufferRow payloads, sums, residuals;
+  BufferRows list() const { return {payloads, sums, residuals}; }
+};
+inline QgzRows qgz_rows(const RunShape& run, const BufferSizes& z) {
+  const Place at = backend_place(run);
+  constexpr auto comm = ReportedAs::communication_buffers;
+  const char* smaller = "turn Options::qgz off, or split the largest unit (the payloads hold every rank's codes of its "
+                        "largest shard)";
+  QgzRows r;
+  r.payloads = {"qgZ payloads (every rank's codes and scales of a shard, sent and received)", "qgz_payloads", comm, at,
+                z.qgz_payloads, 1, smaller};
+  r.sums = {"qgZ fp32 sums (the node's partial sums and the shard)", "qgz_sums", comm, at, z.qgz_sums, 4, smaller};
+  r.residuals = {"qgZ error feedback residuals (fp32)", "qgz_residuals", comm, at, z.qgz_residuals, 4,
+                 "turn Options::qgz_error_feedback off (the residuals are fp32 of every gradient element), or put more "
+                 "ranks on each node"};
+  return r;
+}
+// qgZ's reductions per step: `times` per unit, each an all-to-all inside
+// the node of every node's shards at each place (when a node has several
+// ranks) and one across nodes of the node's partial sums (when there are
+// several nodes), all as payloads; `at_step`: stage 1's, at the step,
+// rather than as each bucket fills.
+inline CollectiveRows qgz_collectives(const CollectiveCounter& count, std::uint64_t times, bool at_step) {
+  const quant::Format format{count.options.qgz_bits, count.options.qgz_block};
+  const auto per_node = static_cast<std::uint64_t>(count.topology.ranks_per_node);
+  const auto nodes = static_cast<std::uint64_t>(count.topology.nodes());
+  CollectiveRow inside{"", comm::Collective::all_to_all}, between{"", comm::Collective::all_to_all};
+  inside.group = RankGroup::node;
+  between.group = RankGroup::across;
+  for (const auto& u : count.layout.units()) {
+    const std::uint64_t payload = format.payload_bytes(u.shard);
+    inside.calls += times;
+    inside.elements += times * (per_node - 1) * nodes * u.shard;
+    inside.bytes += times * (per_node - 1) * nodes * payload;
+    between.calls += times;
+    between.elements += times * (nodes - 1) * u.shard;
+    between.bytes += times * (nodes - 1) * payload;
+  }
+  CollectiveRows rows;
+  if (per_node > 1) {
+    inside.name = at_step ? "qgZ gradient all-to-all inside the node at the step (codes and scales of each node's "
+                            "shards)"
+                          : "qgZ gradient all-to-all inside the node as each bucket fills, every micro-batch (codes "
+                            "and scales of each node's shards)";
+    rows.push_back(inside);
+  }
+  if (nodes > 1) {
+    between.name = at_step ? "qgZ all-to-all across nodes of the node's partial sums at the step (codes and scales)"
+                           : "qgZ all-to-all across nodes of the node's partial sums as each bucket fills, every "
+                             "micro-batch (codes and scales)";
+    rows.push_back(between);
+  }
+  return rows;
+}
 
 template <class Ops, class G>
 class QuantizedReducer {

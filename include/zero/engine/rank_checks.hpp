@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -42,18 +43,31 @@ struct EngineIdentity {
   const char* offload;  // name(OffloadTier) of the plan
 };
 
-// What every rank must agree on (see agreement.hpp), checked at finalize().
+// An option's value as the 64 bits ranks exchange, and how a value is
+// printed: by its name for an enum, true/false for a flag.
+template <class T>
+std::uint64_t agreed_bits(T value) {
+  if constexpr (std::is_same_v<T, double>) return std::bit_cast<std::uint64_t>(value);
+  else if constexpr (std::is_same_v<T, bool>) return value ? 1u : 0u;
+  else return static_cast<std::uint64_t>(value);
+}
+template <class T>
+std::function<std::string(std::uint64_t)> agreed_text() {
+  using Text = std::string;
+  if constexpr (std::is_same_v<T, double>) return [](std::uint64_t v) { return concat(std::bit_cast<double>(v)); };
+  else if constexpr (std::is_same_v<T, bool>) return [](std::uint64_t v) -> Text { return v ? "true" : "false"; };
+  else if constexpr (std::is_enum_v<T>) return [](std::uint64_t v) -> Text { return name(static_cast<T>(v)); };
+  else return [](std::uint64_t v) { return std::to_string(v); };
+}
+
+// What every rank must agree on (see agreement.hpp), checked at finalize():
+// the type choices, then each option Options::fields() says ranks agree on,
+// 0 where its condition does not hold.
 inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, const Options& options,
                                                          const EngineIdentity& id) {
-  auto number = [](std::uint64_t v) { return std::to_string(v); };
-  auto real = [](std::uint64_t v) { return concat(std::bit_cast<double>(v)); };
-  auto bits = [](double d) { return std::bit_cast<std::uint64_t>(d); };
-  auto flag = [](std::uint64_t v) -> std::string { return v ? "true" : "false"; };
   const std::uint64_t layout_hash = layout.hash();
   const std::uint64_t precision = (id.mixed ? 0x100u : 0u) | static_cast<std::uint64_t>(id.param_dtype);
-  const auto& ls = options.loss_scale;
-  const bool blockwise8 = options.states == StateFormat::blockwise8;
-  return {
+  std::vector<AgreedSetting> settings{
       // (the fingerprint: what differs is named by layout_disagreement)
       {"the parameter layout (ranks registered different parameter layouts)", layout_hash,
        [](std::uint64_t v) { return concat("fingerprint ", hex64(v)); }},
@@ -62,47 +76,15 @@ inline std::vector<AgreedSetting> agreed_engine_settings(const Layout& layout, c
          return concat(v & 0x100u ? "Mixed<" : "Full<", dtype_name(static_cast<DType>(v & 0xffu)), ">");
        }},
       {"the optimizer", short_text_code(id.optimizer), [](std::uint64_t v) { return short_text(v, "another optimizer"); }},
-      {"the ZeRO stage", static_cast<std::uint64_t>(id.stage), number},
+      {"the ZeRO stage", static_cast<std::uint64_t>(id.stage), agreed_text<int>()},
       {"the offload tier", short_text_code(id.offload), [](std::uint64_t v) { return short_text(v, "another tier"); }},
-      {"Options::grad_accumulation_steps", static_cast<std::uint64_t>(options.grad_accumulation_steps), number},
-      {"Options::reduce_dtype", static_cast<std::uint64_t>(options.reduce_dtype),
-       [](std::uint64_t v) -> std::string { return v == 0 ? "same_as_grad" : "fp32"; }},
-      {"Options::bucket_bytes", options.bucket_bytes, number},
-      {"Options::grad_writes", static_cast<std::uint64_t>(options.grad_writes),
-       [](std::uint64_t v) -> std::string { return v == 0 ? "overwrite" : "accumulate"; }},
-      {"Options::live_buckets", static_cast<std::uint64_t>(options.live_buckets), number},
-      {"Options::release_memory_pages", options.release_memory_pages ? 1u : 0u, flag},
-      {"Options::prefetch_units", static_cast<std::uint64_t>(options.prefetch_units), number},
-      {"Options::clip_norm", bits(options.clip_norm), real},
-      {"Options::gradient_divisor", bits(options.gradient_divisor), real},
-      {"Options::loss_scale.initial_scale", bits(ls.initial_scale), real},
-      {"Options::loss_scale.growth_interval", static_cast<std::uint64_t>(ls.growth_interval), number},
-      {"Options::loss_scale.growth_factor", bits(ls.growth_factor), real},
-      {"Options::loss_scale.backoff_factor", bits(ls.backoff_factor), real},
-      {"Options::loss_scale.hysteresis", static_cast<std::uint64_t>(ls.hysteresis), number},
-      {"Options::loss_scale.min_scale", bits(ls.min_scale), real},
-      {"Options::stochastic_rounding", options.stochastic_rounding ? 1u : 0u, flag},
-      {"Options::master", static_cast<std::uint64_t>(options.master),
-       [](std::uint64_t v) -> std::string { return name(static_cast<MasterWeights>(v)); }},
-      {"Options::round_ties_away", options.round_ties_away ? 1u : 0u, flag},
-      {"Options::states", static_cast<std::uint64_t>(options.states),
-       [](std::uint64_t v) -> std::string { return name(static_cast<StateFormat>(v)); }},
-      // Read by 8-bit states alone: ranks may differ in them otherwise.
-      {"Options::state_block", blockwise8 ? static_cast<std::uint64_t>(options.state_block) : 0, number},
-      {"Options::state_fp32_below", blockwise8 ? static_cast<std::uint64_t>(options.state_fp32_below) : 0, number},
-      {"Options::hpz", options.hpz ? 1u : 0u, flag},
-      {"Options::hpz_int8", options.hpz_int8 ? 1u : 0u, flag},
-      {"Options::qwz", options.qwz ? 1u : 0u, flag},
-      {"Options::qwz_block", static_cast<std::uint64_t>(options.qwz_block), number},
-      {"Options::qgz", options.qgz ? 1u : 0u, flag},
-      {"Options::qgz_bits", static_cast<std::uint64_t>(options.qgz_bits), number},
-      {"Options::qgz_block", static_cast<std::uint64_t>(options.qgz_block), number},
-      {"Options::qgz_error_feedback", options.qgz_error_feedback ? 1u : 0u, flag},
-      {"Options::seed", options.seed, number},
-      {"Options::delayed_update", options.delayed_update ? 1u : 0u, flag},
-      {"Options::delayed_update_warmup", static_cast<std::uint64_t>(options.delayed_update_warmup), number},
-      {"Options::check_replicas", options.check_replicas ? 1u : 0u, flag},
   };
+  for_each_option(options, [&]<class T>(const std::string& key, const T& value, AgreedWhen agreed) {
+    if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>)  // (text is a rank's own: options.hpp asserts it)
+      if (agreed != rank_own)
+        settings.push_back({"Options::" + key, agreed(options) ? agreed_bits(value) : 0, agreed_text<T>()});
+  });
+  return settings;
 }
 
 // ---- Which parameter differs between two ranks' layouts ----------------------

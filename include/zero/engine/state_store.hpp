@@ -27,7 +27,10 @@
 #include <vector>
 
 #include "zero/backend/host.hpp"
+#include "zero/engine/part_rows.hpp"
+#include "zero/engine/disk_window.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/ownership.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/state_blocks.hpp"
 #include "zero/error.hpp"
@@ -47,6 +50,78 @@ struct StateSlot {
   bool is_master() const { return index == master; }
 };
 
+// The master's and the state slots' buffers for a run, in whichever tier
+// holds them (engine/part_rows.hpp), sized by buffer_sizes(): the stores
+// in memory allocate these rows; the disk tier's store (its records on disk,
+// its window and the 8-bit state's absmax and fp32 runs in host memory)
+// lays out the same ones itself.
+struct StateRows {
+  BufferRow master;  // fp32, or a remainder master's 16-bit remainders
+  // One slot's (every slot's are alike): its values in fp32 or bf16, or as
+  // 8-bit codes with their blocks' absmax, the fp32 runs of small
+  // parameters and, on a device, the code table.
+  BufferRow values, codes, absmax, fp32_runs, code_table;
+  int slots = 0;
+  // offload::Nvme: the host window the state streams through, and what the
+  // swap file's whole records add on disk.
+  BufferRow disk_window, swap_padding;
+
+  BufferRows list() const {
+    BufferRows l{master};
+    for (int k = 0; k < slots; ++k)
+      for (const BufferRow* r : {&values, &codes, &absmax, &fp32_runs, &code_table}) l.push_back(*r);
+    l.push_back(disk_window);
+    l.push_back(swap_padding);
+    return l;
+  }
+};
+
+inline StateRows state_rows(const RunShape& run, const Options& options, const Layout& layout, const BufferSizes& z) {
+  const Place store = store_place(run);
+  const std::size_t master_bytes = master_element_bytes(options.master);
+  const std::size_t state_bytes = state_element_bytes(options.states);
+  const std::string smaller = shard_it(run.stage.states_sharded, "stages 1-3 shard the master weights and optimizer "
+                                                                  "state: use stage<1> or higher, or more ranks");
+  constexpr auto states = ReportedAs::optimizer_states;
+  const bool disk = run.offload == OffloadTier::nvme;
+  StateRows r;
+  r.slots = run.state_slots;
+  r.master = {master_bytes == 2 ? "fp32 master remainders" : "fp32 master weights", "master", ReportedAs::master, store,
+              z.master, master_bytes, smaller};
+  if (options.states == StateFormat::blockwise8 && run.state_slots > 0) {
+    // This rank's runs (engine/state_blocks.hpp): another rank's differ by
+    // the blocks its shard boundaries cut and the small parameters it owns.
+    // The disk tier keeps a code for every owned element in its records
+    // (those of fp32 runs unused) and the absmax and fp32 runs in host memory.
+    const StateBlocks blocks = StateBlocks::build(Ownership{run.stage, run.rank, &layout}, options.state_block,
+                                                  options.state_fp32_below);
+    const Place beside = disk ? Place::host : store;
+    r.codes = {"optimizer state (8-bit codes)", "optimizer_states", states, store,
+               disk ? z.state_per_slot : blocks.coded_elements(), 1, smaller};
+    r.absmax = {"optimizer state (block absmax)", "optimizer_states", states, beside, blocks.blocks(), 4, smaller};
+    r.fp32_runs = {"optimizer state (fp32, small parameters)", "optimizer_states", states, beside,
+                   blocks.fp32_elements(), 4, smaller};
+    // A device's step reads the slot's code table from device memory.
+    if (store == Place::device)
+      r.code_table = {"optimizer state (8-bit code table)", "optimizer_states", states, store, quant::code_size, 4,
+                      smaller};
+  } else {
+    r.values = {state_bytes == 2 ? "optimizer state (bf16)" : "optimizer state", "optimizer_states", states, store,
+                z.state_per_slot, state_bytes, smaller};
+  }
+  if (disk) {
+    r.disk_window = {"offload::Nvme host window", "nvme_window", ReportedAs::communication_buffers, Place::host,
+                     z.disk_window, 4, "lower Options::nvme.window_bytes"};
+    // The swap file holds whole records: what the owned master and state
+    // leave of the last one is on disk too.
+    const std::uint64_t held = static_cast<std::uint64_t>(z.state_per_slot) *
+                               offload::disk_record_element_bytes(run.state_slots, master_bytes, state_bytes);
+    r.swap_padding = {"swap file (rounded to whole records)", "swap_padding", ReportedAs::not_reported, Place::disk,
+                      z.swap_file_bytes - held, 1, ""};
+  }
+  return r;
+}
+
 // Master and state as arrays in memory the host or the backend can address.
 // Two tiers share it:
 // - offload::None: in the backend's memory (device memory on a GPU), updated
@@ -54,8 +129,8 @@ struct StateSlot {
 // - offload::Cpu (ZeRO-Offload): in page-locked host memory, updated by the
 //   host fused step on the CPU (Ops = Ops<Host>) while the GPU computes.
 // Buf<T> is the tier's buffer type. `allocate(std::type_identity<Buf<T>>,
-// n, what)` is the engine's allocator: it returns a Buf<T> of n elements or
-// throws an error naming the buffer.
+// row)` is the engine's allocator: it returns a Buf<T> of the row's
+// elements or throws an error naming the buffer.
 //
 // The master is an fp32 array, or (MasterWeights::remainder) 16-bit
 // remainders beside the bf16 parameter copy that the update reads and
@@ -67,35 +142,36 @@ class ArrayStateStore {
  public:
   static constexpr int state_slots = Optimizer::state_slots;
 
-  // `separate_master` false: fp32 training without offload, where the
-  // parameters are their own master and update() receives them as such.
-  // `blocks`: StateFormat::blockwise8's runs of this rank's owned elements
-  // (engine/state_blocks.hpp); ignored otherwise.
+  // `rows` (state_rows) size every array; a master row of no elements: fp32
+  // training without offload, where the parameters are their own master
+  // and update() receives them as such. `blocks`: StateFormat::blockwise8's
+  // runs of this rank's owned elements (engine/state_blocks.hpp); ignored
+  // otherwise.
   template <class Allocate>
-  void allocate(std::size_t owned, bool separate_master, MasterWeights format, StateFormat states,
-                const StateBlocks& blocks, Allocate&& allocate) {
+  void allocate(std::size_t owned, MasterWeights format, StateFormat states, const StateBlocks& blocks,
+                const StateRows& rows, Allocate&& allocate) {
     owned_ = owned;
-    if (separate_master && format == MasterWeights::remainder)
-      remainders_ = allocate(std::type_identity<Buf<std::uint16_t>>{}, owned, "fp32 master remainders");
-    else if (separate_master)
-      master_ = allocate(std::type_identity<Buf<float>>{}, owned, "fp32 master weights");
+    if (rows.master.elements != 0 && format == MasterWeights::remainder)
+      remainders_ = allocate(std::type_identity<Buf<std::uint16_t>>{}, rows.master);
+    else if (rows.master.elements != 0)
+      master_ = allocate(std::type_identity<Buf<float>>{}, rows.master);
     if (states == StateFormat::blockwise8 && state_slots > 0) {
       blocks_ = blocks;
       const std::size_t covered = blocks_.runs().empty() ? 0 : blocks_.runs().back().end();
       require(covered == owned, "model-state store: the 8-bit state's runs cover ", covered, " of ", owned,
               " owned elements");
       for (int k = 0; k < state_slots; ++k) {
-        codes_[k] = allocate(std::type_identity<Buf<std::uint8_t>>{}, blocks_.coded_elements(),
-                             "optimizer state (8-bit codes)");
-        absmax_[k] = allocate(std::type_identity<Buf<float>>{}, blocks_.blocks(), "optimizer state (block absmax)");
-        states_[k] = allocate(std::type_identity<Buf<float>>{}, blocks_.fp32_elements(),
-                              "optimizer state (fp32, small parameters)");
+        codes_[k] = allocate(std::type_identity<Buf<std::uint8_t>>{}, rows.codes);
+        absmax_[k] = allocate(std::type_identity<Buf<float>>{}, rows.absmax);
+        states_[k] = allocate(std::type_identity<Buf<float>>{}, rows.fp32_runs);
         host_code_[k] = quant::code_for(optim::state_values<Optimizer>(k) == optim::StateValues::non_negative);
         // Zero states: every code the table's 0.0 (absmax 0).
         const std::vector<std::uint8_t> zeros(blocks_.coded_elements(), quant::quantize(0.0f, host_code_[k]));
         Ops::upload(codes_[k].data(), zeros.data(), zeros.size());
         if constexpr (OnDevice) {
-          code_tables_[k] = allocate(std::type_identity<Buf<float>>{}, quant::code_size, "8-bit code table");
+          code_tables_[k] = allocate(std::type_identity<Buf<float>>{}, rows.code_table);
+          require(code_tables_[k].size() == quant::code_size, "model-state store: the 8-bit code table's row has ",
+                  code_tables_[k].size(), " elements, not ", quant::code_size);
           Ops::upload(code_tables_[k].data(), host_code_[k], quant::code_size);
         }
       }
@@ -103,9 +179,9 @@ class ArrayStateStore {
     }
     for (int k = 0; k < state_slots; ++k) {
       if (states == StateFormat::fp32)
-        states_[k] = allocate(std::type_identity<Buf<float>>{}, owned, "optimizer state");
+        states_[k] = allocate(std::type_identity<Buf<float>>{}, rows.values);
       else
-        states16_[k] = allocate(std::type_identity<Buf<bf16>>{}, owned, "optimizer state (bf16)");
+        states16_[k] = allocate(std::type_identity<Buf<bf16>>{}, rows.values);
     }
   }
   bool owns_master() const { return master_.size() != 0 || remainders_.size() != 0; }

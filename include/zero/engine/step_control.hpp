@@ -20,6 +20,7 @@
 #include "zero/backend/host.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/comm_channel.hpp"
+#include "zero/engine/part_rows.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/rank_checks.hpp"
@@ -28,6 +29,21 @@ namespace zero::detail {
 
 // Host memory for the step's control values: page-locked where the backend
 // has such memory (a copy from it need not wait), else plain host memory.
+// The step's control values (engine/part_rows.hpp): on the backend, and
+// their host copy (page-locked where the backend has such memory).
+inline BufferRows control_rows(const RunShape& run, const BufferSizes& z) {
+  return {{"control values", "control", ReportedAs::not_reported, backend_place(run), z.control, sizeof(double), ""},
+          {"control values (host copy)", "control", ReportedAs::not_reported, Place::host, z.control, sizeof(double),
+           ""}};
+}
+// One control all-reduce decides the step: the squared norm and one report
+// per rank (hyper-parameter fingerprint, inf/NaN and invalid flags).
+inline CollectiveRows control_collectives(const BufferSizes& z, int ranks) {
+  const auto ring = [ranks](std::uint64_t bytes) { return comm::ByteCounters::ring_share(bytes, ranks); };
+  return {{"control all-reduce at the step (norm, one report per rank)", comm::Collective::control, 1,
+           2 * ring(z.control), 2 * ring(z.control * sizeof(double))}};
+}
+
 template <class Ops>
 struct ControlHostBuffer {
   using type = backend::HostBuffer<double>;

@@ -27,11 +27,13 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/backend/ops.hpp"
+#include "zero/engine/part_rows.hpp"
 #include "zero/engine/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/ownership.hpp"
 #include "zero/engine/reports.hpp"
+#include "zero/engine/run_shape.hpp"
 #include "zero/engine/state_store.hpp"
 #include "zero/engine/update_worker.hpp"
 #include "zero/error.hpp"
@@ -41,6 +43,26 @@
 #include "zero/simd/dispatch.hpp"
 
 namespace zero::detail {
+
+// The update's host buffers when it is offloaded from a device
+// (engine/part_rows.hpp), sized by buffer_sizes(): the owned gradient's
+// host copies the CPU update reads, and the parameters it writes before
+// they are copied to the device.
+struct UpdateRows {
+  BufferRow host_grads, host_params;
+  BufferRows list() const { return {host_grads, host_params}; }
+};
+inline UpdateRows update_rows(const RunShape& run, const BufferSizes& z) {
+  const std::string smaller = shard_it(run.stage.states_sharded, "stages 1-3 shard the master weights and optimizer "
+                                                                  "state: use stage<1> or higher, or more ranks");
+  UpdateRows r;
+  r.host_grads = {z.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
+                                        : "host copy of the owned gradient",
+                  "grads", ReportedAs::grads, Place::host, z.host_grads, run.element_bytes(), smaller};
+  r.host_params = {"host staging of the parameters", "param_staging", ReportedAs::communication_buffers, Place::host,
+                   z.host_params, run.element_bytes(), smaller};
+  return r;
+}
 
 template <PrecisionPolicy Precision, optim::Policy Optimizer, BackendPolicy Backend>
 class UpdatePipeline {
@@ -61,14 +83,14 @@ class UpdatePipeline {
   template <class T>
   using Pinned = typename std::conditional_t<can_offload, Ops, HostOps>::template PinnedBuffer<T>;
 
-  // What the tier implies (before allocate()): the schedule's rules
-  // (buffer_sizes.hpp), so the planner and the engine read the same ones.
-  void configure(const BufferSpec& spec, const Options& options) {
-    tier_ = spec.offload;
-    offloaded_ = tier_ != OffloadTier::none;
-    host_staging_ = can_offload && offload_host_staging(spec);
-    stage_params_ = host_staging_ && offload_stages_params(spec);
-    separate_master_ = spec.separate_master;
+  // What the tier implies (before allocate()): the run shape's rules
+  // (engine/run_shape.hpp), so the planner and the engine read the same ones.
+  void configure(const RunShape& run, const Options& options) {
+    tier_ = run.offload;
+    offloaded_ = run.offloaded();
+    host_staging_ = can_offload && run.offload_host_staging();
+    stage_params_ = host_staging_ && run.offload_stages_params();
+    separate_master_ = run.separate_master();
     master_format_ = separate_master_ ? options.master : MasterWeights::fp32;
     ties_away_ = options.copies_round_ties_away();
     delayed_ = options.delayed_update;
@@ -85,12 +107,12 @@ class UpdatePipeline {
   // master moves to the host and the device keeps a working copy.
   bool separate_master() const { return separate_master_; }
 
-  // The store and host buffers. `allocate(std::type_identity<Buf>{}, n,
-  // what)` is the engine's allocator (an error naming the buffer on
-  // failure); `disk` makes the nvme tier's store.
+  // The store and host buffers, by their rows (state_rows, update_rows).
+  // `allocate(std::type_identity<Buf>{}, row)` is the engine's allocator (an
+  // error naming the buffer on failure); `disk` makes the nvme tier's store.
   template <class Allocate>
-  void allocate(const Ownership& own, const BufferSizes& sizes, param_type* params, grad_type* grads,
-                const Options& options, int rank,
+  void allocate(const Ownership& own, const StateRows& state, const UpdateRows& host, param_type* params,
+                grad_type* grads, const Options& options, int rank,
                 DiskStoreMaker<Optimizer, grad_type, param_type> disk, Allocate&& allocate) {
     own_ = own;
     params_ = params;
@@ -101,7 +123,7 @@ class UpdatePipeline {
                                    : StateBlocks{};
     auto array_store = [&]<class S>(std::type_identity<S>) {
       auto model = std::make_unique<StoreModel<S, Optimizer, grad_type, param_type>>();
-      model->store.allocate(owned, separate_master_, master_format_, options.states, blocks, allocate);
+      model->store.allocate(owned, master_format_, options.states, blocks, state, allocate);
       store_ = std::move(model);
     };
     switch (tier_) {
@@ -115,13 +137,9 @@ class UpdatePipeline {
       case OffloadTier::nvme: store_ = disk(options, rank, owned, blocks); break;
     }
     if (!host_staging_) return;
-    host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, sizes.host_grads,
-                           sizes.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
-                                                     : "host copy of the owned gradient");
+    host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, host.host_grads);
     updated_master_.assign(own.layout->units().size(), nullptr);
-    if (stage_params_)
-      host_params_ = allocate(std::type_identity<Pinned<param_type>>{}, sizes.host_params,
-                              "host staging of the parameters");
+    if (stage_params_) host_params_ = allocate(std::type_identity<Pinned<param_type>>{}, host.host_params);
   }
 
   Store& store() { return *store_; }

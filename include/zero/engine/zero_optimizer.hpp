@@ -2,7 +2,7 @@
 // Offload, Backend> composes the policies into a type whose nonsense
 // combinations do not compile (the static_asserts below), and is a thin
 // typed layer over the engine, which is compiled once per precision,
-// optimizer and backend and takes the stage and the offload tier as a plan
+// optimizer and backend and takes the stage and the offload tier as values
 // (engine/engine.hpp: the protocol, the parts and every call). Programs that
 // choose the stage, tier, precision or optimizer at run time use
 // zero::make_optimizer(comm, config) instead (zero/runtime/make_optimizer.hpp):
@@ -24,7 +24,9 @@
 #include <type_traits>
 
 #include "zero/engine/engine.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/run_rules.hpp"
+#include "zero/engine/run_shape.hpp"
+#include "zero/engine/stage_rules.hpp"
 #include "zero/engine/state_store.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/policies.hpp"
@@ -34,11 +36,16 @@ namespace zero {
 template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
           BackendPolicy Backend = backend::Host>
 class ZeroOptimizer : public detail::Engine<Precision, Optimizer, Backend> {
-  // (The engine refuses the same plans at run time, in the same words: engine_setup.hpp.)
-  static_assert(!(std::is_same_v<Offload, offload::Cpu> && !Backend::device),
+  // The rules of engine/run_rules.hpp that the types alone break; the
+  // engine refuses the same runs chosen at run time, in the rules' words
+  // (a static_assert's message must be a literal).
+  static constexpr RunShape shape_of_types{.stage = stage_rules(Stage::value),
+                                           .offload = offload_tier<Offload>(),
+                                           .device_backend = Backend::device};
+  static_assert(!shape_breaks(RunRule::cpu_offload_needs_device, shape_of_types),
                 "zero::ZeroOptimizer: offload::Cpu moves optimizer state from GPU memory to the host, but with "
                 "backend::Host it is already in host memory; use offload::None (or offload::Nvme to move it to disk)");
-  static_assert(!(Offload::to_host && Stage::value == 0),
+  static_assert(!shape_breaks(RunRule::offload_needs_partition, shape_of_types),
                 "zero::ZeroOptimizer: ZeRO-Offload moves this rank's partition of the optimizer state to the host; "
                 "stage 0 has no partition: use stage<1> or higher with offload::Cpu/Nvme");
   using Engine = detail::Engine<Precision, Optimizer, Backend>;
@@ -49,13 +56,13 @@ class ZeroOptimizer : public detail::Engine<Precision, Optimizer, Backend> {
  public:
   using offload_policy = Offload;
   static constexpr int stage = Stage::value;
-  // What this stage shards, and when it reduces and gathers (stage_plan.hpp).
-  static constexpr StagePlan rules = stage_plan(stage);
+  // What this stage shards, and when it reduces and gathers (stage_rules.hpp).
+  static constexpr StageRules rules = stage_rules(stage);
   static constexpr OffloadTier tier = offload_tier<Offload>();
 
   template <comm::Communicator Comm>
   ZeroOptimizer(Comm& communicator, typename Engine::Hyper hyper, Options options = {})
-      : Engine(communicator, EnginePlan{rules, tier}, hyper, options,
+      : Engine(communicator, stage, tier, hyper, options,
                DiskTier::template maker<Optimizer, typename Precision::grad_type, typename Precision::param_type>()) {}
 };
 

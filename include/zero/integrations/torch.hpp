@@ -162,7 +162,7 @@ template <class Optimizer>
 class TorchModule final : private detail::TorchUnitEvents {
  public:
   TorchModule(Optimizer& opt, torch::nn::Module& module, TorchModuleOptions options = {})
-      : opt_(opt), module_(module), stage_(opt.plan().rules.stage) {
+      : opt_(opt), module_(module), stage_(opt.shape().stage.stage) {
     check_optimizer();
     register_units(module, options);
     opt_.finalize();

@@ -75,10 +75,9 @@ class DiskStateStore {
     master_format_ = format;
     state_format_ = states;
     const std::size_t mb = master_bytes_each(), sb = state_bytes_each();
-    const std::size_t least = disk_least_window_bytes(state_slots, mb, sb);
-    require(options_.window_bytes >= least, "offload::Nvme: Options::nvme.window_bytes is ", options_.window_bytes,
-            " (", Optimizer::name, ", master ", name(format), ", states ", name(states), "); ",
-            disk_window_rule(state_slots, mb, sb), "; 64 MiB (the default) streams well");
+    const std::string window =
+        disk_window_problem(options_.window_bytes, state_slots, mb, sb, name(format), name(states), Optimizer::name);
+    require(window.empty(), "offload::Nvme: ", window, disk_window_advice);
     owned_ = owned;
     chunk_ = disk_chunk_elements(options_.window_bytes, state_slots, owned, mb, sb);
     blocks_ = blockwise() ? blocks : StateBlocks{};  // without 8-bit runs, chunks cut anywhere

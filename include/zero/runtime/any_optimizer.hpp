@@ -20,7 +20,7 @@
 // Where the calls differ from ZeroOptimizer's (README.md says the same):
 // the hyper-parameters are set by name (hyper_value, set_hyper, lr, set_lr)
 // instead of through the typed hyper(), whose struct is the optimizer's;
-// the stage is stage() and plan(), not the constant `stage`; save_step(root)
+// the stage is stage() and shape(), not the constant `stage`; save_step(root)
 // is a call here, where a ZeroOptimizer program calls
 // checkpoint::OptimizerIo<Opt>::save_step(opt, root). (The checkpoint
 // layer's view of the state, ownership(), read_state() and the rest, is
@@ -41,28 +41,69 @@
 
 namespace zero {
 
+// The calls the run-time face takes from ZeroOptimizer as they are, each
+// written once: AnyOptimizer declares them and EngineHandle
+// (make_optimizer.hpp) forwards them to the engine, so that a call the
+// engine gains reaches both faces with one line here. X(result, name,
+// (parameters), (arguments), qualifier). The calls that convert (the
+// element type, the fp32 copies, hyper-parameters by name, checkpoints)
+// are written out in both.
+#define ZERO_DETAIL_FORWARDED_CALLS(X)                                                                                 \
+  /* ---- Registration and values ---- */                                                                              \
+  X(UnitId, add_unit, (std::string name), (std::move(name)), )                                                         \
+  X(ParamId, add_param, (UnitId unit, std::string name, std::size_t numel, Shape shape = {}),                          \
+    (unit, std::move(name), numel, std::move(shape)), )                                                                \
+  X(const Layout&, layout, (), (), const)                                                                              \
+  X(int, rank, (), (), const)                                                                                          \
+  X(int, ranks, (), (), const)                                                                                         \
+  X(void, set_param, (ParamId p, const float* values), (p, values), )                                                  \
+  X(void, gather_masters, (float* out), (out), )                                                                       \
+  X(std::vector<float>, master_values, (ParamId p), (p), )                                                             \
+  /* ---- Forward / backward, in the engine's element type (param_dtype()) ---- */                                     \
+  X(const void*, acquire_unit, (UnitId u), (u), )                                                                      \
+  /* Parameter p inside its unit's parameters, as ZeroOptimizer::param_data (stage 3: the unit acquired). */           \
+  X(const void*, param_data, (ParamId p), (p), const)                                                                  \
+  /* ---- Step ---- */                                                                                                 \
+  /* Collective at stage 3: the parameters whole until the scope ends (ZeroOptimizer::hold_whole). */                  \
+  X(HeldWhole, hold_whole, (), (), )                                                                                   \
+  X(void, synchronize, (), (), )                                                                                       \
+  X(void, wait_update, (), (), )                                                                                       \
+  X(double, loss_scale, (), (), const)                                                                                 \
+  /* Collective: the mean over the ranks of a value each passes (a loss). */                                           \
+  X(double, mean_over_ranks, (double value), (value), )                                                                \
+  X(const Options&, options, (), (), const)                                                                            \
+  X(std::int64_t, step_count, (), (), const)                                                                           \
+  /* ---- Reports ---- */                                                                                              \
+  X(MemoryReport, memory_report, (), (), const)                                                                        \
+  X(CommReport, comm_report, (), (), const)                                                                            \
+  X(void, reset_comm_counters, (), (), )                                                                               \
+  X(OffloadTimes, offload_times, (), (), const)                                                                        \
+  X(void, reset_offload_times, (), (), )                                                                               \
+  /* ---- Checkpoints (zero/checkpoint/optimizer_io.hpp) ---- */                                                       \
+  X(void, wait_save, (), (), )
+
 class AnyOptimizer {
  public:
   virtual ~AnyOptimizer() = default;
 
-  // What was made: the run's plan and names (as in checkpoints and reports).
-  virtual const EnginePlan& plan() const = 0;
-  int stage() const { return plan().rules.stage; }
+  // What was made: the run's shape (engine/run_shape.hpp) and names (as in
+  // checkpoints and reports).
+  virtual const RunShape& shape() const = 0;
+  int stage() const { return shape().stage.stage; }
   virtual DType param_dtype() const = 0;
   virtual const char* optimizer_name() const = 0;
   virtual const char* backend_name() const = 0;
 
-  // ---- Registration and values (as ZeroOptimizer) -------------------------
-  virtual UnitId add_unit(std::string name) = 0;
-  virtual ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape = {}) = 0;
+  // The calls as ZeroOptimizer has them (ZERO_DETAIL_FORWARDED_CALLS above).
+#define ZERO_DETAIL_DECLARE_CALL(result, name, parameters, arguments, qualifier) \
+  virtual result name parameters qualifier = 0;
+  ZERO_DETAIL_FORWARDED_CALLS(ZERO_DETAIL_DECLARE_CALL)
+#undef ZERO_DETAIL_DECLARE_CALL
+
+  // ---- Registration and values ----------------------------------------------
   // Your own memory (ZeroOptimizer::use_memory), in param_dtype() elements.
   virtual void use_memory(ParamId p, void* values, void* grads) = 0;
   virtual void finalize() = 0;
-  virtual const Layout& layout() const = 0;
-  virtual int rank() const = 0;
-  virtual int ranks() const = 0;
-  virtual void set_param(ParamId p, const float* values) = 0;
-  virtual void gather_masters(float* out) = 0;
   // Collective: the whole parameters, padded (Layout::padded_total()
   // elements), into host memory, as ZeroOptimizer::gather_params: in
   // param_dtype() elements, typed with gather_params_as<T>() (checked), or
@@ -76,11 +117,9 @@ class AnyOptimizer {
     gather_params(out);
   }
   virtual void gather_params_fp32(float* out) = 0;
-  virtual std::vector<float> master_values(ParamId p) = 0;
 
   // ---- Forward / backward ---------------------------------------------------
-  // In the engine's element type (param_dtype()).
-  virtual const void* acquire_unit(UnitId u) = 0;
+  // In the engine's element type (param_dtype()), as acquire_unit and param_data.
   virtual void release_unit(UnitId u) = 0;
   virtual void* grad_buffer(UnitId u) = 0;
   virtual void grad_ready(UnitId u) = 0;
@@ -94,9 +133,6 @@ class AnyOptimizer {
     require_dtype(dtype_traits<T>::dtype, "grad_buffer_as");
     return static_cast<T*>(grad_buffer(u));
   }
-  // Parameter p inside its unit's parameters, as ZeroOptimizer::param_data
-  // (stage 3: the unit acquired), in param_dtype() elements.
-  virtual const void* param_data(ParamId p) const = 0;
   template <class T>
   const T* param_data_as(ParamId p) const {
     require_dtype(dtype_traits<T>::dtype, "param_data_as");
@@ -113,33 +149,16 @@ class AnyOptimizer {
 
   // ---- Step -----------------------------------------------------------------
   virtual StepResult step() = 0;
-  // Collective at stage 3: the parameters whole until the scope ends (ZeroOptimizer::hold_whole).
-  [[nodiscard]] virtual HeldWhole hold_whole() = 0;
-  virtual void synchronize() = 0;
-  virtual void wait_update() = 0;
   // Hyper-parameters by name (the optimizer's fields: lr, beta1, ...;
   // zero/runtime/hyper_fields.hpp); set_hyper validates at the next step.
   virtual double hyper_value(const std::string& name) const = 0;
   virtual void set_hyper(const std::string& name, double value) = 0;
   double lr() const { return hyper_value("lr"); }
   void set_lr(double lr) { set_hyper("lr", lr); }
-  virtual double loss_scale() const = 0;
-  // Collective: the mean over the ranks of a value each passes (a loss).
-  virtual double mean_over_ranks(double value) = 0;
-  virtual const Options& options() const = 0;
-  virtual std::int64_t step_count() const = 0;
-
-  // ---- Reports ----------------------------------------------------------------
-  virtual MemoryReport memory_report() const = 0;
-  virtual CommReport comm_report() const = 0;
-  virtual void reset_comm_counters() = 0;
-  virtual OffloadTimes offload_times() const = 0;
-  virtual void reset_offload_times() = 0;
 
   // ---- Checkpoints (zero/checkpoint/optimizer_io.hpp) ---------------------------
   virtual void save(const std::string& dir, checkpoint::OptimizerSaveOptions options = {}) = 0;
   virtual std::filesystem::path save_step(const std::string& root, checkpoint::OptimizerSaveOptions options = {}) = 0;
-  virtual void wait_save() = 0;
   virtual checkpoint::LoadResult load(const std::string& path) = 0;
   virtual void load_hf(const std::string& path) = 0;
 

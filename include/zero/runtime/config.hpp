@@ -18,7 +18,9 @@
 #include <string_view>
 
 #include "zero/engine/options.hpp"
-#include "zero/engine/stage_plan.hpp"
+#include "zero/engine/run_rules.hpp"
+#include "zero/engine/run_shape.hpp"
+#include "zero/engine/stage_rules.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -83,38 +85,27 @@ struct Config {
 
   bool operator==(const Config&) const = default;
 
-  // Checks what needs neither the backend nor the optimizer's policy (the
-  // hyper-parameters are checked by hyper_from, the optimizer's name by
-  // whoever looks it up): the stage, offload against stage 0, the disk
-  // tier's directory, options.validate(); with `device_backend` false
-  // (backend::Host) offload cpu is refused. Throws zero::InvalidArgument
-  // naming the setting as a config file, the command line and code spell it.
+  // Checks what needs no optimizer's policy (the hyper-parameters are
+  // checked by hyper_from, the optimizer's name by whoever looks it up):
+  // every rule of engine/run_rules.hpp, the disk tier's directory and
+  // options.validate(). Throws zero::InvalidArgument naming the setting as
+  // a config file and the command line spell it.
   void validate(bool device_backend) const {
-    // zero::stage<S>'s static_assert.
-    require(stage >= 0 && stage <= 3, "zero::Config: stage ", stage, " is not a ZeRO stage: ZeRO has stages 0, "
-            "1, 2 and 3 (\"stage\" in a config file, --stage on the command line)");
     require(!optimizer.empty(), "zero::Config: the optimizer's name is empty: set optimizer.type in a config file "
             "(--optimizer on the command line) to adamw, adam, sgd or a registered optimizer's name");
-    // ZeroOptimizer's static_asserts on offload.
-    require(offload == OffloadTier::none || stage != 0, "zero::Config: offload ", name(offload),
-            ": ZeRO-Offload moves this rank's partition of the optimizer state to the host; stage 0 has no "
-            "partition: use stage 1 or higher with offload cpu/nvme (or offload none at stage 0)");
-    require(offload != OffloadTier::cpu || device_backend,
-            "zero::Config: offload cpu moves optimizer state from GPU memory to the host, but with the host "
-            "backend it is already in host memory; use offload none (or offload nvme to move it to disk)");
+    // The state slots are the optimizer's, unknown until it is looked up:
+    // the disk window is held to the least of any, and the store holds it
+    // to the optimizer's at finalize().
+    const RunShape run{.stage = stage_rules(stage),
+                       .offload = offload,
+                       .precision = precision,
+                       .device_backend = device_backend,
+                       .state_slots = -1};
+    require_run(run, options, Voice{"zero::Config", false, true});
     require(offload != OffloadTier::nvme || !options.nvme.directory.empty(),
             "zero::Config: offload nvme keeps the optimizer state in swap files and needs a directory for them, on "
             "a fast local disk: set offload.directory in a config file (--nvme-dir on the command line, "
             "options.nvme.directory in code)");
-    require(options.master != MasterWeights::remainder || precision == PrecisionChoice::bf16,
-            "zero::Config: master remainder keeps the fp32 master as the bf16 parameters plus 16 bits, but the "
-            "precision is ", name(precision), ": use precision bf16, or master fp32 (\"master\" in a config file, "
-            "--master on the command line)");
-    const std::string zeropp = zeropp_stage_problem(options.hpz, options.qwz, options.qgz, stage);
-    require(zeropp.empty(), "zero::Config: ", zeropp, " (\"hpz\", \"qwz\" and \"qgz\" in a config file, --hpz, --qwz "
-            "and --qgz on the command line)");
-    const std::string copies = bf16_copy_option_problem(options, precision);
-    require(copies.empty(), "zero::Config: ", copies);
     options.validate();
   }
 };

@@ -1,7 +1,8 @@
 // Why: a training run's choices belong in a file that is versioned with the
 // run, as DeepSpeed users keep theirs (ds_config.json), not in a command line
 // retyped each time. The file's keys are zero::Config's own, described once
-// below (config_keys) for both reading and writing, so the two cannot drift;
+// below (config_keys, Options' from their field table) for both reading and
+// writing, so the two cannot drift;
 // the reader is strict: an unknown key (a typo) is an error naming its path
 // and the keys that exist there, a wrong type names the key, the type found
 // and the type expected, and a key given twice is an error, since a setting
@@ -31,11 +32,25 @@
 #include "zero/error.hpp"
 #include "zero/json_parse.hpp"
 #include "zero/runtime/config.hpp"
+#include "zero/runtime/enum_values.hpp"
 #include "zero/runtime/name_list.hpp"
 
 namespace zero {
 
 namespace detail {
+
+// The keys of an options struct, from its field table (Options::fields()):
+// v.field(key, member) for a field, v.object(key, body) for a group.
+// Options::nvme has its keys in "offload" instead, beside the tier that
+// reads them (config_keys).
+template <class S, class Visit>
+void option_keys(S& options, Visit& v) {
+  for_each_option_row(options, [&]<class Row, class M>(const Row& row, M& value) {
+    if constexpr (!Row::group) v.field(row.key, value);
+    else if constexpr (!std::is_same_v<std::remove_const_t<M>, NvmeOptions>)
+      v.object(row.key, [&](Visit& inner) { option_keys(value, inner); });
+  });
+}
 
 // Every key of a configuration file, where it lives in zero::Config. `C` is
 // Config (reading) or const Config (writing); `v` visits each key in turn:
@@ -44,7 +59,6 @@ namespace detail {
 // Config's default.
 template <class C, class Visit>
 void config_keys(C& c, Visit& v) {
-  auto& o = c.options;
   v.field("precision", c.precision);
   v.object("optimizer", [&](Visit& opt) {
     opt.field("type", c.optimizer);
@@ -53,59 +67,10 @@ void config_keys(C& c, Visit& v) {
   v.field("stage", c.stage);
   v.object("offload", [&](Visit& off) {
     off.field("tier", c.offload);
-    off.field("directory", o.nvme.directory);
-    off.field("window_bytes", o.nvme.window_bytes);
-    off.field("block_bytes", o.nvme.block_bytes);
-    off.field("queue_depth", o.nvme.queue_depth);
-    off.field("direct", o.nvme.direct);
+    option_keys(c.options.nvme, off);
   });
-  v.field("bucket_bytes", o.bucket_bytes);
-  v.field("grad_writes", o.grad_writes);
-  v.field("live_buckets", o.live_buckets);
-  v.field("release_memory_pages", o.release_memory_pages);
-  v.field("prefetch_units", o.prefetch_units);
-  v.field("grad_accumulation_steps", o.grad_accumulation_steps);
-  v.field("clip_norm", o.clip_norm);
-  v.field("gradient_divisor", o.gradient_divisor);
-  v.object("loss_scale", [&](Visit& ls) {
-    ls.field("initial_scale", o.loss_scale.initial_scale);
-    ls.field("growth_interval", o.loss_scale.growth_interval);
-    ls.field("growth_factor", o.loss_scale.growth_factor);
-    ls.field("backoff_factor", o.loss_scale.backoff_factor);
-    ls.field("hysteresis", o.loss_scale.hysteresis);
-    ls.field("min_scale", o.loss_scale.min_scale);
-  });
-  v.field("reduce_dtype", o.reduce_dtype);
-  v.field("seed", o.seed);
-  v.field("stochastic_rounding", o.stochastic_rounding);
-  v.field("master", o.master);
-  v.field("round_ties_away", o.round_ties_away);
-  v.field("states", o.states);
-  v.field("state_block", o.state_block);
-  v.field("state_fp32_below", o.state_fp32_below);
-  v.field("hpz", o.hpz);
-  v.field("hpz_int8", o.hpz_int8);
-  v.field("qwz", o.qwz);
-  v.field("qwz_block", o.qwz_block);
-  v.field("qgz", o.qgz);
-  v.field("qgz_bits", o.qgz_bits);
-  v.field("qgz_block", o.qgz_block);
-  v.field("qgz_error_feedback", o.qgz_error_feedback);
-  v.field("offload_threads", o.offload_threads);
-  v.field("require_pinned_memory", o.require_pinned_memory);
-  v.field("pinned_piece_bytes", o.pinned_piece_bytes);
-  v.field("delayed_update", o.delayed_update);
-  v.field("delayed_update_warmup", o.delayed_update_warmup);
-  v.field("check_replicas", o.check_replicas);
+  option_keys(c.options, v);
 }
-
-// The names each enum a file spells as a string accepts.
-constexpr const auto& all_values_of(PrecisionChoice) { return all_precisions; }
-constexpr const auto& all_values_of(OffloadTier) { return all_offload_tiers; }
-constexpr const auto& all_values_of(ReduceDType) { return all_reduce_dtypes; }
-constexpr const auto& all_values_of(GradWrites) { return all_grad_writes; }
-constexpr const auto& all_values_of(MasterWeights) { return all_master_weights; }
-constexpr const auto& all_values_of(StateFormat) { return all_state_formats; }
 
 // Reads one JSON object into the members config_keys names; `source` starts
 // every message ("zero config", "zero config file 'run.json'"), `path` is the

@@ -51,18 +51,19 @@ class EngineHandle final : public AnyOptimizer {
  public:
   template <comm::Communicator Comm>
   EngineHandle(Comm& comm, const Config& config, typename E::DiskMaker disk)
-      : engine_(comm, EnginePlan{stage_plan(config.stage), config.offload}, hyper_from<O>(config.hyper),
-                config.options, disk) {}
+      : engine_(comm, config.stage, config.offload, hyper_from<O>(config.hyper), config.options, disk) {}
 
-  const EnginePlan& plan() const override { return engine_.plan(); }
+  const RunShape& shape() const override { return engine_.shape(); }
   DType param_dtype() const override { return dtype_traits<T>::dtype; }
   const char* optimizer_name() const override { return O::name; }
   const char* backend_name() const override { return B::name; }
 
-  UnitId add_unit(std::string name) override { return engine_.add_unit(std::move(name)); }
-  ParamId add_param(UnitId unit, std::string name, std::size_t numel, Shape shape) override {
-    return engine_.add_param(unit, std::move(name), numel, std::move(shape));
-  }
+  // The calls as ZeroOptimizer has them, each passed on as it is (the list: any_optimizer.hpp).
+#define ZERO_DETAIL_FORWARD_CALL(result, name, parameters, arguments, qualifier) \
+  result name parameters qualifier override { return engine_.name arguments; }
+  ZERO_DETAIL_FORWARDED_CALLS(ZERO_DETAIL_FORWARD_CALL)
+#undef ZERO_DETAIL_FORWARD_CALL
+
   void use_memory(ParamId p, void* values, void* grads) override {
     engine_.use_memory(p, static_cast<T*>(values), static_cast<G*>(grads));
   }
@@ -74,11 +75,6 @@ class EngineHandle final : public AnyOptimizer {
       check_wide_ = engine_.options().grad_writes == GradWrites::overwrite;
     }
   }
-  const Layout& layout() const override { return engine_.layout(); }
-  int rank() const override { return engine_.rank(); }
-  int ranks() const override { return engine_.ranks(); }
-  void set_param(ParamId p, const float* values) override { engine_.set_param(p, values); }
-  void gather_masters(float* out) override { engine_.gather_masters(out); }
   void gather_params(void* out) override { engine_.gather_params(static_cast<T*>(out)); }
   void gather_params_fp32(float* out) override {
     if constexpr (widen) {
@@ -90,14 +86,11 @@ class EngineHandle final : public AnyOptimizer {
       engine_.gather_params(out);
     }
   }
-  std::vector<float> master_values(ParamId p) override { return engine_.master_values(p); }
 
-  const void* acquire_unit(UnitId u) override { return engine_.acquire_unit(u); }
   void release_unit(UnitId u) override {
     engine_.release_unit(u);
     if (fp32_unit_ == u.index) fp32_unit_ = npos;
   }
-  const void* param_data(ParamId p) const override { return engine_.param_data(p); }
   void* grad_buffer(UnitId u) override {
     wide_grad_of_ = npos;
     return engine_.grad_buffer(u);
@@ -164,9 +157,6 @@ class EngineHandle final : public AnyOptimizer {
       }
     return engine_.step();
   }
-  void synchronize() override { engine_.synchronize(); }
-  HeldWhole hold_whole() override { return engine_.hold_whole(); }
-  void wait_update() override { engine_.wait_update(); }
   double hyper_value(const std::string& name) const override {
     const auto values = hyper_to_map<O>(engine_.hyper());
     const auto it = values.find(name);
@@ -178,16 +168,6 @@ class EngineHandle final : public AnyOptimizer {
     values[name] = value;
     engine_.hyper() = hyper_from<O>(values);
   }
-  double loss_scale() const override { return engine_.loss_scale(); }
-  double mean_over_ranks(double value) override { return engine_.mean_over_ranks(value); }
-  const Options& options() const override { return engine_.options(); }
-  std::int64_t step_count() const override { return engine_.step_count(); }
-
-  MemoryReport memory_report() const override { return engine_.memory_report(); }
-  CommReport comm_report() const override { return engine_.comm_report(); }
-  void reset_comm_counters() override { engine_.reset_comm_counters(); }
-  OffloadTimes offload_times() const override { return engine_.offload_times(); }
-  void reset_offload_times() override { engine_.reset_offload_times(); }
 
   void save(const std::string& dir, checkpoint::OptimizerSaveOptions options) override {
     Io::save(engine_, dir, std::move(options));
@@ -195,7 +175,6 @@ class EngineHandle final : public AnyOptimizer {
   std::filesystem::path save_step(const std::string& root, checkpoint::OptimizerSaveOptions options) override {
     return Io::save_step(engine_, root, std::move(options));
   }
-  void wait_save() override { engine_.wait_save(); }
   checkpoint::LoadResult load(const std::string& path) override { return Io::load(engine_, path); }
   void load_hf(const std::string& path) override { Io::load_hf(engine_, path); }
 

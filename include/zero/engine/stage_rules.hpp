@@ -14,7 +14,7 @@
 
 namespace zero {
 
-struct StagePlan {
+struct StageRules {
   int stage = 0;
   // Master weights and optimizer state hold this rank's 1/N of every unit
   // (stages 1-3); stage 0 keeps and updates everything on every rank.
@@ -84,8 +84,8 @@ constexpr OffloadTier offload_tier() {
   else return OffloadTier::none;
 }
 
-constexpr StagePlan stage_plan(int stage) {
-  StagePlan p;
+constexpr StageRules stage_rules(int stage) {
+  StageRules p;
   p.stage = stage;
   p.states_sharded = stage >= 1;
   p.grads_sharded = stage >= 2;
