@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 namespace zero::bench {
 

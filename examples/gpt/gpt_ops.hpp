@@ -11,7 +11,7 @@
 // functions of <math.h> (expf, tanhf, ...) exist in host and device code alike.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <math.h>
 

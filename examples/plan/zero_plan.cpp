@@ -110,7 +110,7 @@ std::string count_text(std::uint64_t n) {
 }
 
 void print_table(const plan::Plan& p) {
-  const plan::Config& c = p.config;
+  const plan::Scenario& c = p.scenario;
   const std::size_t pb = plan::element_bytes(c.precision);
   const std::uint64_t k = p.paper_k;  // the master's and the state's formats decide it (plan.hpp)
   std::printf("model: %s; %s parameters (%llu; %llu with padding) in %zu unit(s)\n", c.model.description.c_str(),
@@ -201,7 +201,7 @@ std::string footprint(const plan::Plan& p) {
 
 // One line: fits or not, by how much, and what would make it fit.
 void print_verdict(std::FILE* out, const plan::Plan& p, const Limits& limits) {
-  const plan::Config& c = p.config;
+  const plan::Scenario& c = p.scenario;
   std::string over;
   auto describe = [&](const char* where, std::uint64_t need, std::optional<std::uint64_t> have) {
     if (!have) return;
@@ -219,7 +219,7 @@ void print_verdict(std::FILE* out, const plan::Plan& p, const Limits& limits) {
   }
   std::vector<std::string> fixes;
   for (int s = c.stage + 1; s <= 3; ++s) {
-    plan::Config t = c;
+    plan::Scenario t = c;
     t.stage = s;
     const plan::Plan q = plan::make_plan(t);
     if (limits.fit(q)) {
@@ -232,7 +232,7 @@ void print_verdict(std::FILE* out, const plan::Plan& p, const Limits& limits) {
     if (o == plan::Offload::cpu && !c.device_backend) continue;  // the host backend's state is in host memory
     bool found = false;
     for (int s = std::max(c.stage, 1); s <= 3 && !found; ++s) {
-      plan::Config t = c;
+      plan::Scenario t = c;
       t.stage = s;
       t.offload = o;
       const plan::Plan q = plan::make_plan(t);
@@ -249,13 +249,13 @@ void print_verdict(std::FILE* out, const plan::Plan& p, const Limits& limits) {
   for (const int s : {c.stage, 3}) {
     bool found = false;
     for (int nodes = c.nodes * 2; s >= 1 && nodes <= c.nodes * 4096 && !found; nodes *= 2) {
-      plan::Config t = c;
+      plan::Scenario t = c;
       t.stage = s;
       t.nodes = nodes;
       const plan::Plan q = plan::make_plan(t);
       if (limits.fit(q)) {
         fixes.push_back((s != c.stage ? "--stage " + std::to_string(s) + " " : std::string()) + "--nodes " +
-                        std::to_string(nodes) + " (" + std::to_string(q.config.ranks()) + " ranks, " + footprint(q) +
+                        std::to_string(nodes) + " (" + std::to_string(q.scenario.ranks()) + " ranks, " + footprint(q) +
                         ")");
         found = true;
       }
@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
   }
   params_opt->excludes(unit_sizes_opt);
 
-  plan::Config config;
+  plan::Scenario config;
   config.stage = 3;
   app.add_option("--ranks-per-node", config.ranks_per_node, "Ranks (GPUs) per node")
       ->check(CLI::Range(1, 1 << 20));

@@ -4,7 +4,7 @@
 // through flags that host code turns into these exceptions.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <sstream>

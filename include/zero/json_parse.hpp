@@ -7,7 +7,7 @@
 // nlohmann-json, as the checkpoint and configuration headers that use it do.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -6,7 +6,7 @@
 // (zero/simd/pack.hpp), so one update rule serves scalars, packs and CUDA.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cmath>
 

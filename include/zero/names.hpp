@@ -6,7 +6,7 @@
 // layout includes it in programs that never checkpoint.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdio>

@@ -4,7 +4,7 @@
 // they go in zero::Options and the optimizer's Hyper struct.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <concepts>
 #include <type_traits>

@@ -3,7 +3,7 @@
 // message about a mismatch prints it the same way.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 #include <string>

@@ -17,7 +17,7 @@
 //   zero/runtime/precompiled.hpp        ZERO_INSTANTIATE_ENGINES and the rest: compile the engines once
 #pragma once
 
-#include "zero/config.hpp"  // defines: ZERO_HOST_DEVICE, ZERO_FORCE_INLINE and the other compiler macros
+#include "zero/compiler.hpp"  // defines: ZERO_HOST_DEVICE, ZERO_FORCE_INLINE and the other compiler macros
 
 // The user's types.
 #include "zero/engine/zero_optimizer.hpp"  // defines: ZeroOptimizer (on detail::Engine, engine/engine.hpp)
@@ -34,7 +34,7 @@
 #include "zero/comm/any_communicator.hpp"  // defines: comm::AnyCommunicator (any communicator behind virtual calls)
 #include "zero/runtime/config.hpp"         // defines: Config (a run chosen at run time), PrecisionChoice, OffloadTier
 #include "zero/runtime/hyper_fields.hpp"   // defines: hyper_from, hyper_to_map (hyper-parameters by name)
-#include "zero/engine/plan.hpp"            // defines: plan::Config, plan::Plan (memory and traffic before a run)
+#include "zero/engine/plan.hpp"            // defines: plan::Scenario, plan::Plan (memory and traffic before a run)
 #include "zero/error.hpp"                  // defines: Error and its kinds (InvalidArgument, CommError, ...)
 
 // Lower layers a program may use directly.

@@ -9,7 +9,7 @@
 #error "zero/zero_cuda.cuh holds CUDA kernels: compile with nvcc, or include zero/zero_cuda.hpp (host code) and link the kernels (see there)"
 #endif
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/zero_cuda.hpp"
 

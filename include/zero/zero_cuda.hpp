@@ -23,7 +23,7 @@
 // functions and must link -lnccl. Include it yourself where you use comm::Nccl.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/zero.hpp"
 

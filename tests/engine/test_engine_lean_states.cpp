@@ -275,7 +275,7 @@ TEST_CASE("A remainder master's memory: 14 bytes per parameter for bf16 AdamW, a
       const Trace t = run<Opt>(ranks, options, 1);
       plan::Model m;
       for (const auto& [unit, sizes] : model()) m.units.push_back({unit, sizes});
-      const plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, ranks, options, false));
+      const plan::Plan planned = plan::make_plan(plan::scenario_for<Opt>(m, ranks, options, false));
       CHECK(planned.placed.master == t.memory.placed.master);
       CHECK(planned.model_states() == t.memory.model_states());
       // params 2 + grads 2 + remainder 2 + m and v 8, whole (stage 0) or 1/N (stage 3).
@@ -479,7 +479,7 @@ TEST_CASE("bf16 states with a remainder master: 10 bytes per parameter for bf16 
   const Trace t = run<Opt>(1, options, 1);
   plan::Model m;
   for (const auto& [unit, sizes] : model()) m.units.push_back({unit, sizes});
-  const plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, 1, options, false));
+  const plan::Plan planned = plan::make_plan(plan::scenario_for<Opt>(m, 1, options, false));
   CHECK(planned.placed.optimizer_states == t.memory.placed.optimizer_states);
   CHECK(planned.model_states() == t.memory.model_states());
   // params 2 + grads 2 + remainder 2 + m and v 2 + 2.
@@ -731,7 +731,7 @@ TEST_CASE("8-bit states on disk: bit for bit as in memory, the codes on disk and
       // One code per owned element and slot on disk; the absmax and the small
       // parameters' fp32 state in host memory; as the planner says (of
       // rank 0, whose report the trace keeps).
-      plan::Config config = plan::config_for<OnDisk>(m, ranks, o, false);
+      plan::Scenario config = plan::scenario_for<OnDisk>(m, ranks, o, false);
       config.rank = 0;
       const plan::Plan planned = plan::make_plan(config);
       CHECK(planned.placed.optimizer_states == disk.memory.placed.optimizer_states);
@@ -803,7 +803,7 @@ TEST_CASE("8-bit states with a remainder master: the bytes the planner and the f
   for (const int ranks : {1, 2}) {
     INFO(ranks << " rank(s)");
     const Trace t = run<Opt>(ranks, options, 1);
-    plan::Config config = plan::config_for<Opt>(m, ranks, options, false);
+    plan::Scenario config = plan::scenario_for<Opt>(m, ranks, options, false);
     config.rank = 0;  // whose report the trace keeps
     const plan::Plan planned = plan::make_plan(config);
     CHECK(planned.placed.optimizer_states == t.memory.placed.optimizer_states);
@@ -814,7 +814,7 @@ TEST_CASE("8-bit states with a remainder master: the bytes the planner and the f
   // blocks per slot; everything else (1 + 6 + 1021 + 3 elements, the gaps
   // and the padding) is fp32.
   const Trace one = run<Opt>(1, options, 1);
-  plan::Plan planned = plan::make_plan(plan::config_for<Opt>(m, 1, options, false));
+  plan::Plan planned = plan::make_plan(plan::scenario_for<Opt>(m, 1, options, false));
   const std::uint64_t padded = planned.padded_elements;
   CHECK(one.memory.placed.optimizer_states.total() == 2 * (4099 + 4 * 17 + 4 * (padded - 4099)));
 }

@@ -131,7 +131,7 @@ TEST_CASE("offload::Cpu: memory_report() places master and state on the host, as
     // The planner predicts every line to the byte.
     zero::plan::Model model;
     for (std::size_t u = 0; u < units; ++u) model.units.push_back({"u" + std::to_string(u), {unit_elements}});
-    zero::plan::Config config = zero::plan::config_for<Opt>(model, static_cast<int>(ranks), {}, false);
+    zero::plan::Scenario config = zero::plan::scenario_for<Opt>(model, static_cast<int>(ranks), {}, false);
     config.offload = zero::plan::Offload::cpu;
     const zero::plan::Plan plan = zero::plan::make_plan(config);
     for (const auto& [line, placed] : {std::pair{"params", m.placed.params}, std::pair{"grads", m.placed.grads},
@@ -391,15 +391,15 @@ TEST_CASE("a step waits for the device once before its control all-reduce, at ev
 
 // ---- Page-locked host buffers in pieces (backend/pieced_buffer.hpp) ---------
 
-TEST_CASE("plan_pieces cuts between ranges, never above the piece size", "[engine][offload][pinned]") {
+TEST_CASE("cut_pieces cuts between ranges, never above the piece size", "[engine][offload][pinned]") {
   using zero::backend::Piece;
-  zero::backend::PiecePlan plan;
-  plan.piece_bytes = 8192;  // 2048 floats
-  plan.range_ends = {1000, 2000, 2048, 3000, 9000, 9500};
+  zero::backend::PieceCuts cuts;
+  cuts.piece_bytes = 8192;  // 2048 floats
+  cuts.range_ends = {1000, 2000, 2048, 3000, 9000, 9500};
   // 1000 + 1000 + 48 fill the first piece exactly; the range 3000..9000 is
   // larger than a piece and is cut at piece size; 9500..10000 is the tail.
   const std::vector<Piece> want = {{0, 2048}, {2048, 3000}, {3000, 5048}, {5048, 7096}, {7096, 9000}, {9000, 10000}};
-  CHECK(zero::backend::plan_pieces(10000, sizeof(float), plan) == want);
+  CHECK(zero::backend::cut_pieces(10000, sizeof(float), cuts) == want);
 
   // Random ranges: the pieces cover the buffer in order, none is above the
   // limit, and a range that fits in a piece is inside one.
@@ -410,24 +410,24 @@ TEST_CASE("plan_pieces cuts between ranges, never above the piece size", "[engin
   };
   for (int trial = 0; trial < 200; ++trial) {
     const std::size_t element = trial % 2 == 0 ? 4 : 2;
-    plan.piece_bytes = 4096 * (1 + next(8));
-    plan.range_ends.clear();
+    cuts.piece_bytes = 4096 * (1 + next(8));
+    cuts.range_ends.clear();
     std::size_t at = 0;
-    for (std::size_t r = next(30); r > 0; --r) plan.range_ends.push_back(at += next(5000));
+    for (std::size_t r = next(30); r > 0; --r) cuts.range_ends.push_back(at += next(5000));
     const std::size_t n = at + next(3000);
-    const auto pieces = zero::backend::plan_pieces(n, element, plan);
+    const auto pieces = zero::backend::cut_pieces(n, element, cuts);
     INFO("trial " << trial);
     std::size_t covered = 0;
     for (const Piece& p : pieces) {
       CHECK(p.begin == covered);
       CHECK(p.end > p.begin);
-      CHECK((p.end - p.begin) * element <= plan.piece_bytes);
+      CHECK((p.end - p.begin) * element <= cuts.piece_bytes);
       covered = p.end;
     }
     CHECK(covered == n);
     std::size_t begin = 0;
-    for (std::size_t end : plan.range_ends) {
-      if ((end - begin) * element <= plan.piece_bytes && end > begin) {
+    for (std::size_t end : cuts.range_ends) {
+      if ((end - begin) * element <= cuts.piece_bytes && end > begin) {
         const auto holder = std::find_if(pieces.begin(), pieces.end(), [&](const Piece& p) { return p.end > begin; });
         REQUIRE(holder != pieces.end());
         CHECK(holder->begin <= begin);
@@ -436,8 +436,8 @@ TEST_CASE("plan_pieces cuts between ranges, never above the piece size", "[engin
       begin = end;
     }
   }
-  plan.piece_bytes = 100;
-  CHECK_THROWS_WITH(zero::backend::plan_pieces(10, 4, plan), Catch::Contains("below one 4 KiB page"));
+  cuts.piece_bytes = 100;
+  CHECK_THROWS_WITH(zero::backend::cut_pieces(10, 4, cuts), Catch::Contains("below one 4 KiB page"));
 }
 
 TEST_CASE("PiecedBuffer locks each piece, and falls back to pageable memory when one is refused",
@@ -445,10 +445,10 @@ TEST_CASE("PiecedBuffer locks each piece, and falls back to pageable memory when
   using Buffer = zero::backend::PiecedBuffer<float, zero::test::LoggingLocker>;
   zero::test::LockLog& log = zero::test::lock_log();
   log = {};
-  zero::backend::PiecePlan plan;
-  plan.piece_bytes = 4096;
+  zero::backend::PieceCuts cuts;
+  cuts.piece_bytes = 4096;
   {
-    Buffer b(3000, plan);  // 1024 + 1024 + 952 floats
+    Buffer b(3000, cuts);  // 1024 + 1024 + 952 floats
     CHECK(b.page_locked());
     REQUIRE(log.locked.size() == 3);
     CHECK(log.locked[0] == std::make_pair(static_cast<const void*>(b.data()), std::size_t{4096}));
@@ -460,7 +460,7 @@ TEST_CASE("PiecedBuffer locks each piece, and falls back to pageable memory when
   log = {};
   log.refuse_after = 2;  // the third piece is refused
   {
-    Buffer b(3000, plan);
+    Buffer b(3000, cuts);
     CHECK_FALSE(b.page_locked());
     CHECK(log.unlocked.size() == 2);  // the two locked pieces are given back at once
     b.data()[2999] = 1.0f;            // and the memory is there, pageable

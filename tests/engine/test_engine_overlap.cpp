@@ -333,9 +333,9 @@ TEMPLATE_LIST_TEST_CASE("a late communication lane trains exactly like the refer
         zero::plan::Model model;
         model.units = {{"u", {1000}}};
         CHECK(plain_staging ==
-              zero::plan::make_plan(zero::plan::config_for<Plain>(model, 1, options, false)).communication_buffers());
+              zero::plan::make_plan(zero::plan::scenario_for<Plain>(model, 1, options, false)).communication_buffers());
         CHECK(overlapped_staging ==
-              zero::plan::make_plan(zero::plan::config_for<Opt>(model, 1, options, true)).communication_buffers());
+              zero::plan::make_plan(zero::plan::scenario_for<Opt>(model, 1, options, true)).communication_buffers());
       }
     }
   }

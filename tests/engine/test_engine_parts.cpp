@@ -395,6 +395,28 @@ TEST_CASE("a unit acquired against the pass's direction prefetches nothing", "[g
   bench.gatherer.release(0);
 }
 
+// The engine says "backward" only from the first grad_ready on, so
+// backward's first acquire (the unit forward ended with) comes flagged as
+// forward; acquired again right after forward's, it starts backward and
+// prefetches the unit below. Before, it prefetched nothing (upwards from the
+// last unit), and backward's second unit was gathered on demand.
+TEST_CASE("backward's first acquire, the unit forward ended with, prefetches the unit below", "[gatherer]") {
+  GatherBench bench(1, 1);
+  const std::size_t n = bench.layout.units().size();
+  for (std::size_t u = 0; u < n; ++u) {  // forward
+    bench.gatherer.acquire(u, false);
+    bench.gatherer.release(u);
+  }
+  std::size_t mark = bench.mark();
+  bench.expect_whole(n - 1, bench.gatherer.acquire(n - 1, false));  // before any grad_ready
+  CHECK(bench.gathered_since(mark) == std::vector<std::size_t>{n - 1, n - 2});
+  bench.gatherer.release(n - 1);
+  mark = bench.mark();
+  bench.expect_whole(n - 2, bench.gatherer.acquire(n - 2, true));  // prefetched: no gather now but the next one's
+  CHECK(bench.gathered_since(mark) == std::vector<std::size_t>{n - 3});
+  bench.gatherer.release(n - 2);
+}
+
 // Units acquired and released in an irregular order, with prefetches between
 // them: after every call, each acquired unit lies inside the arena, apart
 // from the others, with its values intact (a unit placed over another's

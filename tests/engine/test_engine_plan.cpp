@@ -159,7 +159,7 @@ std::vector<Measured> measure(const plan::Model& model, int ranks, const zero::O
 // ranks did together, against the plan (comm/topology.hpp's counting rule).
 void check_across_nodes(const plan::Plan& p, const std::vector<Measured>& measured, int steps) {
   using zero::comm::Collective;
-  const zero::comm::Topology topology = p.config.topology();
+  const zero::comm::Topology topology = p.scenario.topology();
   std::uint64_t all_ranks = 0, busiest = 0;
   for (const auto& [m, c, swap_file] : measured) {
     INFO("rank " << c.rank << " of " << topology.ranks << ", " << topology.ranks_per_node << " per node");
@@ -305,7 +305,7 @@ void check_plan_against_optimizers() {
         }
         // Host communicators do not overlap: one staging set. Two and four
         // ranks as two nodes.
-        plan::Config config = plan::config_for<O>(model, ranks, options, false);
+        plan::Scenario config = plan::scenario_for<O>(model, ranks, options, false);
         config.ranks_per_node = ranks == 2 ? 1 : ranks == 4 ? 2 : ranks;
         config.nodes = ranks / config.ranks_per_node;
         const plan::Plan p = plan::make_plan(config);
@@ -316,7 +316,7 @@ void check_plan_against_optimizers() {
         // place the largest of any rank's.
         std::vector<plan::Plan> of_rank;
         for (int r = 0; r < ranks; ++r) {
-          plan::Config rank_config = config;
+          plan::Scenario rank_config = config;
           rank_config.rank = r;
           of_rank.push_back(config.ranks_differ() ? plan::make_plan(rank_config) : p);
           ranks_differed += of_rank.back().total.total() != of_rank.front().total.total();
@@ -431,11 +431,11 @@ TEST_CASE("8-bit states on disk: each rank's swap file as the plan of its rank s
   TempDir dir;
   options.nvme.directory = dir.path.string();
   options.nvme.window_bytes = zero::offload::disk_least_window_bytes(2, 2, 1);
-  const plan::Config config = plan::config_for<O>(model, 2, options, false);
+  const plan::Scenario config = plan::scenario_for<O>(model, 2, options, false);
   const auto measured = measure<O>(model, 2, options, 2, 2);
   std::vector<plan::Plan> of_rank;
   for (int r = 0; r < 2; ++r) {
-    plan::Config mine = config;
+    plan::Scenario mine = config;
     mine.rank = r;
     of_rank.push_back(plan::make_plan(mine));
     INFO("rank " << r);
@@ -462,7 +462,7 @@ TEMPLATE_LIST_TEST_CASE("bytes across nodes: the planner's equal each rank's com
     for (const int per_node : {1, 2, 4}) {
       if (per_node >= ranks) continue;
       INFO("stage " << O::stage << ", " << ranks << " ranks, " << per_node << " per node");
-      plan::Config config = plan::config_for<O>(odd_model(), ranks, zero::Options{}, false);
+      plan::Scenario config = plan::scenario_for<O>(odd_model(), ranks, zero::Options{}, false);
       config.ranks_per_node = per_node;
       config.nodes = ranks / per_node;
       const plan::Plan p = plan::make_plan(config);
@@ -511,7 +511,7 @@ TEST_CASE("ZeRO++: with hpZ, qwZ and qgZ, stage 3 sends at most a quarter of its
       for (const int per_node : {2, 4}) {
         if (per_node >= ranks) continue;
         INFO(ranks << " ranks, " << per_node << " per node");
-        plan::Config config = plan::config_for<O>(model, ranks, zero::Options{}, false);
+        plan::Scenario config = plan::scenario_for<O>(model, ranks, zero::Options{}, false);
         config.ranks_per_node = per_node;
         config.nodes = ranks / per_node;
         const plan::Plan plain = plan::make_plan(config);
@@ -536,7 +536,7 @@ TEST_CASE("the planner follows the ZeRO paper's formulas where the paper is exac
   for (int stage = 0; stage <= 3; ++stage)
     for (const int n : {1, 2, 4, 8}) {
       INFO("stage " << stage << ", N " << n);
-      plan::Config c;
+      plan::Scenario c;
       c.model = plan::uniform_model(8 * 1024 * 64, 8);
       c.ranks_per_node = n;
       c.stage = stage;
@@ -554,7 +554,7 @@ TEST_CASE("the planner follows the ZeRO paper's formulas where the paper is exac
 
 TEST_CASE("offload moves master and states off the device: the figures by hand", "[engine][plan][offload]") {
   // Four units of 65536 elements on 4 ranks: no padding, 65536 owned elements.
-  plan::Config c;
+  plan::Scenario c;
   c.model = plan::uniform_model(4 * 1024 * 64, 4);
   c.ranks_per_node = 4;
   c.stage = 2;
@@ -784,28 +784,28 @@ TEST_CASE("stages 2-3 say when their buckets defeat the gradient's sharding, and
   // 4 units of 1 Mi elements, 16 MiB of fp32 gradient: one 32 MiB bucket holds all of it, so the 1/2
   // shard plus the staging (the bucket and its reduce-scatter result) is twice stage 0's gradient.
   const plan::Model model = plan::uniform_model(std::uint64_t{4} << 20, 4);
-  const std::string note = plan::make_plan(plan::config_for<Opt>(model, 2, options, false)).schedule.gradient_note;
+  const std::string note = plan::make_plan(plan::scenario_for<Opt>(model, 2, options, false)).schedule.gradient_note;
   CHECK(note == "zero: stage 2 holds 32.00 MiB of gradients per rank (a 1/2 shard, 8.00 MiB, and staging for 1 "
                 "bucket(s) of up to 4 unit(s), 24.00 MiB), no less than stage 0's whole gradient (16.00 MiB): lower "
                 "Options::bucket_bytes (now 33554432) below the gradient's size, or register smaller units (a bucket "
                 "holds at least one)");
   // A bucket per unit saves: 8 + 4 + 2 MiB against 16.
   options.bucket_bytes = std::size_t{4} << 20;
-  CHECK(plan::make_plan(plan::config_for<Opt>(model, 2, options, false)).schedule.gradient_note.empty());
+  CHECK(plan::make_plan(plan::scenario_for<Opt>(model, 2, options, false)).schedule.gradient_note.empty());
   // The automatic bucket (the default) saves by itself: a quarter of the gradient per staging set, with
   // overlap too (two sets). Eight units of 2 MiB: 4 MiB buckets of two units, or 2 MiB ones of one.
   const plan::Model eight = plan::uniform_model(std::uint64_t{4} << 20, 8);
   for (const bool overlap : {false, true}) {
-    const plan::Plan automatic = plan::make_plan(plan::config_for<Opt>(eight, 2, zero::Options{}, overlap));
+    const plan::Plan automatic = plan::make_plan(plan::scenario_for<Opt>(eight, 2, zero::Options{}, overlap));
     CHECK(automatic.schedule.gradient_note.empty());
     CHECK(automatic.sizes.bucket_bytes == (std::size_t{4} << 20) / (overlap ? 2 : 1));
     CHECK(automatic.sizes.buckets.max_units == (overlap ? 1u : 2u));
   }
   // One unit for the whole model cannot save, whatever the bucket; one rank has nothing to save.
-  const std::string whole = plan::make_plan(plan::config_for<Opt>(plan::uniform_model(std::uint64_t{4} << 20, 1), 2,
+  const std::string whole = plan::make_plan(plan::scenario_for<Opt>(plan::uniform_model(std::uint64_t{4} << 20, 1), 2,
                                                                    zero::Options{}, false))
                               .schedule.gradient_note;
   CHECK_THAT(whole, Catch::Contains("register smaller units (a bucket holds at least one; Options::bucket_bytes is "
                                     "automatic)"));
-  CHECK(plan::make_plan(plan::config_for<Opt>(model, 1, zero::Options{}, false)).schedule.gradient_note.empty());
+  CHECK(plan::make_plan(plan::scenario_for<Opt>(model, 1, zero::Options{}, false)).schedule.gradient_note.empty());
 }

@@ -10,7 +10,7 @@ or Avx2 among its template arguments, or one of their helpers) that the
 optimized build still holds as a function of its own was not inlined: a
 body's function is then compiled for baseline x86-64, and a helper is called
 out of line, the whole step many times slower (Clang 14 before ZERO_FLATTEN,
-zero/config.hpp: the bf16 AdamW step 10x g++'s). Reads the symbol tables with readelf; fails
+zero/compiler.hpp: the bf16 AdamW step 10x g++'s). Reads the symbol tables with readelf; fails
 naming each such function.
 """
 import re
@@ -54,7 +54,7 @@ def main(paths):
         print(f"{len(left)} function(s) instantiated for an instruction set were not inlined into their "
               "run_avx512/run_avx2 entry (a body's function compiled for baseline x86-64, or a helper called out "
               "of line); give each function and lambda between the body's run and the helpers ZERO_FLATTEN "
-              "(zero/config.hpp):")
+              "(zero/compiler.hpp):")
         for name in sorted(left):
             print("  " + name)
         return 1

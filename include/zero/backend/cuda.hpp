@@ -26,7 +26,7 @@
 // and defined by nvcc (zero/zero_cuda.cuh says how a program gets them).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/cuda/runtime.hpp"
 

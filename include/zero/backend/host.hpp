@@ -5,7 +5,7 @@
 // counter lets tests prove that steady-state steps allocate nothing.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <atomic>
 #include <cstddef>

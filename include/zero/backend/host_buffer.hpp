@@ -5,7 +5,7 @@
 // counted, so that a test can prove the steady-state step allocates nothing.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <atomic>
 #include <cstddef>

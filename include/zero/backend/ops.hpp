@@ -7,7 +7,7 @@
 // not a page of template errors from deep inside the engine).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <concepts>
 #include <cstddef>

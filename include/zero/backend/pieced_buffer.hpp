@@ -9,13 +9,13 @@
 // whole (each unit's owned range), so no copy crosses from one piece into the
 // next unless a single range is larger than a piece.
 //
-// The cutting is a pure function (plan_pieces) and the buffer a template
+// The cutting is a pure function (cut_pieces) and the buffer a template
 // over the page-locking calls, so both are tested on the host with a
 // logging locker (tests/engine/late_copies.hpp); the CUDA backend instantiates it with
 // cudaHostRegister/cudaHostUnregister (backend/cuda.hpp).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <concepts>
@@ -38,7 +38,7 @@ inline constexpr std::size_t default_pinned_piece_bytes = std::size_t{1} << 30;
 // How a pieced buffer is cut: no piece above `piece_bytes`, and cuts only at
 // the ends of `range_ends` (element offsets, increasing, the last at most the
 // buffer's size) where possible.
-struct PiecePlan {
+struct PieceCuts {
   std::size_t piece_bytes = default_pinned_piece_bytes;
   std::vector<std::size_t> range_ends;
 };
@@ -49,20 +49,20 @@ struct Piece {
   bool operator==(const Piece&) const = default;
 };
 
-// Cuts n elements of `element_bytes` into pieces of at most plan.piece_bytes
+// Cuts n elements of `element_bytes` into pieces of at most cuts.piece_bytes
 // (rounded down to whole 4 KiB pages and whole elements), each made of whole
 // ranges; a range larger than a piece gets pieces of its own, cut at piece
 // size (the only case where a range spans pieces). Elements after the last
 // range end form a range of their own.
-inline std::vector<Piece> plan_pieces(std::size_t n, std::size_t element_bytes, const PiecePlan& plan) {
-  require(element_bytes >= 1 && element_bytes <= 4096, "plan_pieces: element size ", element_bytes,
+inline std::vector<Piece> cut_pieces(std::size_t n, std::size_t element_bytes, const PieceCuts& cuts) {
+  require(element_bytes >= 1 && element_bytes <= 4096, "cut_pieces: element size ", element_bytes,
           " is outside 1..4096 bytes");
-  require(plan.piece_bytes >= 4096, "the pinned piece size ", plan.piece_bytes,
+  require(cuts.piece_bytes >= 4096, "the pinned piece size ", cuts.piece_bytes,
           " bytes is below one 4 KiB page; use 1 GiB (zero::backend::default_pinned_piece_bytes)");
   // Pieces end on page boundaries (page-locking works in pages) where the
   // element size allows, else on element boundaries.
   const std::size_t per_page = 4096 % element_bytes == 0 ? 4096 / element_bytes : 1;
-  const std::size_t limit = plan.piece_bytes / element_bytes / per_page * per_page;
+  const std::size_t limit = cuts.piece_bytes / element_bytes / per_page * per_page;
   std::vector<Piece> pieces;
   std::size_t begin = 0, end = 0;  // the piece being filled: [begin, end)
   auto close = [&] {
@@ -71,14 +71,14 @@ inline std::vector<Piece> plan_pieces(std::size_t n, std::size_t element_bytes, 
   };
   std::size_t previous = 0;
   auto add_range = [&](std::size_t range_end) {
-    require(range_end >= previous && range_end <= n, "plan_pieces: range end ", range_end,
+    require(range_end >= previous && range_end <= n, "cut_pieces: range end ", range_end,
             " is not increasing within the buffer's ", n, " elements");
     if (range_end - begin > limit) close();                  // the range does not fit beside what is there
     while (range_end - begin > limit) end = begin + limit, close();  // a range larger than a piece
     end = range_end;
     previous = range_end;
   };
-  for (std::size_t e : plan.range_ends) add_range(e);
+  for (std::size_t e : cuts.range_ends) add_range(e);
   if (previous < n) add_range(n);
   close();
   return pieces;
@@ -97,7 +97,7 @@ concept PageLocker = requires(void* p, std::size_t n) {
 };
 
 // n zero-filled elements of T in one contiguous range, page-locked in the
-// pieces plan_pieces cuts. Where a piece cannot be locked (a low
+// pieces cut_pieces cuts. Where a piece cannot be locked (a low
 // `ulimit -l`, a container's limit) the pieces locked so far are released
 // and the whole buffer stays pageable, with a one-line warning;
 // page_locked() says which (the engine refuses pageable memory when
@@ -106,13 +106,13 @@ template <class T, PageLocker Locker>
 class PiecedBuffer {
  public:
   PiecedBuffer() = default;
-  // Cut at plan.piece_bytes only (no ranges to respect).
-  explicit PiecedBuffer(std::size_t n) : PiecedBuffer(n, PiecePlan{}) {}
-  PiecedBuffer(std::size_t n, const PiecePlan& plan) : n_(n) {
+  // Cut at cuts.piece_bytes only (no ranges to respect).
+  explicit PiecedBuffer(std::size_t n) : PiecedBuffer(n, PieceCuts{}) {}
+  PiecedBuffer(std::size_t n, const PieceCuts& cuts) : n_(n) {
     if (n == 0) return;
     if (n > (static_cast<std::size_t>(-1) - 4095) / sizeof(T)) throw std::bad_alloc();  // bytes would wrap
     const std::size_t bytes = (n * sizeof(T) + 4095) / 4096 * 4096;
-    pieces_ = plan_pieces(n, sizeof(T), plan);
+    pieces_ = cut_pieces(n, sizeof(T), cuts);
     data_ = static_cast<T*>(std::aligned_alloc(4096, bytes));
     if (data_ == nullptr) throw std::bad_alloc();
     std::memset(static_cast<void*>(data_), 0, bytes);

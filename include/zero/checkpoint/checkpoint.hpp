@@ -17,7 +17,7 @@
 // them. Ranks talk through Collective: one all-gather of a 64-bit value.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -6,7 +6,7 @@
 // buffer of garbage.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -12,7 +12,7 @@
 // writes it.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstdint>

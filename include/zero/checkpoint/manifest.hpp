@@ -9,7 +9,7 @@
 // leave holes are errors naming the field.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/xxhash.hpp"  // (xxHash compiled in, header only)
 

@@ -22,7 +22,7 @@
 // in another precision derives it from the master).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <concepts>

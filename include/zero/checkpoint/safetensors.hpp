@@ -15,7 +15,7 @@
 // 4-byte types before 2-byte ones), so every tensor is aligned to its type.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstdint>

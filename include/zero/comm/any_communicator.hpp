@@ -3,7 +3,7 @@
 // call per collective is nothing next to the collective itself.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <memory>
 

@@ -17,7 +17,7 @@
 // comm/topology.hpp).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <array>
 #include <concepts>

@@ -21,7 +21,7 @@
 // element never changes its value: every element is reduced in rank order.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -45,7 +45,7 @@
 // one or two calling MPI_Abort); a rank polling in MPI_Test is killed cleanly.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/comm/mpi_c_api.hpp"
 

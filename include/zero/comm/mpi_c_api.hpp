@@ -9,6 +9,6 @@
 #ifndef MPICH_SKIP_MPICXX
 #define MPICH_SKIP_MPICXX 1
 #endif
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <mpi.h>

@@ -57,7 +57,7 @@
 // One host thread uses a Nccl object at a time (as NCCL requires).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/cuda/runtime.hpp"
 #include <nccl.h>

@@ -12,7 +12,7 @@
 // zero/comm/reduce.cuh, to the same bits.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstddef>

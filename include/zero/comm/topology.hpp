@@ -23,7 +23,7 @@
 // nodes cross (ByteCounters::count_all_to_all).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/error.hpp"
 

@@ -6,7 +6,7 @@
 // kernels cannot throw.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/cuda/runtime.hpp"
 

@@ -10,7 +10,7 @@
 // runtime through this header, which says what is missing when it is.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #if !__has_include(<cuda_runtime.h>)
 #error "zero's CUDA headers need the CUDA toolkit's headers: add its include folder (e.g. -I/usr/local/cuda/include) and link -lcudart (nvcc does both)"

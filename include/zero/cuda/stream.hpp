@@ -16,7 +16,7 @@
 // cudaStreamSynchronize.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/cuda/runtime.hpp"
 

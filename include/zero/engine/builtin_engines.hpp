@@ -7,7 +7,7 @@
 // zero/runtime/precompiled.hpp.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/backend/host.hpp"
 #include "zero/optim/adam.hpp"

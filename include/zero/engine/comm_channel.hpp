@@ -13,7 +13,7 @@
 // communicator can check that every rank makes them for the same purpose.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <memory>

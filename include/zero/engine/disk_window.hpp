@@ -9,7 +9,7 @@
 // zero::offload, the tier's own.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -5,7 +5,7 @@
 // include. What the engine is: engine.hpp.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -424,7 +424,7 @@ class Engine {
   Buffer<T> allocate(const BufferRow& row) {
     return allocate_as<Buffer<T>>(row);
   }
-  backend::PiecePlan piece_plan(std::size_t n) const;
+  backend::PieceCuts piece_cuts(std::size_t n) const;
   void check_agreement();
   void account_memory();
 

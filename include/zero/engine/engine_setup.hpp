@@ -7,7 +7,7 @@
 // Brought in by engine.hpp.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -135,8 +135,8 @@ Buf Engine<P, O, B>::allocate_as(const BufferRow& row) {
   auto failed = [&](const char* why) { return allocation_error(rank(), what, n, sizeof(T), where, why, row.smaller); };
   Buf buffer;
   try {
-    if constexpr (std::is_constructible_v<Buf, std::size_t, const backend::PiecePlan&>)
-      buffer = Buf(n, piece_plan(n));  // page-locked in pieces (backend/pieced_buffer.hpp)
+    if constexpr (std::is_constructible_v<Buf, std::size_t, const backend::PieceCuts&>)
+      buffer = Buf(n, piece_cuts(n));  // page-locked in pieces (backend/pieced_buffer.hpp)
     else
       buffer = Buf(n);
   } catch (const std::bad_alloc&) {
@@ -155,15 +155,15 @@ Buf Engine<P, O, B>::allocate_as(const BufferRow& row) {
 // range, is cut into page-locked pieces: never inside a unit's owned range,
 // which the engine copies whole (backend/pieced_buffer.hpp).
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
-backend::PiecePlan Engine<P, O, B>::piece_plan(std::size_t n) const {
-  backend::PiecePlan plan;
-  plan.piece_bytes = options_.pinned_piece_bytes;
+backend::PieceCuts Engine<P, O, B>::piece_cuts(std::size_t n) const {
+  backend::PieceCuts cuts;
+  cuts.piece_bytes = options_.pinned_piece_bytes;
   const Ownership own = ownership();
   const std::size_t owned = own.owned_total();
-  if (owned == 0 || n % owned != 0) return plan;
+  if (owned == 0 || n % owned != 0) return cuts;
   for (std::size_t set = 0; set < n / owned; ++set)
-    for (const auto& u : layout_.units()) plan.range_ends.push_back(set * owned + own.state_offset(u) + own.update_size(u));
-  return plan;
+    for (const auto& u : layout_.units()) cuts.range_ends.push_back(set * owned + own.state_offset(u) + own.update_size(u));
+  return cuts;
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

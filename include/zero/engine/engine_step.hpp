@@ -7,7 +7,7 @@
 // Brought in by engine.hpp.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 // across ranks (mean_over_ranks, comm_report). Brought in by engine.hpp.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <string>

@@ -17,7 +17,7 @@
 // these; they issue the collectives.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -24,7 +24,7 @@
 // two quantized all-to-alls instead, unit by unit, summed in fp32.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <bit>

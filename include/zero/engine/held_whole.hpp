@@ -7,7 +7,7 @@
 // any order on the ranks, and during unwinding.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <functional>
 #include <utility>

@@ -8,7 +8,7 @@
 // finalize: a mismatch is an error on every rank, never silent corruption.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstddef>

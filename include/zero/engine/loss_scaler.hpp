@@ -4,7 +4,7 @@
 // all-reduced), so all ranks skip the same steps and keep the same scale.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 

@@ -3,7 +3,7 @@
 // serves any bucket size, accumulation count or loss-scale schedule.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cmath>
 #include <cstddef>

@@ -18,7 +18,7 @@
 //               micro-batch's += (zeroed, or their pages handed back).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -6,7 +6,7 @@
 // as a value (StageRules), so no caller re-derives it.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 

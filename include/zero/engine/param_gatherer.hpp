@@ -19,7 +19,7 @@
 // and not released keeps its values until released.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <array>
@@ -147,6 +147,10 @@ class ParamGatherer {
   // prefetch_units units in the pass's direction (backward: downwards)
   // gathered into free room while the caller computes with it.
   const T* acquire(std::size_t unit, bool backward) {
+    // The unit forward ended with, acquired again right after: backward
+    // begins there (the engine learns of backward only at the first
+    // grad_ready, after this acquire), so the unit below is prefetched.
+    backward = backward || unit == last_acquired_;
     int slot = find_slot(unit);
     if (slot < 0) slot = gather_into_slot(unit, true, none);
     if (slot < 0) {  // (a branch, not require(): the message lists the acquired units)

@@ -10,7 +10,7 @@
 // store behind the same verbs, its rows and its registration.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -12,7 +12,7 @@
 // planner's schedule (engine/schedule.hpp) is the rows' concatenation.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 #include <string>

@@ -103,7 +103,10 @@ inline Model uniform_model(std::uint64_t params, std::size_t units) {
   return m;
 }
 
-struct Config {
+// What the planner is asked: a model on some ranks, with a stage, a
+// precision, an optimizer, a tier, a backend and the Options that size
+// buffers. (A zero::Config is a run to make; a scenario only to weigh.)
+struct Scenario {
   Model model;
   int ranks_per_node = 1;
   int nodes = 1;
@@ -148,7 +151,7 @@ struct Config {
                     .ranks_per_node = ranks_per_node,
                     .rank = rank < 0 ? 0 : static_cast<std::size_t>(rank)};
   }
-  // Whether ranks' buffers can differ (Config::rank).
+  // Whether ranks' buffers can differ (Scenario::rank).
   bool ranks_differ() const {
     return options.states == StateFormat::blockwise8 && state_slots > 0 &&
            block_cuts(static_cast<std::uint64_t>(ranks()), static_cast<std::uint64_t>(stage)) > 1;
@@ -169,8 +172,8 @@ struct Config {
 // offload tier, backend) on `ranks` ranks of one node, as ZeroOptimizer<...>
 // would run it.
 template <class Opt>
-Config config_for(Model model, int ranks, const Options& options, bool overlap) {
-  Config c;
+Scenario scenario_for(Model model, int ranks, const Options& options, bool overlap) {
+  Scenario c;
   c.model = std::move(model);
   c.ranks_per_node = ranks;
   c.stage = Opt::stage;
@@ -221,8 +224,8 @@ inline constexpr const char* buffer_lines[] = {
     "swap_padding"};
 
 struct Plan {
-  Config config;
-  // Whose buffers (Config::rank), or -1 where ranks differ and Config::rank
+  Scenario scenario;
+  // Whose buffers (Scenario::rank), or -1 where ranks differ and Scenario::rank
   // is -1: then each line and place is the largest of any rank's, and
   // `schedule` is rank 0's.
   int rank = 0;
@@ -337,34 +340,34 @@ inline Line largest(const Line& a, const Line& b) {
 }
 }  // namespace detail
 
-inline Plan make_plan(const Config& config) {
-  config.validate();
-  const int n = config.ranks();
+inline Plan make_plan(const Scenario& scenario) {
+  scenario.validate();
+  const int n = scenario.ranks();
   const std::uint64_t N = static_cast<std::uint64_t>(n);
   Layout layout(n);
-  for (const auto& u : config.model.units) {
+  for (const auto& u : scenario.model.units) {
     const UnitId id = layout.add_unit(u.name);
     for (std::size_t i = 0; i < u.params.size(); ++i) layout.add_param(id, u.name + "." + std::to_string(i), u.params[i]);
   }
   layout.finalize(sizeof(float));  // as ZeroOptimizer::finalize()
 
   Plan plan;
-  plan.config = config;
+  plan.scenario = scenario;
   plan.param_elements = layout.param_total();
   plan.padded_elements = layout.padded_total();
-  RunShape run = config.run_shape();
-  plan.schedule = schedule(layout, run, config.options);
+  RunShape run = scenario.run_shape();
+  plan.schedule = schedule(layout, run, scenario.options);
   plan.sizes = plan.schedule.sizes;
   plan.placed = plan.schedule.placement();
   plan.lines = detail::plan_lines(plan.schedule, plan.placed, plan.param_elements, plan.padded_elements);
   plan.rank = static_cast<int>(run.rank);
-  if (config.rank < 0 && config.ranks_differ()) {
+  if (scenario.rank < 0 && scenario.ranks_differ()) {
     // Each line and place the largest of any rank's: what every rank's
     // memory must fit (one rank may hold the most host memory, another
     // the largest swap file).
     plan.rank = -1;
     for (run.rank = 1; run.rank < N; ++run.rank) {
-      const Schedule other = schedule(layout, run, config.options);
+      const Schedule other = schedule(layout, run, scenario.options);
       const MemoryReport::Placement placed = other.placement();
       const std::vector<Line> lines = detail::plan_lines(other, placed, plan.param_elements, plan.padded_elements);
       for (std::size_t i = 0; i < lines.size(); ++i) plan.lines[i] = detail::largest(plan.lines[i], lines[i]);
@@ -388,9 +391,9 @@ inline Plan make_plan(const Config& config) {
   const std::uint64_t phi = plan.param_elements;
   const std::uint64_t pb = run.element_bytes();
   // (A remainder master adds 2 bytes: its other 2 are the parameter's.)
-  const std::uint64_t master_k = run.mixed() ? master_element_bytes(config.options.master) : 0;
+  const std::uint64_t master_k = run.mixed() ? master_element_bytes(scenario.options.master) : 0;
   const std::uint64_t k =
-      master_k + state_element_bytes(config.options.states) * static_cast<std::uint64_t>(config.state_slots);
+      master_k + state_element_bytes(scenario.options.states) * static_cast<std::uint64_t>(scenario.state_slots);
   const PaperShares shares = paper_shares(run.stage, pb, pb, k);
   plan.paper_model_state_bytes = shares.whole * phi + shares.sharded * phi / N;
   plan.paper_k = k;
@@ -414,7 +417,7 @@ inline Plan make_plan(const Config& config) {
                                         Collective::all_to_all};
   for (const Collective kind : model_kinds) c.elements += sched.elements(kind);
   c.bytes_sent = c.bytes_received = c.all_reduce_bytes + c.reduce_scatter_bytes + c.all_gather_bytes + c.all_to_all_bytes;
-  const comm::Topology topology = config.topology();
+  const comm::Topology topology = scenario.topology();
   for (const Collective kind : model_kinds) {
     c.across_all_ranks += sched.across_all_ranks(kind, topology);
     c.across_busiest_rank += sched.across(kind, topology, topology.ranks_per_node - 1);
@@ -422,10 +425,11 @@ inline Plan make_plan(const Config& config) {
   return plan;
 }
 
-// The planner's JSON: {"config":{...},"lines":[...],"total":{...},
+// The planner's JSON (its scenario under "config", as files have it):
+// {"config":{...},"lines":[...],"total":{...},
 // "paper":{"model_state_bytes":B},"comm":{...}} (docs/ plots read it).
 inline std::string to_json(const Plan& p) {
-  const Config& c = p.config;
+  const Scenario& c = p.scenario;
   std::ostringstream o;
   auto tiers = [&o](const Line& l) {
     o << "\"device\":" << l.device << ",\"host\":" << l.host << ",\"disk\":" << l.disk;

@@ -32,7 +32,7 @@
 // use the same buffers; the lane runs them one after another).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

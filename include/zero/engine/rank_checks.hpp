@@ -6,7 +6,7 @@
 // backend for the built-in precisions and optimizers).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <bit>

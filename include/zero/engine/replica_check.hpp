@@ -10,7 +10,7 @@
 // (Engine::check_replicas). This part owns the fingerprints.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

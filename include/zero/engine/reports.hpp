@@ -4,7 +4,7 @@
 // tests can hold the code to the paper's formulas.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -13,7 +13,7 @@
 // literal words; tests/runtime/test_config.cpp holds those words to these.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <array>
 #include <cstdint>

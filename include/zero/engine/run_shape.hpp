@@ -10,7 +10,7 @@
 // a new fact is one new field, not a field in three structs.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 

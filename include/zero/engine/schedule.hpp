@@ -10,7 +10,7 @@
 // optimizers' memory_report() and comm_report(), to the byte.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

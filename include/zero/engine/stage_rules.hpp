@@ -6,7 +6,7 @@
 // decision touches one name.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <type_traits>
 

@@ -19,7 +19,7 @@
 // fp32 runs'. No run crosses a unit, so a unit's update is whole runs.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstddef>

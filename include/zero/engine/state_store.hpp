@@ -14,7 +14,7 @@
 // arguments (update), so no caller needs to know where the state is.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <concepts>

@@ -9,7 +9,7 @@
 // brings this rank's report (step_report<Optimizer>).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cmath>

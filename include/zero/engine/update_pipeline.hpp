@@ -15,7 +15,7 @@
 // are updated now; false: in the background until land()).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <chrono>
 #include <cstddef>

@@ -6,7 +6,7 @@
 // rethrown by the next wait(), on the caller's thread.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <condition_variable>
 #include <exception>

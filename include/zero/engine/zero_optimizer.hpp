@@ -19,7 +19,7 @@
 // compute stream waits only where it reads their results (Ops<Cuda>::Overlap).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <type_traits>
 

@@ -58,7 +58,7 @@
 // module must outlive the adapter (step() reads its parameter list).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <torch/autograd.h>
 #include <torch/nn/module.h>

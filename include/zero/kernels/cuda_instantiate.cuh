@@ -18,7 +18,7 @@
 #error "zero/kernels/cuda_instantiate.cuh instantiates CUDA kernels: compile the file that includes it with nvcc"
 #endif
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 

@@ -7,7 +7,7 @@
 // array grid-stride, so one launch covers any shard size.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/cuda/runtime.hpp"
 

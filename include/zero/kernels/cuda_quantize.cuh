@@ -14,7 +14,7 @@
 #error "zero/kernels/cuda_quantize.cuh holds CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -20,7 +20,7 @@
 #error "zero/kernels/cuda_step.cuh holds CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -7,7 +7,7 @@
 // per-element body, so the host and CUDA kernels cannot drift apart.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -10,7 +10,7 @@
 // as zero::from_float / zero::to_float, so every path rounds like CUDA.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

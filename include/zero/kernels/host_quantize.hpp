@@ -13,7 +13,7 @@
 // (bench/results/2026-12-05-host-quantizer-isa.md).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #if ZERO_HOST_SIMD_X86
 #include <immintrin.h>

@@ -6,7 +6,7 @@
 // OpenMP threads.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <array>
 #include <cstddef>

@@ -5,7 +5,7 @@
 // too. This is the host memory callers of DiskSwap use where they have none.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -28,7 +28,7 @@
 // window (engine/state_blocks.hpp's runs say which is which).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <array>

@@ -16,7 +16,7 @@
 // Needs liburing (-luring) and xxhash.h (header only here: XXH_INLINE_ALL).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -6,7 +6,7 @@
 // and -luring.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <liburing.h>
 

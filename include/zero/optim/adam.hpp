@@ -8,7 +8,7 @@
 // tests/optim/test_optim_golden.cpp.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <array>
 #include <cmath>

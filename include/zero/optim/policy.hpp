@@ -7,7 +7,7 @@
 // requirement named, not deep inside a kernel.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <concepts>
 #include <cstddef>

@@ -11,7 +11,7 @@
 // PlainSgd for "sgd" with momentum 0 by themselves.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <array>
 #include <cmath>

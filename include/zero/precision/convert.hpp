@@ -6,7 +6,7 @@
 // that the exhaustive tests hold the vectorised batch converters to.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 

@@ -25,7 +25,7 @@
 // uint32_t), GCC vectors of lanes (the host SIMD step) and CUDA threads.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 #include <type_traits>

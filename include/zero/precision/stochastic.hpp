@@ -5,7 +5,7 @@
 // count, shard boundaries or device: host and CUDA kernels agree bit for bit.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 

@@ -4,7 +4,7 @@
 // reinterpreted without copies, and they are usable from g++-only code.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -26,7 +26,7 @@
 // own) is marked unusable and the step keeps its gathers.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cmath>
 #include <cstdint>

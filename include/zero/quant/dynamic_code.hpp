@@ -57,7 +57,7 @@
 // the 0.0 code) one index back towards its sign.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <array>
 #include <cstddef>

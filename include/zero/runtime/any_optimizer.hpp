@@ -28,7 +28,7 @@
 // neither face.)
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstdint>
 #include <filesystem>

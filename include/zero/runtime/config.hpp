@@ -9,7 +9,7 @@
 // words whichever way it was chosen. Plain C++: no JSON library needed.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <map>

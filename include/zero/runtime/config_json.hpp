@@ -10,7 +10,7 @@
 // and a full example: docs/configuration.md. Needs nlohmann-json.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <cerrno>
 #include <cmath>

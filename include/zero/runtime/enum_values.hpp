@@ -5,7 +5,7 @@
 // needs no JSON library.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/runtime/config.hpp"
 

@@ -7,7 +7,7 @@
 // silently dropped.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <map>
 #include <string>

@@ -19,7 +19,7 @@
 //   zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier, Lion>(comm, config)
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <memory>
 #include <string>

@@ -5,7 +5,7 @@
 // in the same words.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <algorithm>
 #include <cstddef>

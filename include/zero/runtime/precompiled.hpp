@@ -39,7 +39,7 @@
 // compiled where they are used.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include "zero/engine/builtin_engines.hpp"  // the lists, and the engines' own macros
 

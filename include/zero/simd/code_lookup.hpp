@@ -13,7 +13,7 @@
 // for bit, on every instruction set.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #if ZERO_HOST_SIMD_X86
 

@@ -1,14 +1,14 @@
 // Why: a header-only library cannot know the user's -march. Each host kernel
 // is a "body" (a struct with a static template run<Isa>(...)) compiled once
 // per instruction set behind target attributes; `flatten` on the entry, and
-// ZERO_FLATTEN on every level below it (config.hpp: Clang inlines one level
+// ZERO_FLATTEN on every level below it (compiler.hpp: Clang inlines one level
 // at a time), pull the body and every helper it calls into that one
 // function, so all of it is compiled for that instruction set. The choice is made once at run time from CPUID, and
 // can be forced with ZERO_HOST_ISA=portable|avx2|avx512 (tests and benches use
 // it to compare the paths).
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #include <atomic>
 #include <cstddef>

@@ -9,7 +9,7 @@
 // narrowing, rounding to int), come from the instruction-set descriptor Isa.
 #pragma once
 
-#include "zero/config.hpp"
+#include "zero/compiler.hpp"
 
 #if ZERO_HOST_SIMD_X86
 
