@@ -66,6 +66,12 @@ constexpr Place store_place(const RunShape& run) {
 inline std::string shard_it(bool sharded, const char* stage_that_does) {
   return sharded ? "more ranks" : stage_that_does;
 }
+// The same for what is sized by the owned elements: master, state, and the
+// update's host copies.
+inline std::string smaller_owned(const RunShape& run) {
+  return shard_it(run.stage.states_sharded,
+                  "stages 1-3 shard the master weights and optimizer state: use stage<1> or higher, or more ranks");
+}
 
 // ---- Collectives ------------------------------------------------------------
 

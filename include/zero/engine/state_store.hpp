@@ -65,6 +65,10 @@ struct StateRows {
   // offload::Nvme: the host window the state streams through, and what the
   // swap file's whole records add on disk.
   BufferRow disk_window, swap_padding;
+  // 8-bit block-wise states: this rank's runs of owned elements
+  // (engine/state_blocks.hpp), by which the rows above are sized and the
+  // stores lay the state out; empty otherwise.
+  StateBlocks blocks;
 
   BufferRows list() const {
     BufferRows l{master};
@@ -80,8 +84,7 @@ inline StateRows state_rows(const RunShape& run, const Options& options, const L
   const Place store = store_place(run);
   const std::size_t master_bytes = master_element_bytes(options.master);
   const std::size_t state_bytes = state_element_bytes(options.states);
-  const std::string smaller = shard_it(run.stage.states_sharded, "stages 1-3 shard the master weights and optimizer "
-                                                                  "state: use stage<1> or higher, or more ranks");
+  const std::string smaller = smaller_owned(run);
   constexpr auto states = ReportedAs::optimizer_states;
   const bool disk = run.offload == OffloadTier::nvme;
   StateRows r;
@@ -93,8 +96,9 @@ inline StateRows state_rows(const RunShape& run, const Options& options, const L
     // the blocks its shard boundaries cut and the small parameters it owns.
     // The disk tier keeps a code for every owned element in its records
     // (those of fp32 runs unused) and the absmax and fp32 runs in host memory.
-    const StateBlocks blocks = StateBlocks::build(Ownership{run.stage, run.rank, &layout}, options.state_block,
-                                                  options.state_fp32_below);
+    r.blocks = StateBlocks::build(Ownership{run.stage, run.rank, &layout}, options.state_block,
+                                  options.state_fp32_below);
+    const StateBlocks& blocks = r.blocks;
     const Place beside = disk ? Place::host : store;
     r.codes = {"optimizer state (8-bit codes)", "optimizer_states", states, store,
                disk ? z.state_per_slot : blocks.coded_elements(), 1, smaller};
@@ -142,21 +146,20 @@ class ArrayStateStore {
  public:
   static constexpr int state_slots = Optimizer::state_slots;
 
-  // `rows` (state_rows) size every array; a master row of no elements: fp32
-  // training without offload, where the parameters are their own master
-  // and update() receives them as such. `blocks`: StateFormat::blockwise8's
-  // runs of this rank's owned elements (engine/state_blocks.hpp); ignored
-  // otherwise.
+  // `rows` (state_rows) size every array and, with StateFormat::blockwise8,
+  // carry this rank's runs (rows.blocks); a master row of no elements: fp32
+  // training without offload, where the parameters are their own master and
+  // update() receives them as such.
   template <class Allocate>
-  void allocate(std::size_t owned, MasterWeights format, StateFormat states, const StateBlocks& blocks,
-                const StateRows& rows, Allocate&& allocate) {
+  void allocate(std::size_t owned, MasterWeights format, StateFormat states, const StateRows& rows,
+                Allocate&& allocate) {
     owned_ = owned;
     if (rows.master.elements != 0 && format == MasterWeights::remainder)
       remainders_ = allocate(std::type_identity<Buf<std::uint16_t>>{}, rows.master);
     else if (rows.master.elements != 0)
       master_ = allocate(std::type_identity<Buf<float>>{}, rows.master);
     if (states == StateFormat::blockwise8 && state_slots > 0) {
-      blocks_ = blocks;
+      blocks_ = rows.blocks;
       const std::size_t covered = blocks_.runs().empty() ? 0 : blocks_.runs().back().end();
       require(covered == owned, "model-state store: the 8-bit state's runs cover ", covered, " of ", owned,
               " owned elements");

@@ -53,8 +53,7 @@ struct UpdateRows {
   BufferRows list() const { return {host_grads, host_params}; }
 };
 inline UpdateRows update_rows(const RunShape& run, const BufferSizes& z) {
-  const std::string smaller = shard_it(run.stage.states_sharded, "stages 1-3 shard the master weights and optimizer "
-                                                                  "state: use stage<1> or higher, or more ranks");
+  const std::string smaller = smaller_owned(run);
   UpdateRows r;
   r.host_grads = {z.host_grad_sets == 2 ? "host copies of the owned gradient (two: delayed update)"
                                         : "host copy of the owned gradient",
@@ -118,12 +117,9 @@ class UpdatePipeline {
     params_ = params;
     grads_ = grads;
     const std::size_t owned = own.owned_total();
-    const StateBlocks blocks = options.states == StateFormat::blockwise8
-                                   ? StateBlocks::build(own, options.state_block, options.state_fp32_below)
-                                   : StateBlocks{};
     auto array_store = [&]<class S>(std::type_identity<S>) {
       auto model = std::make_unique<StoreModel<S, Optimizer, grad_type, param_type>>();
-      model->store.allocate(owned, master_format_, options.states, blocks, state, allocate);
+      model->store.allocate(owned, master_format_, options.states, state, allocate);
       store_ = std::move(model);
     };
     switch (tier_) {
@@ -134,7 +130,7 @@ class UpdatePipeline {
         if constexpr (Backend::device && can_offload)  // (refused otherwise when the engine was made)
           array_store(std::type_identity<ArrayStateStore<Optimizer, HostOps, Pinned, false>>{});
         break;
-      case OffloadTier::nvme: store_ = disk(options, rank, owned, blocks); break;
+      case OffloadTier::nvme: store_ = disk(options, rank, owned, state.blocks); break;
     }
     if (!host_staging_) return;
     host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, host.host_grads);
