@@ -37,7 +37,7 @@ zero::Config example_config(zero::Config config, double lr, Apply&& apply) {
 template <class Backend, class Comm>
 std::unique_ptr<zero::AnyOptimizer> make_example_optimizer(Comm& comm, const zero::Config& config) {
 #if defined(ZERO_EXAMPLE_HAVE_DISK_TIER)
-  return zero::make_optimizer<Backend, zero::offload::DiskTier>(comm, config);
+  return zero::make_optimizer<Backend, zero::offload::Nvme>(comm, config);
 #else
   return zero::make_optimizer<Backend>(comm, config);
 #endif

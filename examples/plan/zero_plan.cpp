@@ -4,7 +4,7 @@
 // communication buffers, padding), split by device / host / disk, and the
 // bytes each rank sends and receives per optimizer step, beside the ZeRO
 // paper's formulas. The figures come from zero/engine/plan.hpp, which runs the
-// engine's own layout and schedule (engine/schedule.hpp: buffer sizes, their
+// engine's own layout and schedule (engine/detail/schedule.hpp: buffer sizes, their
 // places, the collectives of a step) for every offload tier
 // (tests/engine/test_engine_plan.cpp holds them to real optimizers' reports,
 // to the byte). The disk tier's window is --nvme-window-mib, the option the

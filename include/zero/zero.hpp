@@ -9,7 +9,7 @@
 //   zero/runtime/make_optimizer.hpp     make_optimizer, AnyOptimizer (nlohmann-json, xxhash.h)
 //   zero/runtime/config_json.hpp        load_config, Config from JSON (nlohmann-json)
 //   zero/checkpoint/optimizer_io.hpp    opt.save / load / load_hf, checkpoint::OptimizerIo (nlohmann-json, xxhash.h)
-//   zero/offload/disk_state_store.hpp   offload::DiskTier, the disk tier's store (liburing, xxhash.h)
+//   zero/offload/disk_state_store.hpp   offload::Nvme's store, the disk tier (liburing, xxhash.h)
 //   zero/comm/mpi.hpp                   comm::Mpi (mpi.h, -lmpi)
 //   zero/comm/nccl.hpp                  comm::Nccl (nccl.h, -lnccl, the library's CUDA kernels)
 //   zero/zero_cuda.hpp, zero_cuda.cuh   backend::Cuda, comm::LocalDevice; the CUDA kernels (nvcc)
@@ -40,9 +40,9 @@
 // Lower layers a program may use directly.
 #include "zero/backend/host.hpp"             // defines: backend::Host's operations (Ops<Host>)
 #include "zero/engine/run_shape.hpp"         // defines: RunShape (what of a run decides its buffers, collectives, rules)
-#include "zero/engine/run_rules.hpp"         // defines: RunRule, run_problem, require_run (which runs are refused, why)
-#include "zero/engine/buffer_sizes.hpp"      // defines: BufferSizes (the buffers a run allocates, by size)
-#include "zero/engine/schedule.hpp"          // defines: Schedule, schedule(): every part's rows (BufferRow, CollectiveRow)
+#include "zero/engine/detail/run_rules.hpp"         // defines: RunRule, run_problem, require_run (which runs are refused, why)
+#include "zero/engine/detail/buffer_sizes.hpp"      // defines: BufferSizes (the buffers a run allocates, by size)
+#include "zero/engine/detail/schedule.hpp"          // defines: Schedule, schedule(): every part's rows (BufferRow, CollectiveRow)
 #include "zero/kernels/fused_step.hpp"       // defines: kernels::FusedStepArgs, the per-element fused update
 #include "zero/kernels/host_convert.hpp"     // defines: kernels::host_convert, host_accumulate (SIMD casts)
 #include "zero/kernels/host_step.hpp"        // defines: kernels::host_fused_step (the SIMD optimizer step)

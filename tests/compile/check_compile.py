@@ -147,11 +147,11 @@ def check_warnings(cxx, include, program):
     return 0 if ok else 1
 
 
-# What a file compiled with ZERO_PRECOMPILED_ENGINES (and _DISK_TIER) must
+# What a file compiled with ZERO_PRECOMPILED_ENGINES (with the disk tier) must
 # not compile (it would be compiled in every file again), and what it must
 # call instead: the engine's and the handle's heavy members and the disk
 # tier's store maker, compiled once in src/zero_engines.cpp.
-PRECOMPILED_FLAGS = ["-DZERO_PRECOMPILED_ENGINES", "-DZERO_PRECOMPILED_DISK_TIER"]
+PRECOMPILED_FLAGS = ["-DZERO_PRECOMPILED_ENGINES"]
 COMPILED_ELSEWHERE = re.compile(
     r"zero::detail::Engine(Handle)?<.*>::(finalize|step|set_param|grad_ready|gather_masters|save|load)\(|"
     r"zero::offload::DiskTier::make<|^vtable for zero::detail::EngineHandle<")

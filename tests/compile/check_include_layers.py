@@ -2,12 +2,16 @@
 """The include tree reads downward: no header includes itself through others
 (a circle), and the engine's floor includes nothing from the floors built on
 it (the disk tier's store, checkpoints, the run-time handle, integrations).
+And the engine's parts stay out of the user's sight: the programs a user
+reads (USER_DIRS, the examples) include no `detail/` header.
 
-    check_include_layers.py INCLUDE_ROOT
+    check_include_layers.py INCLUDE_ROOT [USER_DIR...]
 
-Reads every `#include "zero/..."` line under INCLUDE_ROOT/zero; prints each
-circle and each arrow that runs back up, with the file and line, and exits 1
-if there is any. What the floors are: docs/design.md ("The engine's parts")."""
+Reads every `#include "zero/..."` line under INCLUDE_ROOT/zero (and the C++
+files under each USER_DIR); prints each circle, each arrow that runs back up
+and each user file that reaches into `detail/`, with the file and line, and
+exits 1 if there is any. What the floors are: docs/design.md ("The engine's
+parts")."""
 import os
 import re
 import sys
@@ -56,11 +60,29 @@ def circles(graph):
     return found
 
 
+def user_reaches_into_detail(user_dirs):
+    problems = []
+    for top in user_dirs:
+        for folder, _, names in os.walk(top):
+            for name in sorted(names):
+                if not name.endswith((".cpp", ".hpp", ".cu", ".cuh", ".h")):
+                    continue
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if m and "/detail/" in m.group(1):
+                            problems.append(f"{path}:{number}: a user's program includes zero/{m.group(1)}, one "
+                                            "of the engine's parts: include the user's header that offers it "
+                                            "(zero/zero.hpp lists them)")
+    return problems
+
+
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         sys.exit(__doc__)
     graph, where = read_graph(sys.argv[1])
-    problems = []
+    problems = user_reaches_into_detail(sys.argv[2:])
     for circle in circles(graph):
         problems.append("a circle: " + " -> ".join(circle))
     for src, targets in sorted(graph.items()):
@@ -69,8 +91,8 @@ def main():
         for tgt in targets:
             if tgt.split("/")[0] in ABOVE_ENGINE:
                 problems.append(f"zero/{src}:{where[(src, tgt)]}: engine/ includes zero/{tgt}, a floor built on "
-                                "the engine: move what it needs down (as engine/disk_window.hpp and "
-                                "engine/builtin_engines.hpp did)")
+                                "the engine: move what it needs down (as engine/detail/disk_window.hpp and "
+                                "engine/detail/builtin_engines.hpp did)")
     for p in problems:
         print(p)
     print(f"{len(graph)} headers, {sum(len(t) for t in graph.values())} includes: "

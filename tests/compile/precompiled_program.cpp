@@ -1,6 +1,6 @@
 // A user's file of a program that compiles the built-in engines once
 // (zero/runtime/precompiled.hpp): compiled with -DZERO_PRECOMPILED_ENGINES
-// -DZERO_PRECOMPILED_DISK_TIER, it must call the engines, make_optimizer's
+// and including the disk tier, it must call the engines, make_optimizer's
 // handles and the disk tier's stores without compiling any of them
 // (tests/compile/check_compile.py, mode "precompiled", reads its symbols).
 // A member that extern template cannot hold back (one defined inline in its
@@ -19,7 +19,7 @@ int main() {
     config.optimizer = "sgd";  // momentum 0: optim::PlainSgd, no momentum buffer
     config.stage = 2;
     config.offload = zero::OffloadTier::nvme;
-    auto handle = zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier>(comm, config);
+    auto handle = zero::make_optimizer<zero::backend::Host, zero::offload::Nvme>(comm, config);
     const auto unit = handle->add_unit("layer");
     handle->add_param(unit, "w", 64);
     handle->finalize();

@@ -514,7 +514,7 @@ TEST_CASE("bf16 states resume bit for bit; fp32 states load into them rounded", 
 // its first element; dequantize, update (zero::optim's golden-tested rule),
 // quantize each block with its new absmax (quant:: functions, held bit for
 // bit to the Python reference in tests/quant); small parameters in fp32.
-// The engine's path is another: the runs of engine/state_blocks.hpp, the
+// The engine's path is another: the runs of engine/detail/state_blocks.hpp, the
 // host SIMD step and its bucket lookup instead of the search. More ranks:
 // stages 1-3 (the same shards, so the same blocks) and offload cpu agree bit
 // for bit; a checkpoint resumes bit for bit.

@@ -1,7 +1,7 @@
 // Why: the other engine tests train whole optimizers, so a fault in one of
 // the engine's parts shows, if at all, as a wrong number after a step, far
 // from its cause. These test two parts on their own, as finalize() binds
-// them (sizes from engine/buffer_sizes.hpp), each over a stand-in
+// them (sizes from engine/detail/buffer_sizes.hpp), each over a stand-in
 // communicator that plays one rank of several alone and records every call:
 //   - ParamGatherer, stage 3's gather arena: what acquire() hands out, what
 //     it prefetches and when it gathers again, and where the units it holds
@@ -24,12 +24,12 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/comm/communicator.hpp"
-#include "zero/engine/buffer_sizes.hpp"
-#include "zero/engine/comm_channel.hpp"
-#include "zero/engine/gradient_reducer.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
+#include "zero/engine/detail/comm_channel.hpp"
+#include "zero/engine/detail/gradient_reducer.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/param_gatherer.hpp"
+#include "zero/engine/detail/param_gatherer.hpp"
 #include "zero/engine/stage_rules.hpp"
 
 namespace {

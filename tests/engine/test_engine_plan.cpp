@@ -1,5 +1,5 @@
 // The planner (zero/engine/plan.hpp, which prints the schedule of
-// zero/engine/schedule.hpp) against real optimizers: for every stage,
+// zero/engine/detail/schedule.hpp) against real optimizers: for every stage,
 // precision and offload tier (none and nvme on backend::Host; cpu and nvme on
 // a device backend that keeps its "device" memory on the host,
 // late_copies.hpp), rank count and buffer-sizing option below, a

@@ -22,7 +22,7 @@
 
 #include "engine_harness.hpp"
 #include "late_copies.hpp"
-#include "zero/engine/schedule.hpp"
+#include "zero/engine/detail/schedule.hpp"
 #include "zero/offload/disk_state_store.hpp"
 
 namespace {

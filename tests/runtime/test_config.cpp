@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "zero/engine/rank_checks.hpp"
+#include "zero/engine/detail/rank_checks.hpp"
 #include "zero/optim/adam.hpp"
 #include "zero/optim/sgd.hpp"
 #include "zero/runtime/config.hpp"

@@ -115,7 +115,7 @@ Outcome train_typed(zero::comm::Local& c, const typename Opt::Hyper& hyper, cons
 // gets the optimizer once trained.
 Outcome train_any(zero::comm::Local& c, const zero::Config& config, int steps,
                   const std::function<void(zero::AnyOptimizer&)>& after = {}) {
-  auto opt = zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier>(c, config);
+  auto opt = zero::make_optimizer<zero::backend::Host, zero::offload::Nvme>(c, config);
   Outcome out = train(
       *opt, steps, [](zero::AnyOptimizer& o, zero::UnitId u) { return o.acquire_fp32(u); },
       [](zero::AnyOptimizer& o, zero::UnitId u, const std::vector<float>& g) {
@@ -468,7 +468,7 @@ TEST_CASE("make_optimizer: a bad config names the setting and the fix", "[runtim
   config.offload = zero::OffloadTier::nvme;
   config.options.nvme.directory = "/tmp";
   CHECK_THAT(error_of<zero::InvalidArgument>(config),
-             Catch::Contains("offload nvme needs its store") && Catch::Contains("zero::offload::DiskTier"));
+             Catch::Contains("offload nvme needs its store") && Catch::Contains("zero::offload::Nvme"));
   config.offload = zero::OffloadTier::cpu;
   CHECK_THAT(error_of<zero::InvalidArgument>(config), Catch::Contains("host"));
   config.offload = zero::OffloadTier::none;

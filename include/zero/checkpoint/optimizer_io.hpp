@@ -111,7 +111,7 @@ inline std::vector<OwnedRange> owned_ranges(const Layout& layout, std::size_t ra
 // way in (empty when it does not): the files hold the saved state's exact
 // values in fp32, which a bf16 or 8-bit run rounds or quantizes; 8-bit
 // states also requantize where another rank count or stage cuts their
-// blocks elsewhere (engine/state_blocks.hpp).
+// blocks elsewhere (engine/detail/state_blocks.hpp).
 inline std::string state_conversion_line(const RunState& run, const Options& o, int ranks, int stage) {
   auto describe = [](const std::string& format, std::uint64_t block, std::uint64_t below) {
     return format == name(StateFormat::blockwise8)

@@ -44,11 +44,11 @@
 // outside it: construction and finalize() (engine_setup.hpp), the step
 // (engine_step.hpp), values in and out (engine_values.hpp).
 #include "zero/engine/engine_class.hpp"
-#include "zero/engine/engine_setup.hpp"
-#include "zero/engine/engine_step.hpp"
-#include "zero/engine/engine_values.hpp"
+#include "zero/engine/detail/engine_setup.hpp"
+#include "zero/engine/detail/engine_step.hpp"
+#include "zero/engine/detail/engine_values.hpp"
 
 #if defined(ZERO_PRECOMPILED_ENGINES)  // compiled once elsewhere (zero/runtime/precompiled.hpp)
-#include "zero/engine/builtin_engines.hpp"
+#include "zero/engine/detail/builtin_engines.hpp"
 ZERO_EXTERN_ENGINES(::zero::backend::Host)
 #endif

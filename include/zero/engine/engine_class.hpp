@@ -17,24 +17,24 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/comm/communicator.hpp"
-#include "zero/engine/comm_channel.hpp"
-#include "zero/engine/gradient_reducer.hpp"
+#include "zero/engine/detail/comm_channel.hpp"
+#include "zero/engine/detail/gradient_reducer.hpp"
 #include "zero/engine/held_whole.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/own_memory.hpp"
-#include "zero/engine/ownership.hpp"
-#include "zero/engine/param_gatherer.hpp"
-#include "zero/engine/param_store.hpp"
+#include "zero/engine/detail/own_memory.hpp"
+#include "zero/engine/detail/ownership.hpp"
+#include "zero/engine/detail/param_gatherer.hpp"
+#include "zero/engine/detail/param_store.hpp"
 #include "zero/engine/reports.hpp"
-#include "zero/engine/run_rules.hpp"
+#include "zero/engine/detail/run_rules.hpp"
 #include "zero/engine/run_shape.hpp"
 #include "zero/engine/stage_rules.hpp"
-#include "zero/engine/state_store.hpp"
-#include "zero/engine/replica_check.hpp"
-#include "zero/engine/step_control.hpp"
-#include "zero/engine/update_pipeline.hpp"
+#include "zero/engine/detail/state_store.hpp"
+#include "zero/engine/detail/replica_check.hpp"
+#include "zero/engine/detail/step_control.hpp"
+#include "zero/engine/detail/update_pipeline.hpp"
 #include "zero/error.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/policies.hpp"
@@ -96,7 +96,7 @@ class Engine {
   using DiskMaker = DiskStoreMaker<Optimizer, grad_type, param_type>;
 
   // The stage and the offload tier are checked here by the rules
-  // ZeroOptimizer's static_asserts test (engine/run_rules.hpp); `disk` makes
+  // ZeroOptimizer's static_asserts test (engine/detail/run_rules.hpp); `disk` makes
   // offload nvme's store (null: the program was built without
   // zero/offload/disk_state_store.hpp).
   template <comm::Communicator Comm>
@@ -414,7 +414,7 @@ class Engine {
   template <class T, class Fill>
   void gather_units(T* out, Fill fill);
 
-  // A part's row (engine/part_rows.hpp) as a buffer, for finalize(); an
+  // A part's row (engine/detail/part_rows.hpp) as a buffer, for finalize(); an
   // overflowing size or a failed allocation becomes an error naming the
   // buffer, its bytes, this rank and what makes it smaller. Any buffer type:
   // the backend's, the store's, page-locked host buffers.

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "zero/engine/agreement.hpp"
+#include "zero/engine/detail/agreement.hpp"
 #include "zero/error.hpp"
 #include "zero/names.hpp"
 #include "zero/quant/symmetric.hpp"

@@ -15,7 +15,7 @@
 #include "zero/backend/pieced_buffer.hpp"
 #include "zero/engine/stage_rules.hpp"
 #include "zero/error.hpp"
-#include "zero/engine/disk_window.hpp"
+#include "zero/engine/detail/disk_window.hpp"
 #include "zero/simd/dispatch.hpp"
 
 namespace zero {
@@ -87,7 +87,7 @@ constexpr const char* name(StateFormat f) {
 // the parameter) and of one stored state element.
 constexpr std::size_t master_element_bytes(MasterWeights m) { return m == MasterWeights::remainder ? 2 : 4; }
 // (blockwise8: the code; each block adds its fp32 absmax, and parameters
-// under Options::state_fp32_below stay fp32: engine/state_blocks.hpp counts
+// under Options::state_fp32_below stay fp32: engine/detail/state_blocks.hpp counts
 // them exactly.)
 constexpr std::size_t state_element_bytes(StateFormat f) {
   return f == StateFormat::fp32 ? 4 : f == StateFormat::blockwise8 ? 1 : 2;
@@ -237,7 +237,7 @@ struct Options {
   // bytes (a larger unit is a bucket of its own) are staged until the last
   // of them is ready, then their reductions are launched together (one NCCL
   // group), as DeepSpeed's reduce_bucket_size. The staging holds the largest
-  // bucket (engine/buffer_sizes.hpp). Stages 0 and 1 without accumulation
+  // bucket (engine/detail/buffer_sizes.hpp). Stages 0 and 1 without accumulation
   // take gradients in place and stage nothing. 0 (the default): automatic,
   // 32 MiB, and at stages 2-3 at most a quarter of the model's gradient per
   // staging set, so that the staging never holds a small model whole and
@@ -334,7 +334,7 @@ struct Options {
   // node-mate the shards it will reduce, which sums them in fp32 and
   // quantizes the node's partial sums again; across nodes each rank then
   // sends every other node the partial sum of its shard, and sums what comes
-  // back (engine/quantized_reducer.hpp). The bytes that cross nodes fall from
+  // back (engine/detail/quantized_reducer.hpp). The bytes that cross nodes fall from
   // about the unit's 16-bit size to 1/ranks_per_node of its int4 size.
   // Not exact: each gradient moves by up to half a step of its block's scale
   // twice. qgz_error_feedback keeps what each quantization dropped (an fp32
@@ -367,7 +367,7 @@ struct Options {
   // anything is updated: silent data corruption (a bit flipped in memory, a
   // core or a link) found at the next step instead of weeks later as a slow
   // divergence. One double per rank more in the step's control all-reduce,
-  // and a pass over what is fingerprinted (engine/replica_check.hpp).
+  // and a pass over what is fingerprinted (engine/detail/replica_check.hpp).
   bool check_replicas = false;
   NvmeOptions nvme{};
 
@@ -427,7 +427,7 @@ struct Options {
                   "stochastic rounding needs an fp32 master: set one of them off"
                 : "Options::round_ties_away and Options::stochastic_rounding are both on: the bf16 copies are "
                   "rounded one way; set one of them off");
-    // Read by blockwise8 alone (engine/state_blocks.hpp, which checks it
+    // Read by blockwise8 alone (engine/detail/state_blocks.hpp, which checks it
     // again), so other formats leave it unchecked, as the docs present it.
     if (states == StateFormat::blockwise8)
       require(allowed_state_block(state_block), "Options::state_block is ", state_block, "; it must be ",

@@ -6,7 +6,7 @@
 // would live (device, host, disk), and the bytes each rank sends and
 // receives per optimizer step, counted as the communicators count them. It
 // allocates nothing: it runs the engine's own layout (engine/layout.hpp) and
-// schedule (engine/schedule.hpp: the buffer sizes finalize() allocates, their
+// schedule (engine/detail/schedule.hpp: the buffer sizes finalize() allocates, their
 // places, and the collectives the stage rules make) on a description of the
 // model; this file only names lines and adds them up.
 // tests/engine/test_engine_plan.cpp holds it to memory_report() and
@@ -24,15 +24,15 @@
 #include <vector>
 
 #include "zero/comm/communicator.hpp"
-#include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
-#include "zero/engine/run_rules.hpp"
+#include "zero/engine/detail/run_rules.hpp"
 #include "zero/engine/run_shape.hpp"
-#include "zero/engine/schedule.hpp"
+#include "zero/engine/detail/schedule.hpp"
 #include "zero/engine/stage_rules.hpp"
-#include "zero/engine/state_blocks.hpp"
+#include "zero/engine/detail/state_blocks.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 
@@ -231,7 +231,7 @@ struct Plan {
   int rank = 0;
   std::uint64_t param_elements = 0;   // Φ
   std::uint64_t padded_elements = 0;  // Φ with the layout's padding
-  Schedule schedule;                  // every buffer and collective (engine/schedule.hpp)
+  Schedule schedule;                  // every buffer and collective (engine/detail/schedule.hpp)
   BufferSizes sizes;                  // = schedule.sizes (swap_file_bytes the largest where rank is -1)
   std::vector<Line> lines;            // model_state_lines, "padding", buffer_lines
   Line total{"total"};

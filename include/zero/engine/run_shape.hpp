@@ -5,8 +5,8 @@
 // (overlap, ranks per node, this rank). The engine knows them from its types
 // and its communicator, the planner from its question, zero::Config from a
 // file. Written down as one value, built by field name, every one of them
-// hands the same description to the rules (engine/run_rules.hpp), the buffer
-// sizes (engine/buffer_sizes.hpp) and the schedule (engine/schedule.hpp), and
+// hands the same description to the rules (engine/detail/run_rules.hpp), the buffer
+// sizes (engine/detail/buffer_sizes.hpp) and the schedule (engine/detail/schedule.hpp), and
 // a new fact is one new field, not a field in three structs.
 #pragma once
 
@@ -39,7 +39,7 @@ struct RunShape {
   int ranks_per_node = 0;
   // Whose buffers: ranks differ only with 8-bit block-wise states, by the
   // blocks their shard boundaries cut and the small parameters they own
-  // (engine/state_blocks.hpp), and on the disk tier by a swap-file record.
+  // (engine/detail/state_blocks.hpp), and on the disk tier by a swap-file record.
   std::size_t rank = 0;
   // Stage 3: acquire_unit() calls per unit and micro-batch, each a gather:
   // the documented training loop acquires every unit once in forward and

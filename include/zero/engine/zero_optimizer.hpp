@@ -24,10 +24,10 @@
 #include <type_traits>
 
 #include "zero/engine/engine.hpp"
-#include "zero/engine/run_rules.hpp"
+#include "zero/engine/detail/run_rules.hpp"
 #include "zero/engine/run_shape.hpp"
 #include "zero/engine/stage_rules.hpp"
-#include "zero/engine/state_store.hpp"
+#include "zero/engine/detail/state_store.hpp"
 #include "zero/optim/policy.hpp"
 #include "zero/policies.hpp"
 
@@ -36,7 +36,7 @@ namespace zero {
 template <PrecisionPolicy Precision, optim::Policy Optimizer, StagePolicy Stage, OffloadPolicy Offload = offload::None,
           BackendPolicy Backend = backend::Host>
 class ZeroOptimizer : public detail::Engine<Precision, Optimizer, Backend> {
-  // The rules of engine/run_rules.hpp that the types alone break; the
+  // The rules of engine/detail/run_rules.hpp that the types alone break; the
   // engine refuses the same runs chosen at run time, in the rules' words
   // (a static_assert's message must be a literal).
   static constexpr RunShape shape_of_types{.stage = stage_rules(Stage::value),

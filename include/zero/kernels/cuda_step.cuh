@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(Threads) fused_block_step_kernel(const FusedSt
   }
 }
 
-struct VectorPlan {
+struct VectorSplit {
   std::size_t head = 0;     // elements before the first aligned vector
   std::size_t vectors = 0;  // whole vectors of V elements after them
 };
@@ -206,16 +206,16 @@ struct VectorPlan {
 // The smallest head h < V after which every array is 16-byte aligned; no
 // vectors at all when none exists (arrays offset by different amounts).
 template <int V, class Opt, class Grad, class Param>
-VectorPlan plan_vectors(const FusedStepArgs<Opt, Grad, Param>& a) {
+VectorSplit split_vectors(const FusedStepArgs<Opt, Grad, Param>& a) {
   for (std::size_t h = 0; h < static_cast<std::size_t>(V) && h < a.n; ++h) {
     bool ok = (a.master == nullptr || can_align(a.master, h)) && can_align(a.grad, h);
     if constexpr (FusedStepArgs<Opt, Grad, Param>::can_split_master)
       ok = ok && (a.remainder == nullptr || can_align(a.remainder, h));
     for (int k = 0; k < Opt::state_slots; ++k) ok = ok && (a.states_in_bf16() || can_align(a.state[k], h));
     if constexpr (!std::is_same_v<Param, float>) ok = ok && can_align(a.param, h);
-    if (ok) return VectorPlan{h, (a.n - h) / static_cast<std::size_t>(V)};
+    if (ok) return VectorSplit{h, (a.n - h) / static_cast<std::size_t>(V)};
   }
-  return VectorPlan{};
+  return VectorSplit{};
 }
 
 template <class Opt, class Grad, class Param>
@@ -270,11 +270,11 @@ void cuda_fused_step(const FusedStepArgs<Opt, Grad, Param>& args, cudaStream_t s
   }
   constexpr int V = detail::cuda_vector_width<Grad, Param>();
   const auto kernel = detail::fused_step_kernel<V, Opt, Grad, Param>;
-  const detail::VectorPlan plan = detail::plan_vectors<V>(args);
-  const std::size_t singles = args.n - plan.vectors * static_cast<std::size_t>(V);
+  const detail::VectorSplit split = detail::split_vectors<V>(args);
+  const std::size_t singles = args.n - split.vectors * static_cast<std::size_t>(V);
   const detail::GridShape grid =
-      detail::grid_for(kernel, launch, plan.vectors > singles ? plan.vectors : singles, "cuda_fused_step");
-  kernel<<<grid.blocks, grid.threads, 0, stream>>>(args, plan.head, plan.vectors);
+      detail::grid_for(kernel, launch, split.vectors > singles ? split.vectors : singles, "cuda_fused_step");
+  kernel<<<grid.blocks, grid.threads, 0, stream>>>(args, split.head, split.vectors);
   cuda::check_launch("zero::kernels::cuda_fused_step<", Opt::name, ", ", dtype_traits<Grad>::name, ", ",
                      dtype_traits<Param>::name, "> (", args.n, " elements, ", grid.blocks, " blocks of ", grid.threads,
                      " threads)");

@@ -48,6 +48,20 @@ template <optim::Policy Opt, class Grad, class Param>
 struct HostStepBody {
   using Args = FusedStepArgs<Opt, Grad, Param>;
 
+  // A low-precision copy larger than a last-level cache is written without
+  // being read: stream it past the caches, saving each line's read for
+  // ownership (aligned ranges only; the scalar tail stores normally).
+  // Smaller copies stay cached for the all-gather or forward that reads them.
+  static constexpr std::size_t stream_threshold = std::size_t{1} << 24;
+  // Packs per iteration, each a whole update: their chains of divides and
+  // square roots are independent, so the divider works on one while the
+  // other waits. With AVX-512 (32 registers) two packs gave 7% (fp32 AdamW)
+  // and 18% (bf16-mixed) more elements per second on one core when
+  // compute-bound, measured in cache; with AVX2 (16 registers) two were 22%
+  // slower, so it keeps one.
+  template <class Isa>
+  static constexpr int unroll_for = Isa::width >= 16 ? 2 : 1;
+
   template <class Isa>
   ZERO_FLATTEN static void run(const Args& a, int /*thread*/, std::size_t begin, std::size_t end) {
     std::size_t i = begin;
@@ -60,11 +74,6 @@ struct HostStepBody {
       // seed-and-step part for every element.
       const StochasticRounding rounding = a.rounding;
       const StochasticRounding state_rounding = a.state_rounding;
-      // A low-precision copy larger than a last-level cache is written without
-      // being read: stream it past the caches, saving each line's read for
-      // ownership (aligned ranges only; the scalar tail stores normally).
-      // Smaller copies stay cached for the all-gather or forward that reads them.
-      constexpr std::size_t stream_threshold = std::size_t{1} << 24;
       constexpr bool low_precision_copy = !std::is_same_v<Param, float>;
       const bool stream_copy = low_precision_copy && !rounding.enabled && !a.ties_away && a.remainder == nullptr &&
                                a.n >= stream_threshold &&
@@ -72,19 +81,16 @@ struct HostStepBody {
       // Elements ahead of the loads: 1 KiB of fp32 per array. Measured on a
       // 2-core EPYC VM (bench_step_host, fp32 AdamW): 256 beat 512 by 4-6%
       // while memory ran at ~80 GB/s and tied it at ~55 GB/s; 1024 and more
-      // were 10-20% slower at both, 64 and 128 no better than 256.
+      // were 10-20% slower at both, 64 and 128 no better than 256. (A local:
+      // as a member of the struct, g++ allocated the loop's registers
+      // otherwise, and the bf16-state step ran 3-5% slower.)
       constexpr std::size_t ahead = 256;
-      // U packs per iteration, each a whole update: their chains of divides
-      // and square roots are independent, so the divider works on one while
-      // the other waits. With AVX-512 (32 registers) two packs gave 7% (fp32
-      // AdamW) and 18% (bf16-mixed) more elements per second on one core when
-      // compute-bound, measured in cache; with AVX2 (16 registers) two were
-      // 22% slower, so it keeps one.
-      // Split: the master is the bf16 copy plus a remainder (read and
-      // written in place of the fp32 master; compiled for bf16 only).
-      // S16: the state in bf16. Both are compiled loops of their own: as
-      // branches in one loop they cost today's bf16 step 10-30% (register
-      // pressure beside the update; bench_step_host, 2-core EPYC).
+      // U packs per iteration (unroll_for<Isa>). Split: the master is the
+      // bf16 copy plus a remainder (read and written in place of the fp32
+      // master; compiled for bf16 only). S16: the state in bf16. Both are
+      // compiled loops of their own: as branches in one loop they cost
+      // today's bf16 step 10-30% (register pressure beside the update;
+      // bench_step_host, 2-core EPYC).
       auto packs = [&]<int U, bool Split, bool S16>(std::size_t at) ZERO_FLATTEN {
         if ((at & 15) == 0 && at + ahead < end) {
           for (int u = 0; u < U; u += (W >= 16 ? 1 : 2)) {
@@ -144,7 +150,7 @@ struct HostStepBody {
           }
         }
       };
-      constexpr int unroll = W >= 16 ? 2 : 1;
+      constexpr int unroll = unroll_for<Isa>;
       auto loop = [&]<bool Split, bool S16>() ZERO_FLATTEN {
         for (; i + unroll * W <= end; i += unroll * W) packs.template operator()<unroll, Split, S16>(i);
         for (; i + W <= end; i += W) packs.template operator()<1, Split, S16>(i);

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "zero/backend/host_buffer.hpp"
-#include "zero/engine/disk_window.hpp"  // disk_alignment
+#include "zero/engine/detail/disk_window.hpp"  // disk_alignment
 
 namespace zero::offload {
 

@@ -20,12 +20,12 @@
 //
 // 8-bit states: a chunk ends before a block it would cut (a block is
 // quantized with one absmax from all its values, so it is updated in one
-// piece: engine/disk_window.hpp), so chunk c begins at the owned element
+// piece: engine/detail/disk_window.hpp), so chunk c begins at the owned element
 // the chunk table says, not at c * C. The codes of every owned element are
 // on disk (those of the few small parameters that keep fp32 state unused);
 // each block's absmax and the small parameters' fp32 state, 0.2% and a few
 // elements, stay in host memory, where the step reads them beside the
-// window (engine/state_blocks.hpp's runs say which is which).
+// window (engine/detail/state_blocks.hpp's runs say which is which).
 #pragma once
 
 #include "zero/compiler.hpp"
@@ -44,14 +44,14 @@
 #include "zero/backend/host.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
-#include "zero/engine/state_blocks.hpp"
-#include "zero/engine/state_store.hpp"
-#include "zero/engine/update_worker.hpp"
+#include "zero/engine/detail/state_blocks.hpp"
+#include "zero/engine/detail/state_store.hpp"
+#include "zero/engine/detail/update_worker.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/offload/aligned_buffer.hpp"
 #include "zero/offload/disk_swap.hpp"
-#include "zero/engine/disk_window.hpp"
+#include "zero/engine/detail/disk_window.hpp"
 
 namespace zero::offload {
 
@@ -65,7 +65,7 @@ class DiskStateStore {
   // on disk) and the window, 4 KiB aligned for O_DIRECT, which is why this
   // store allocates its own memory instead of taking the engine's buffers.
   // `blocks`: StateFormat::blockwise8's runs of this rank's owned elements
-  // (engine/state_blocks.hpp); ignored otherwise.
+  // (engine/detail/state_blocks.hpp); ignored otherwise.
   void allocate(std::size_t owned, MasterWeights format, StateFormat states, const StateBlocks& blocks) {
     require(!options_.directory.empty(),
             "offload::Nvme: Options::nvme.directory is empty; name a directory on a fast local disk for the swap "
@@ -470,7 +470,7 @@ class DiskStateStore {
 
 }  // namespace zero::offload
 
-// What the engine is handed for the disk tier (engine/state_store.hpp).
+// What the engine is handed for the disk tier (engine/detail/state_store.hpp).
 #define ZERO_HAVE_DISK_TIER 1
 namespace zero::offload {
 struct DiskTier {
@@ -500,7 +500,7 @@ struct DiskTierOf<offload::Nvme> {
 };
 }  // namespace zero::detail
 
-#if defined(ZERO_PRECOMPILED_DISK_TIER)  // compiled once elsewhere (zero/runtime/precompiled.hpp)
+#if defined(ZERO_PRECOMPILED_ENGINES)  // compiled once elsewhere, with the engines (zero/runtime/precompiled.hpp)
 #include "zero/runtime/precompiled.hpp"
 ZERO_EXTERN_DISK_STORES()
 #endif

@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "zero/engine/options.hpp"
-#include "zero/engine/run_rules.hpp"
+#include "zero/engine/detail/run_rules.hpp"
 #include "zero/engine/run_shape.hpp"
 #include "zero/engine/stage_rules.hpp"
 #include "zero/error.hpp"
@@ -87,7 +87,7 @@ struct Config {
 
   // Checks what needs no optimizer's policy (the hyper-parameters are
   // checked by hyper_from, the optimizer's name by whoever looks it up):
-  // every rule of engine/run_rules.hpp, the disk tier's directory and
+  // every rule of engine/detail/run_rules.hpp, the disk tier's directory and
   // options.validate(). Throws zero::InvalidArgument naming the setting as
   // a config file and the command line spell it.
   void validate(bool device_backend) const {

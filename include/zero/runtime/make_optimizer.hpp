@@ -12,11 +12,12 @@
 //   opt->add_unit(...); ... opt->finalize(); ... opt->step();
 //
 // The template arguments after the backend add what the program was built
-// with: zero::offload::DiskTier (after #include
+// with: zero::offload::Nvme (after #include
 // "zero/offload/disk_state_store.hpp", liburing) makes offload "nvme"
-// available, and any user optimizer policy becomes selectable by its name
-// (examples/lion_optimizer.cpp registers Lion this way):
-//   zero::make_optimizer<zero::backend::Host, zero::offload::DiskTier, Lion>(comm, config)
+// available, as it does for ZeroOptimizer, and any user optimizer policy
+// becomes selectable by its name (examples/lion_optimizer.cpp registers Lion
+// this way):
+//   zero::make_optimizer<zero::backend::Host, zero::offload::Nvme, Lion>(comm, config)
 #pragma once
 
 #include "zero/compiler.hpp"
@@ -196,30 +197,35 @@ class EngineHandle final : public AnyOptimizer {
 };
 
 template <class X>
-constexpr bool is_disk_tier = std::is_same_v<X, offload::DiskTier>;
-// The disk tier among make_optimizer's With..., or NoDiskTier.
+constexpr bool is_disk_tier = std::is_same_v<X, offload::Nvme>;
+// The disk tier's maker where make_optimizer's With... names offload::Nvme
+// (DiskTierOf, as ZeroOptimizer finds it: a static_assert names the include
+// when it is missing), or NoDiskTier.
 template <class... W>
 struct DiskTierIn {
   using type = NoDiskTier;
 };
 template <class W, class... Rest>
 struct DiskTierIn<W, Rest...> {
-  using type = std::conditional_t<is_disk_tier<W>, W, typename DiskTierIn<Rest...>::type>;
+  using type = std::conditional_t<is_disk_tier<W>, typename DiskTierOf<W>::type, typename DiskTierIn<Rest...>::type>;
 };
 
 }  // namespace detail
 
 // The optimizer `config` names, on backend Backend, over `comm` (collective
-// at finalize(), as ZeroOptimizer). `With...`: zero::offload::DiskTier and
+// at finalize(), as ZeroOptimizer). `With...`: zero::offload::Nvme and
 // user optimizer policies (see the top of this file).
 template <BackendPolicy Backend = backend::Host, class... With, comm::Communicator Comm>
 std::unique_ptr<AnyOptimizer> make_optimizer(Comm& comm, const Config& config) {
+  static_assert(((detail::is_disk_tier<With> || optim::Policy<With>) && ...),
+                "zero::make_optimizer<Backend, With...>: each argument after the backend is zero::offload::Nvme "
+                "(the disk tier, after #include \"zero/offload/disk_state_store.hpp\") or an optimizer policy");
   constexpr bool disk = (detail::is_disk_tier<With> || ...);
   config.validate(Backend::device);
   if (config.offload == OffloadTier::nvme)
     require(disk, "zero::make_optimizer: offload nvme needs its store: #include "
-                  "\"zero/offload/disk_state_store.hpp\" (liburing, xxhash.h) and pass zero::offload::DiskTier: "
-                  "make_optimizer<Backend, zero::offload::DiskTier>(comm, config)");
+                  "\"zero/offload/disk_state_store.hpp\" (liburing, xxhash.h) and pass zero::offload::Nvme: "
+                  "make_optimizer<Backend, zero::offload::Nvme>(comm, config)");
   std::unique_ptr<AnyOptimizer> made;
   std::vector<std::string> known;
   auto with_precision = [&]<class O>(std::type_identity<O>) {

@@ -15,10 +15,10 @@
 //   ZERO_INSTANTIATE_HANDLES(zero::precision::Mixed<zero::bf16>, zero::backend::Host)
 //   ZERO_INSTANTIATE_DISK_STORES(zero::precision::Mixed<zero::bf16>)  // with the disk tier
 //
-// and every file of the program compiled with -DZERO_PRECOMPILED_ENGINES
-// (and -DZERO_PRECOMPILED_DISK_TIER where the stores are compiled too),
+// and every file of the program compiled with -DZERO_PRECOMPILED_ENGINES,
 // which makes engine.hpp, make_optimizer.hpp and disk_state_store.hpp
-// declare these engines `extern template`: those files then call the
+// declare these engines (and, where the file includes the disk tier, its
+// stores) `extern template`: those files then call the
 // engines compiled once instead of compiling their own. Nothing else
 // changes (the same code runs), and a file compiled without the macro still
 // works: it compiles its own copy, which the linker merges. A missing
@@ -28,8 +28,8 @@
 //   detail::Engine<P, O, backend::Host>        every ZeroOptimizer<P, O, stage, offload, Host>
 //   detail::EngineHandle<P, O, backend::Host>  make_optimizer's handle, with its checkpoint I/O
 //                                              (needs nlohmann-json and xxhash.h)
-//   offload::DiskTier::make<O, G, P>           the disk tier's store, where ZERO_PRECOMPILED_DISK_TIER
-//                                              is defined too (needs liburing)
+//   offload::DiskTier::make<O, G, P>           the disk tier's store (offload::Nvme), where the
+//                                              program has it (needs liburing)
 // Meson builds them as `engines_dep` (meson.build; `zero-engines` for a
 // project that takes zero as a subproject), which adds the macros; the tests
 // and example programs of this repository use it. Another backend's twelve
@@ -41,11 +41,11 @@
 
 #include "zero/compiler.hpp"
 
-#include "zero/engine/builtin_engines.hpp"  // the lists, and the engines' own macros
+#include "zero/engine/detail/builtin_engines.hpp"  // the lists, and the engines' own macros
 
 // One instance of each template: KEYWORD is `extern` to declare it, nothing
 // to compile it. (The disk store does not depend on the backend.) The
-// engines' own are in engine/builtin_engines.hpp.
+// engines' own are in engine/detail/builtin_engines.hpp.
 #define ZERO_DETAIL_HANDLE_INSTANCE(KEYWORD, Optimizer, Precision, Backend) \
   KEYWORD template class ::zero::detail::EngineHandle<Precision, Optimizer, Backend>;
 #define ZERO_DETAIL_DISK_STORE_INSTANCE(KEYWORD, Optimizer, Precision)                                    \
@@ -66,7 +66,7 @@
 #define ZERO_EXTERN_DISK_STORES() ZERO_FOR_EACH_BUILTIN_ENGINE(ZERO_DETAIL_EXTERN_DISK_STORE, )
 
 // What the file that compiles one precision's engines writes: the engines
-// (ZERO_INSTANTIATE_ENGINES, engine/builtin_engines.hpp); make_optimizer's
+// (ZERO_INSTANTIATE_ENGINES, engine/detail/builtin_engines.hpp); make_optimizer's
 // handles, after including zero/runtime/make_optimizer.hpp (nlohmann-json,
 // xxhash.h); the disk tier's stores, after including
 // zero/offload/disk_state_store.hpp (liburing).

@@ -20,7 +20,7 @@
 #include <optional>
 #include <string>
 
-#include "zero/engine/disk_window.hpp"
+#include "zero/engine/detail/disk_window.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/run_shape.hpp"
 #include "zero/error.hpp"

@@ -1,7 +1,7 @@
 // Why: how many elements each of the optimizer's buffers holds follows from
 // the layout, the stage, the precision, the optimizer's state count, the
 // offload tier and a few Options. ZeroOptimizer::finalize() allocates exactly
-// these sizes, and the planner (engine/plan.hpp, through engine/schedule.hpp,
+// these sizes, and the planner (engine/plan.hpp, through engine/detail/schedule.hpp,
 // which adds where each buffer lives and what each step sends) predicts
 // memory from them without allocating, so the two cannot drift apart by a
 // rule written twice. memory_report() stays measured from the real buffers,
@@ -21,10 +21,10 @@
 #include "zero/engine/options.hpp"
 #include "zero/engine/run_shape.hpp"
 #include "zero/engine/stage_rules.hpp"
-#include "zero/engine/state_blocks.hpp"
+#include "zero/engine/detail/state_blocks.hpp"
 #include "zero/quant/symmetric.hpp"
 #include "zero/error.hpp"
-#include "zero/engine/disk_window.hpp"
+#include "zero/engine/detail/disk_window.hpp"
 
 namespace zero {
 
@@ -156,7 +156,7 @@ struct BufferSizes {
   std::size_t hpz_int8_secondary = 0;
   std::size_t hpz_int8_staging = 0;
   std::size_t qwz_staging = 0;     // stage 3 with Options::qwz, bytes: every rank's int8 payload of the largest shard
-  // Options::qgz (engine/quantized_reducer.hpp): bytes of the payloads sent
+  // Options::qgz (engine/detail/quantized_reducer.hpp): bytes of the payloads sent
   // and received (twice every rank's payload of the largest shard); fp32
   // sums (the node's partial sum of a shard per node, and the result); and
   // with error feedback the fp32 residuals (every unit's padded elements

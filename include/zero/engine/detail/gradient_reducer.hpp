@@ -37,12 +37,12 @@
 #include <vector>
 
 #include "zero/comm/communicator.hpp"
-#include "zero/engine/buffer_sizes.hpp"
-#include "zero/engine/part_rows.hpp"
-#include "zero/engine/comm_channel.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
+#include "zero/engine/detail/part_rows.hpp"
+#include "zero/engine/detail/comm_channel.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/quantized_reducer.hpp"
+#include "zero/engine/detail/quantized_reducer.hpp"
 #include "zero/engine/stage_rules.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/convert.hpp"
@@ -168,7 +168,7 @@ class UnwrittenCheck {
   bool seen_before_ = false;   // ... in an earlier one: refused now
 };
 
-// The reducer's buffers for a run (engine/part_rows.hpp): the gradient
+// The reducer's buffers for a run (engine/detail/part_rows.hpp): the gradient
 // accumulator and the buckets' staging, sized by buffer_sizes().
 struct GradientRows {
   BufferRow accumulator, staging, staging_fp32, shard_staging;

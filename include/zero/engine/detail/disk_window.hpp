@@ -1,8 +1,8 @@
 // Why: how much host memory offload::Nvme's window takes, and how large its
 // swap file is, follow from Options::nvme.window_bytes, the optimizer's state
 // count and the owned elements. The disk store (disk_state_store.hpp)
-// allocates from these functions, and the schedule (engine/buffer_sizes.hpp,
-// engine/schedule.hpp) predicts from them, so the planner reads the window
+// allocates from these functions, and the schedule (engine/detail/buffer_sizes.hpp,
+// engine/detail/schedule.hpp) predicts from them, so the planner reads the window
 // from the very option the store reads. Arithmetic only: no liburing here.
 // It sits with the engine, below the disk tier's store (offload/), because
 // the planner sizes the window before any store exists; the names stay in
@@ -125,7 +125,7 @@ inline std::size_t disk_window_elements(std::size_t window_bytes, int state_slot
 // earlier. `blocks.piece_start_at_or_before(e)` says where a piece of the
 // owned elements that is updated on its own may begin at or before owned
 // element e: with 8-bit block-wise states, a block's first element
-// (StateBlocks, engine/state_blocks.hpp; one without 8-bit runs cuts
+// (StateBlocks, engine/detail/state_blocks.hpp; one without 8-bit runs cuts
 // anywhere), so a chunk that would cut a block ends before it and holds
 // fewer than `chunk` elements.
 template <class Blocks>

@@ -1,5 +1,5 @@
 // Why: everything the engine does once, at construction and finalize(): the
-// run's checks (engine/run_rules.hpp, the rules ZeroOptimizer's
+// run's checks (engine/detail/run_rules.hpp, the rules ZeroOptimizer's
 // static_asserts test, for a run chosen at run time), the ranks' agreement
 // on every setting, the allocation of each part's rows (part_rows.hpp, the
 // rows the planner lists), with errors naming the buffer and what makes it
@@ -16,11 +16,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "zero/engine/agreement.hpp"
-#include "zero/engine/part_rows.hpp"
-#include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/detail/agreement.hpp"
+#include "zero/engine/detail/part_rows.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
 #include "zero/engine/engine_class.hpp"
-#include "zero/engine/rank_checks.hpp"
+#include "zero/engine/detail/rank_checks.hpp"
 
 namespace zero::detail {
 
@@ -65,13 +65,13 @@ void Engine<P, O, B>::finalize() {
   constexpr RunRule at_finalize[] = {RunRule::zeropp_stage, RunRule::delayed_update_needs_offload_from_device,
                                      RunRule::released_pages_need_host};
   require_run(run_, options_, voice, at_finalize);
-  // Sizes from the rule the planner shares (engine/buffer_sizes.hpp).
+  // Sizes from the rule the planner shares (engine/detail/buffer_sizes.hpp).
   const BufferSizes sizes = buffer_sizes(layout_, run_, options_);
   if (const std::string note = gradient_saving_note(sizes, run_, layout_, options_); !note.empty() && rank() == 0)
     std::fprintf(stderr, "%s\n", note.c_str());
   update_.configure(run_, options_);
 
-  // Each part's rows (engine/part_rows.hpp), allocated here and handed to
+  // Each part's rows (engine/detail/part_rows.hpp), allocated here and handed to
   // the part; the planner's schedule lists the same rows.
   params_.bind(allocate<param_type>(parameter_row(run_, sizes)), layout_, rules.params_sharded);
   const GradientRows grad_rows = gradient_rows(run_, sizes);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "zero/engine/engine_class.hpp"
-#include "zero/engine/rank_checks.hpp"
+#include "zero/engine/detail/rank_checks.hpp"
 #include "zero/precision/convert.hpp"
 
 namespace zero::detail {

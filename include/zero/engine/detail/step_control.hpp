@@ -19,17 +19,17 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/comm/communicator.hpp"
-#include "zero/engine/comm_channel.hpp"
-#include "zero/engine/part_rows.hpp"
+#include "zero/engine/detail/comm_channel.hpp"
+#include "zero/engine/detail/part_rows.hpp"
 #include "zero/engine/loss_scaler.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/rank_checks.hpp"
+#include "zero/engine/detail/rank_checks.hpp"
 
 namespace zero::detail {
 
 // Host memory for the step's control values: page-locked where the backend
 // has such memory (a copy from it need not wait), else plain host memory.
-// The step's control values (engine/part_rows.hpp): on the backend, and
+// The step's control values (engine/detail/part_rows.hpp): on the backend, and
 // their host copy (page-locked where the backend has such memory).
 inline BufferRows control_rows(const RunShape& run, const BufferSizes& z) {
   return {{"control values", "control", ReportedAs::not_reported, backend_place(run), z.control, sizeof(double), ""},

@@ -9,7 +9,7 @@
 // param_gatherer.hpp, the state tiers in state_store.hpp, the update
 // pipeline, the step control, the parameter store in param_store.hpp).
 // finalize() allocates each buffer row and hands it to its part; the
-// planner's schedule (engine/schedule.hpp) is the rows' concatenation.
+// planner's schedule (engine/detail/schedule.hpp) is the rows' concatenation.
 #pragma once
 
 #include "zero/compiler.hpp"
@@ -20,7 +20,7 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/topology.hpp"
-#include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/run_shape.hpp"
@@ -53,7 +53,7 @@ using BufferRows = std::vector<BufferRow>;
 // Where the backend's buffers are.
 constexpr Place backend_place(const RunShape& run) { return run.device_backend ? Place::device : Place::host; }
 
-// Where master and state live (engine/state_store.hpp,
+// Where master and state live (engine/detail/state_store.hpp,
 // offload/disk_state_store.hpp): the backend's memory, page-locked host
 // memory, or the swap file.
 constexpr Place store_place(const RunShape& run) {

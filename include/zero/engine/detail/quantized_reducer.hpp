@@ -41,14 +41,14 @@
 
 #include "zero/comm/any_communicator.hpp"
 #include "zero/engine/layout.hpp"
-#include "zero/engine/part_rows.hpp"
+#include "zero/engine/detail/part_rows.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
 #include "zero/quant/symmetric.hpp"
 
 namespace zero::detail {
 
-// qgZ's buffers for a run (engine/part_rows.hpp), sized by buffer_sizes().
+// qgZ's buffers for a run (engine/detail/part_rows.hpp), sized by buffer_sizes().
 struct QgzRows {
   BufferRow payloads, sums, residuals;
   BufferRows list() const { return {payloads, sums, residuals}; }

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "zero/comm/any_communicator.hpp"
-#include "zero/engine/comm_channel.hpp"
+#include "zero/engine/detail/comm_channel.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"

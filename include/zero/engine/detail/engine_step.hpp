@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "zero/engine/engine_class.hpp"
-#include "zero/engine/rank_checks.hpp"
+#include "zero/engine/detail/rank_checks.hpp"
 
 namespace zero::detail {
 

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "zero/engine/agreement.hpp"
+#include "zero/engine/detail/agreement.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/error.hpp"

@@ -27,12 +27,12 @@
 #include <vector>
 
 #include "zero/backend/host.hpp"
-#include "zero/engine/part_rows.hpp"
-#include "zero/engine/disk_window.hpp"
+#include "zero/engine/detail/part_rows.hpp"
+#include "zero/engine/detail/disk_window.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/ownership.hpp"
+#include "zero/engine/detail/ownership.hpp"
 #include "zero/engine/reports.hpp"
-#include "zero/engine/state_blocks.hpp"
+#include "zero/engine/detail/state_blocks.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/policy.hpp"
@@ -51,7 +51,7 @@ struct StateSlot {
 };
 
 // The master's and the state slots' buffers for a run, in whichever tier
-// holds them (engine/part_rows.hpp), sized by buffer_sizes(): the stores
+// holds them (engine/detail/part_rows.hpp), sized by buffer_sizes(): the stores
 // in memory allocate these rows; the disk tier's store (its records on disk,
 // its window and the 8-bit state's absmax and fp32 runs in host memory)
 // lays out the same ones itself.
@@ -66,7 +66,7 @@ struct StateRows {
   // swap file's whole records add on disk.
   BufferRow disk_window, swap_padding;
   // 8-bit block-wise states: this rank's runs of owned elements
-  // (engine/state_blocks.hpp), by which the rows above are sized and the
+  // (engine/detail/state_blocks.hpp), by which the rows above are sized and the
   // stores lay the state out; empty otherwise.
   StateBlocks blocks;
 
@@ -92,7 +92,7 @@ inline StateRows state_rows(const RunShape& run, const Options& options, const L
   r.master = {master_bytes == 2 ? "fp32 master remainders" : "fp32 master weights", "master", ReportedAs::master, store,
               z.master, master_bytes, smaller};
   if (options.states == StateFormat::blockwise8 && run.state_slots > 0) {
-    // This rank's runs (engine/state_blocks.hpp): another rank's differ by
+    // This rank's runs (engine/detail/state_blocks.hpp): another rank's differ by
     // the blocks its shard boundaries cut and the small parameters it owns.
     // The disk tier keeps a code for every owned element in its records
     // (those of fp32 runs unused) and the absmax and fp32 runs in host memory.
@@ -446,7 +446,7 @@ class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
 // The disk tier's store, made by zero/offload/disk_state_store.hpp (which
 // needs liburing, so the engine cannot include it): a function configured
 // from the run's Options (nvme, master, states) for this rank, with `owned`
-// elements (and 8-bit states' runs of them, engine/state_blocks.hpp). The
+// elements (and 8-bit states' runs of them, engine/detail/state_blocks.hpp). The
 // engine is handed it where that header is included and refuses the tier
 // without it.
 template <optim::Policy Optimizer, class Grad, class Param>

@@ -30,10 +30,10 @@
 #include <utility>
 #include <vector>
 
-#include "zero/engine/comm_channel.hpp"
-#include "zero/engine/gather_modes.hpp"
-#include "zero/engine/param_store.hpp"
-#include "zero/engine/part_rows.hpp"
+#include "zero/engine/detail/comm_channel.hpp"
+#include "zero/engine/detail/gather_modes.hpp"
+#include "zero/engine/detail/param_store.hpp"
+#include "zero/engine/detail/part_rows.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/error.hpp"
 #include "zero/precision/types.hpp"
@@ -41,7 +41,7 @@
 
 namespace zero::detail {
 
-// Stage 3's gather buffers for a run (engine/part_rows.hpp), sized by
+// Stage 3's gather buffers for a run (engine/detail/part_rows.hpp), sized by
 // buffer_sizes(): the arena, and the ZeRO++ copies and payloads.
 struct GatherRows {
   BufferRow arena, hpz_secondary, hpz_int8_secondary, hpz_int8_staging, qwz_payloads;

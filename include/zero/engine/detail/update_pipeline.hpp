@@ -27,15 +27,15 @@
 
 #include "zero/backend/host.hpp"
 #include "zero/backend/ops.hpp"
-#include "zero/engine/part_rows.hpp"
-#include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/detail/part_rows.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/ownership.hpp"
+#include "zero/engine/detail/ownership.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/run_shape.hpp"
-#include "zero/engine/state_store.hpp"
-#include "zero/engine/update_worker.hpp"
+#include "zero/engine/detail/state_store.hpp"
+#include "zero/engine/detail/update_worker.hpp"
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/optim/policy.hpp"
@@ -45,7 +45,7 @@
 namespace zero::detail {
 
 // The update's host buffers when it is offloaded from a device
-// (engine/part_rows.hpp), sized by buffer_sizes(): the owned gradient's
+// (engine/detail/part_rows.hpp), sized by buffer_sizes(): the owned gradient's
 // host copies the CPU update reads, and the parameters it writes before
 // they are copied to the device.
 struct UpdateRows {

@@ -3,7 +3,7 @@
 // the element sizes and the Options, and nothing else. The schedule derives
 // it in one place: every buffer ZeroOptimizer::finalize() allocates, with its
 // elements and its place (device, host or disk), as the rows each part lists
-// and finalize() allocates (engine/part_rows.hpp), and every collective of
+// and finalize() allocates (engine/detail/part_rows.hpp), and every collective of
 // a step with its calls and bytes, from the stage rules' decisions (which
 // collective, when), never from the stage number. The
 // planner (engine/plan.hpp) is this schedule printed; tests hold it to real
@@ -21,20 +21,20 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/topology.hpp"
-#include "zero/engine/buffer_sizes.hpp"
-#include "zero/engine/gradient_reducer.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
+#include "zero/engine/detail/gradient_reducer.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/param_gatherer.hpp"
-#include "zero/engine/param_store.hpp"
-#include "zero/engine/part_rows.hpp"
-#include "zero/engine/quantized_reducer.hpp"
+#include "zero/engine/detail/param_gatherer.hpp"
+#include "zero/engine/detail/param_store.hpp"
+#include "zero/engine/detail/part_rows.hpp"
+#include "zero/engine/detail/quantized_reducer.hpp"
 #include "zero/engine/reports.hpp"
-#include "zero/engine/run_rules.hpp"
+#include "zero/engine/detail/run_rules.hpp"
 #include "zero/engine/run_shape.hpp"
-#include "zero/engine/state_store.hpp"
-#include "zero/engine/step_control.hpp"
-#include "zero/engine/update_pipeline.hpp"
+#include "zero/engine/detail/state_store.hpp"
+#include "zero/engine/detail/step_control.hpp"
+#include "zero/engine/detail/update_pipeline.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -95,7 +95,7 @@ struct Schedule {
 };
 
 // What the engine refuses, refused here in the planner's words: every rule
-// of engine/run_rules.hpp (the engine checks the disk window in its store).
+// of engine/detail/run_rules.hpp (the engine checks the disk window in its store).
 inline void require_valid_schedule(const RunShape& run, const Options& options) {
   require_run(run, options, Voice{"schedule"});
   require(run.acquires_per_micro_batch >= 1, "schedule: acquires_per_micro_batch must be >= 1");

@@ -17,9 +17,9 @@
 #include <utility>
 
 #include "zero/comm/communicator.hpp"
-#include "zero/engine/buffer_sizes.hpp"
+#include "zero/engine/detail/buffer_sizes.hpp"
 #include "zero/engine/layout.hpp"
-#include "zero/engine/part_rows.hpp"
+#include "zero/engine/detail/part_rows.hpp"
 #include "zero/engine/run_shape.hpp"
 
 namespace zero {

@@ -28,7 +28,7 @@
 
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
-#include "zero/engine/ownership.hpp"
+#include "zero/engine/detail/ownership.hpp"
 #include "zero/error.hpp"
 #include "zero/quant/dynamic_code.hpp"
 
@@ -192,7 +192,7 @@ struct TouchedBlocks {
 // requantizes each touched block whole, the block's other values as they
 // were, so any range may be imported; values read back from such a block
 // (a checkpoint) give it back bit for bit (quant::requantize_block). Both
-// state stores (engine/state_store.hpp, offload/disk_state_store.hpp) move
+// state stores (engine/detail/state_store.hpp, offload/disk_state_store.hpp) move
 // 8-bit state through here.
 inline void blockwise_run_values(const StateRun& run, const quant::PhasedBlocks& geometry, const TouchedBlocks& touched,
                                  std::size_t lo, std::size_t hi, const float* code, std::uint8_t* codes,
