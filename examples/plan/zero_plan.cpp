@@ -182,6 +182,12 @@ void print_table(const plan::Plan& p) {
                 zero::name(c.options.master), zero::name(c.options.states),
                 bytes_text(p.sizes.swap_file_bytes, false).c_str(), p.sizes.disk_chunk,
                 bytes_text(p.line("nvme_window").host, false).c_str());
+  if (c.options.param_place == zero::ParamPlace::disk)
+    std::printf("parameters on disk: %s of shards in a file per rank (%s with its 4 KiB records), read into %s of "
+                "pages (--prefetch-units + 2 of the largest shard)\n",
+                bytes_text(p.line("params").disk, false).c_str(),
+                bytes_text(p.sizes.param_file_bytes, false).c_str(),
+                bytes_text(p.sizes.param_pages * pb, false).c_str());
   std::printf("not counted: activations, your framework's workspace, the CUDA context and NCCL's own buffers\n");
 }
 
@@ -341,6 +347,14 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch-units", config.options.prefetch_units, "Options::prefetch_units (the stage-3 gather "
                                                                     "arena holds this + 1 of the largest units)")
       ->check(CLI::Range(0, 16));
+  app.add_option_function<std::string>(
+         "--param-place",
+         [&](const std::string& text) {
+           config.options.param_place = *zero::detail::parse_by_name(text, zero::all_param_places);
+         },
+         "Options::param_place: where stage 3 keeps the parameter shards between uses: device (the backend's memory) or "
+         "disk (a file, with pages for --prefetch-units + 2 units in memory)")
+      ->check(CLI::IsMember({"device", "disk"}));
   app.add_option("--grad-accumulation", config.options.grad_accumulation_steps,
                  "Options::grad_accumulation_steps: micro-batches per step")
       ->check(CLI::Range(1, 1 << 20));

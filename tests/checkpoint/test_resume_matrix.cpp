@@ -64,12 +64,17 @@ struct RankResult {
 
 namespace {
 
+// `saved_params`, `resumed_params`: where each run keeps stage 3's
+// parameter shards (Options::param_place).
 template <class O>
-void check_resume() {
+void check_resume(zero::ParamPlace saved_params = zero::ParamPlace::device,
+                  zero::ParamPlace resumed_params = zero::ParamPlace::device) {
   const int ranks = 2;
   TempDir dir, swap_saved, swap_resumed;
   const auto hyper = zero::test::test_hyper<AdamW>();
   zero::Options saved_options = options_for<O>(), resumed_options = saved_options;
+  saved_options.param_place = saved_params;
+  resumed_options.param_place = resumed_params;
   saved_options.nvme.directory = swap_saved.path.string();  // (only offload::Nvme reads it)
   resumed_options.nvme.directory = swap_resumed.path.string();
   std::vector<RankResult> uninterrupted(ranks), resumed(ranks);
@@ -123,6 +128,18 @@ TEMPLATE_LIST_TEST_CASE("every precision and stage resumes bit for bit: offload:
 TEMPLATE_LIST_TEST_CASE("every precision and stage resumes bit for bit: offload::Nvme on the host",
                         "[checkpoint][resume][matrix][nvme_host]", NvmeOnHost) {
   check_resume<TestType>();
+}
+// Stage 3 with its parameter shards on disk (Options::param_place = disk): saved
+// from the file and loaded into it, and across placements both ways.
+using NvmeStage3 = std::tuple<Placement<zero::offload::Nvme, zero::backend::Host, 1>::Opt<Full<float>, 3>,
+                              Placement<zero::offload::Nvme, zero::backend::Host, 1>::Opt<Mixed<bf16>, 3>,
+                              Placement<zero::offload::Nvme, zero::backend::Host, 1>::Opt<Mixed<fp16>, 3>>;
+TEMPLATE_LIST_TEST_CASE("stage 3 resumes bit for bit with its parameter shards on disk, and across placements",
+                        "[checkpoint][resume][matrix][params_disk]", NvmeStage3) {
+  using zero::ParamPlace;
+  SECTION("disk to disk") { check_resume<TestType>(ParamPlace::disk, ParamPlace::disk); }
+  SECTION("disk to device") { check_resume<TestType>(ParamPlace::disk, ParamPlace::device); }
+  SECTION("device to disk") { check_resume<TestType>(ParamPlace::device, ParamPlace::disk); }
 }
 TEMPLATE_LIST_TEST_CASE("every precision and stage resumes bit for bit: offload::Nvme on a device backend",
                         "[checkpoint][resume][matrix][nvme_device]", NvmeOnDevice) {

@@ -36,7 +36,7 @@ namespace {
 // docs/configuration.md and its value in every_setting_changed() below.
 [[maybe_unused]] void members_have_keys(Config& c) {
   [[maybe_unused]] auto& [precision, optimizer, hyper, stage, offload, options] = c;
-  [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, release_memory_pages, prefetch_units, grad_accumulation_steps, clip_norm, gradient_divisor,
+  [[maybe_unused]] auto& [bucket_bytes, grad_writes, live_buckets, release_memory_pages, prefetch_units, param_place, grad_accumulation_steps, clip_norm, gradient_divisor,
                           loss_scale, reduce_dtype, seed, stochastic_rounding, master, round_ties_away, states, state_block,
                           state_fp32_below, hpz, hpz_int8, qwz, qwz_block, qgz, qgz_bits, qgz_block, qgz_error_feedback,
                           offload_threads,
@@ -61,6 +61,7 @@ Config every_setting_changed() {
   o.live_buckets = 5;
   o.release_memory_pages = true;
   o.prefetch_units = 3;
+  o.param_place = zero::ParamPlace::disk;
   o.grad_accumulation_steps = 4;
   o.clip_norm = 1.5;
   o.gradient_divisor = 8;
@@ -147,10 +148,11 @@ TEST_CASE("to_json and config_from_json round-trip every setting", "[runtime][co
   CHECK(j["bucket_bytes"] == 12345);
   CHECK(j["loss_scale"]["hysteresis"] == 2);
   CHECK(j["reduce_dtype"] == "fp32");
+  CHECK(j["param_place"] == "disk");
   std::set<std::string> top;
   for (const auto& item : j.items()) top.insert(item.key());
   CHECK(top == std::set<std::string>{"precision", "optimizer", "stage", "offload", "bucket_bytes", "grad_writes",
-                                     "live_buckets", "release_memory_pages", "prefetch_units",
+                                     "live_buckets", "release_memory_pages", "prefetch_units", "param_place",
                                      "grad_accumulation_steps", "clip_norm", "gradient_divisor", "loss_scale",
                                      "reduce_dtype", "seed", "stochastic_rounding", "master", "round_ties_away",
                                      "states", "state_block", "state_fp32_below", "hpz", "hpz_int8", "qwz", "qwz_block", "qgz", "qgz_bits", "qgz_block", "qgz_error_feedback", "offload_threads",
@@ -220,7 +222,7 @@ TEST_CASE("Options' field table has a row for every member", "[runtime][config]"
   CHECK(row_count<zero::LossScaleOptions> == member_count<zero::LossScaleOptions>());
   CHECK(row_count<zero::NvmeOptions> == member_count<zero::NvmeOptions>());
   // The count counts (members_have_keys spells these out).
-  CHECK(member_count<zero::Options>() == 32);
+  CHECK(member_count<zero::Options>() == 33);
   CHECK(member_count<zero::LossScaleOptions>() == 6);
   CHECK(member_count<zero::NvmeOptions>() == 5);
 }
@@ -229,13 +231,13 @@ TEST_CASE("Each field of the table alone: its key in a file, read back, and comp
           "[runtime][config]") {
   // Where ranks may differ, written out here as an independent view of the table.
   const std::set<std::string> rank_own{"offload_threads",   "require_pinned_memory", "pinned_piece_bytes",
-                                       "nvme.directory",    "nvme.window_bytes",     "nvme.block_bytes",
+                                       "param_place",       "nvme.directory",    "nvme.window_bytes",     "nvme.block_bytes",
                                        "nvme.queue_depth",  "nvme.direct"};
   const std::set<std::string> only_with_blockwise8{"state_block", "state_fp32_below"};
   std::map<std::string, json> defaults;
   flatten(zero::to_json(Config{}), "", defaults);
   const auto changes = each_field_changed_alone();
-  CHECK(changes.size() == 30 + 6 + 5);  // the members but the two groups, and theirs
+  CHECK(changes.size() == 31 + 6 + 5);  // the members but the two groups, and theirs
   for (const auto& [key, change] : changes) {
     INFO("Options::" << key);
     Config one;

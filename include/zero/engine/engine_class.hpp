@@ -101,7 +101,7 @@ class Engine {
   // zero/offload/disk_state_store.hpp).
   template <comm::Communicator Comm>
   Engine(Comm& communicator, int stage, OffloadTier offload, Hyper hyper, Options options = {},
-         DiskMaker disk = nullptr)
+         DiskMaker disk = {})
       : comm_(communicator),
         run_(checked(stage, offload, options, disk)),
         disk_(disk),
@@ -364,7 +364,12 @@ class Engine {
   static constexpr Voice voice{"zero::ZeroOptimizer"};
 
   const UnitInfo& unit_of(std::size_t index) const { return layout_.units()[index]; }
-  param_type* param_ptr(const UnitInfo& u) { return params_.data() + ownership().param_offset(u); }
+  // This rank's updated range of unit u's parameters (its shard at stage 3;
+  // with Options::param_place = disk, valid until another unit's).
+  param_type* param_ptr(const UnitInfo& u) {
+    const auto index = static_cast<std::size_t>(&u - layout_.units().data());
+    return params_.unit(index) + (run_.stage.params_sharded ? 0 : ownership().update_begin(u));
+  }
   // After the parameters changed: stage 3 drops its gathered copies, stages
   // 1-2 all-gather the updated shards (collective).
   void publish_params();

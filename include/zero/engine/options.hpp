@@ -83,6 +83,24 @@ constexpr const char* name(StateFormat f) {
   }
   return "?";
 }
+// Where stage 3 keeps this rank's parameter shards between their uses
+// (docs/offload.md). device: in the backend's memory (device memory on a
+// GPU, host memory with backend::Host), all of them, as the engine always
+// did. disk: in a file under Options::nvme.directory, read into a few pages
+// of the backend's memory ahead of each use (in the order of the last step's
+// uses) and written back when changed, so a rank keeps pages for a few units
+// instead of its whole shard (ZeRO-Infinity's parameter offload); it needs
+// the disk tier's store in the program (offload::Nvme).
+enum class ParamPlace { device, disk };
+
+constexpr const char* name(ParamPlace p) {
+  switch (p) {
+    case ParamPlace::device: return "device";
+    case ParamPlace::disk: return "disk";
+  }
+  return "?";
+}
+
 // Bytes of one stored master element (the remainder's; its other half is
 // the parameter) and of one stored state element.
 constexpr std::size_t master_element_bytes(MasterWeights m) { return m == MasterWeights::remainder ? 2 : 4; }
@@ -272,6 +290,9 @@ struct Options {
   // Stage 3: units gathered ahead of the one in use (the gather arena holds
   // the prefetch_units + 1 largest units).
   int prefetch_units = 1;
+  // Stage 3: where the parameter shards live between uses (ParamPlace);
+  // disk keeps prefetch_units + 2 units' shards in memory (read ahead).
+  ParamPlace param_place = ParamPlace::device;
   // Micro-batches summed before each optimizer step.
   int grad_accumulation_steps = 1;
   // Global L2 norm clipping of the (unscaled, averaged) gradient; 0 turns it off.
@@ -386,6 +407,7 @@ struct Options {
                       option_field("live_buckets", &O::live_buckets, all),
                       option_field("release_memory_pages", &O::release_memory_pages, all),
                       option_field("prefetch_units", &O::prefetch_units, all),
+                      option_field("param_place", &O::param_place, rank_own),
                       option_field("grad_accumulation_steps", &O::grad_accumulation_steps, all),
                       option_field("clip_norm", &O::clip_norm, all),
                       option_field("gradient_divisor", &O::gradient_divisor, all),

@@ -34,6 +34,7 @@ inline constexpr GradWrites all_grad_writes[] = {GradWrites::overwrite, GradWrit
 inline constexpr MasterWeights all_master_weights[] = {MasterWeights::fp32, MasterWeights::remainder};
 inline constexpr StateFormat all_state_formats[] = {StateFormat::fp32, StateFormat::bf16, StateFormat::bf16_stochastic,
                                                    StateFormat::blockwise8};
+inline constexpr ParamPlace all_param_places[] = {ParamPlace::device, ParamPlace::disk};
 
 namespace detail {
 // The value whose name() is `text`, if any: names are defined once, by name().

@@ -18,5 +18,6 @@ constexpr const auto& all_values_of(ReduceDType) { return all_reduce_dtypes; }
 constexpr const auto& all_values_of(GradWrites) { return all_grad_writes; }
 constexpr const auto& all_values_of(MasterWeights) { return all_master_weights; }
 constexpr const auto& all_values_of(StateFormat) { return all_state_formats; }
+constexpr const auto& all_values_of(ParamPlace) { return all_param_places; }
 
 }  // namespace zero::detail

@@ -181,6 +181,11 @@ struct BufferSizes {
   std::size_t disk_window = 0;
   std::size_t disk_chunk = 0;       // elements of one array per chunk of the window
   std::size_t swap_file_bytes = 0;
+  // Options::param_place = disk (stage 3): the pages the shards are read into
+  // (parameter type, param_page_count of the largest record), and the
+  // parameter file (bytes: every unit's record, param_record_bytes).
+  std::size_t param_pages = 0;
+  std::size_t param_file_bytes = 0;
 };
 
 // `layout` must be finalized (its padding decides every size).
@@ -266,6 +271,11 @@ inline BufferSizes buffer_sizes(const Layout& layout, const RunShape& run, const
                                    : StateBlocks{};
     const std::size_t records = offload::disk_chunk_starts(s.disk_chunk, owned, blocks).size() - 1;
     s.swap_file_bytes = offload::disk_records_bytes(records, s.disk_chunk, run.state_slots, mb, sb);
+  }
+  if (options.param_place == ParamPlace::disk && run.stage.params_sharded) {
+    const std::size_t eb = run.element_bytes();
+    s.param_pages = offload::param_page_count(options.prefetch_units) * offload::param_record_bytes(s.max_shard, eb) / eb;
+    for (const auto& u : layout.units()) s.param_file_bytes += offload::param_record_bytes(u.shard, eb);
   }
   return s;
 }

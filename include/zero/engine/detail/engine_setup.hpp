@@ -46,7 +46,7 @@ RunShape Engine<P, O, B>::checked(int stage, OffloadTier offload, const Options&
   require(offload == OffloadTier::none || !B::device || backend::OffloadOps<Ops>,
           "zero: offload from backend ", B::name, " needs a backend with page-locked host buffers and asynchronous "
           "copies (backend/ops.hpp, OffloadOps)");
-  require(offload != OffloadTier::nvme || disk != nullptr,
+  require(offload != OffloadTier::nvme || disk.state != nullptr,
           "zero: offload nvme needs its store: #include \"zero/offload/disk_state_store.hpp\" (liburing, "
           "xxhash.h) in the program that makes the optimizer");
   return run;
@@ -63,7 +63,7 @@ void Engine<P, O, B>::finalize() {
   run_.overlap = comm_.overlaps();
   check_agreement();
   constexpr RunRule at_finalize[] = {RunRule::zeropp_stage, RunRule::delayed_update_needs_offload_from_device,
-                                     RunRule::released_pages_need_host};
+                                     RunRule::released_pages_need_host, RunRule::params_on_disk};
   require_run(run_, options_, voice, at_finalize);
   // Sizes from the rule the planner shares (engine/detail/buffer_sizes.hpp).
   const BufferSizes sizes = buffer_sizes(layout_, run_, options_);
@@ -73,7 +73,15 @@ void Engine<P, O, B>::finalize() {
 
   // Each part's rows (engine/detail/part_rows.hpp), allocated here and handed to
   // the part; the planner's schedule lists the same rows.
-  params_.bind(allocate<param_type>(parameter_row(run_, sizes)), layout_, rules.params_sharded);
+  if (options_.param_place == ParamPlace::disk) {
+    require(disk_.params != nullptr,
+            "ZeroOptimizer::finalize(): Options::param_place = disk keeps the parameter shards in a file, with the disk "
+            "tier's store: #include \"zero/offload/disk_state_store.hpp\" (liburing, xxhash.h) and name "
+            "offload::Nvme (ZeroOptimizer<..., offload::Nvme, ...>, or make_optimizer<Backend, offload::Nvme>)");
+    params_.bind_pages(disk_.params(options_, rank(), layout_), layout_);
+  } else {
+    params_.bind(allocate<param_type>(parameter_rows(run_, sizes).values), layout_, rules.params_sharded);
+  }
   const GradientRows grad_rows = gradient_rows(run_, sizes);
   typename GradientReducer<Ops, grad_type>::Buffers grad_buffers;
   grad_buffers.accumulator = allocate<grad_type>(grad_rows.accumulator);
@@ -82,7 +90,7 @@ void Engine<P, O, B>::finalize() {
   grad_buffers.shard_staging = allocate<grad_type>(grad_rows.shard_staging);
   // (a generic lambda, not an explicit template one: nvcc 13 refuses those in
   // a member of a class template with default arguments)
-  update_.allocate(ownership(), state_rows(run_, options_, layout_, sizes), update_rows(run_, sizes), params_.data(),
+  update_.allocate(ownership(), state_rows(run_, options_, layout_, sizes), update_rows(run_, sizes), params_,
                    grad_buffers.accumulator.data(), options_, rank(), disk_,
                    [&](auto buffer_type, const BufferRow& row) {
                      return allocate_as<typename decltype(buffer_type)::type>(row);
@@ -215,7 +223,8 @@ void Engine<P, O, B>::account_memory() {
     (B::device ? p.device : p.host) = bytes;
     return p;
   };
-  m.placed.params = in_backend(params_.bytes() + gatherer_.secondary_bytes());
+  m.placed.params = params_.placed(B::device);
+  m.placed.params += in_backend(gatherer_.secondary_bytes());
   m.placed.grads = in_backend(reducer_.accumulator_bytes());
   m.placed.grads.host += update_.host_grad_bytes();
   m.placed.master = update_.store().master_bytes();

@@ -156,8 +156,7 @@ void Engine<P, O, B>::blame_non_finite(const NonFiniteGradients& gradients_error
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::publish_params() {
-  // The update wrote every unit's owned range where the store keeps it.
-  for (std::size_t unit = 0; unit < layout_.units().size(); ++unit) params_.written(unit);
+  // (The update told the parameter store of each unit it wrote.)
   // Stage 3: the shards changed, so every gathered copy is stale (none is in
   // use: step() checked); acquire_unit gathers the updated values.
   if (run_.stage.params_sharded) gatherer_.drop_all();
@@ -178,6 +177,7 @@ void Engine<P, O, B>::publish_params() {
   if (replicas_.enabled() && !run_.stage.params_sharded)
     for (std::size_t unit = 0; unit < layout_.units().size(); ++unit)
       record_replica(unit, params_.unit(unit));
+  params_.end_step();  // this step's order of uses: the next one's read-ahead
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

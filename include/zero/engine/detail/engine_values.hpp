@@ -65,7 +65,7 @@ void Engine<P, O, B>::set_param(ParamId id, const float* values) {
     to_params(values, p.numel, params_.unit(p.unit.index) + p.offset);
     own_.write_value(layout_, id.index, params_.unit(p.unit.index));  // your memory (use_memory)
   }
-  params_.written(p.unit.index);
+  if (lo < hi || rules.params_whole()) params_.written(p.unit.index);  // (stage 3: where this rank's shard changed)
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
@@ -128,6 +128,7 @@ void Engine<P, O, B>::read_params(std::size_t unit, std::size_t local, std::size
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
 void Engine<P, O, B>::write_params(std::size_t unit, std::size_t local, std::size_t count, const param_type* host) {
   Ops::upload(param_ptr(unit_of(unit)) + local, host, count);
+  params_.written(unit);
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>
@@ -150,12 +151,16 @@ void Engine<P, O, B>::write_state(StateSlot slot, std::size_t unit, std::size_t 
                                   const float* host) {
   const UnitInfo& u = unit_of(unit);
   if (slot.is_master() && !update_.store().owns_master()) {
-    if constexpr (std::is_same_v<param_type, float>) Ops::upload(param_ptr(u) + local, host, count);
+    if constexpr (std::is_same_v<param_type, float>) {
+      Ops::upload(param_ptr(u) + local, host, count);
+      params_.written(unit);
+    }
     return;
   }
-  if (slot.is_master())
-    update_.import_master(u, local, host, count);
-  else
+  if (slot.is_master()) {
+    update_.import_master(u, local, host, count);  // (a remainder master writes the bf16 copy too)
+    params_.written(unit);
+  } else
     update_.store().import_values(slot, ownership().state_offset(u) + local, host, count,
                                   static_cast<param_type*>(nullptr));
 }

@@ -4,30 +4,59 @@
 // owns master and state: whole on every rank at stages 0-2, this rank's
 // shard of every unit at stage 3, with the verbs the others use: a unit's
 // values or shard, a prefetch ahead of a gather, the notice that a unit was
-// written, and what it holds for the memory report. Today the values live
-// in the backend's memory, so prefetch and written do nothing; a placement
-// off the device (parameters on demand: host memory or disk) is another
-// store behind the same verbs, its rows and its registration.
+// written, and what it holds for the memory report.
+//
+// Where the shards live is Options::param_place. device: in one buffer of the
+// backend's memory, so prefetch and written do nothing. disk: behind
+// ParamPages, a few pages of memory over a file (zero/offload/
+// disk_param_pages.hpp, made by the disk tier's maker because it needs
+// liburing): unit(u) then reads the shard into a page unless it is there
+// already, prefetch(u) starts that read, written(u) writes the page back.
+// A pointer unit(u) returns stays valid until the next unit() of another
+// unit: every caller (the gather of one unit, the update of one unit,
+// set_param, a checkpoint's range) uses one unit at a time.
 #pragma once
 
 #include "zero/compiler.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/detail/buffer_sizes.hpp"
-#include "zero/engine/layout.hpp"
 #include "zero/engine/detail/part_rows.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/engine/reports.hpp"
 #include "zero/engine/run_shape.hpp"
+#include "zero/error.hpp"
 
 namespace zero {
 
-// The parameters: whole, or this rank's shard at stage 3.
-inline BufferRow parameter_row(const RunShape& run, const BufferSizes& z) {
-  return {"parameters", "params", ReportedAs::params, backend_place(run), z.params, run.element_bytes(),
-          shard_it(run.stage.params_sharded, "stage 3 shards the parameters: use stage<3> or more ranks")};
+// The parameters: whole, or this rank's shard at stage 3 (with
+// Options::param_place = disk: on disk, with pages in the backend's memory).
+struct ParameterRows {
+  BufferRow values, pages, file_padding;
+  BufferRows list() const { return {values, pages, file_padding}; }
+};
+inline ParameterRows parameter_rows(const RunShape& run, const BufferSizes& z) {
+  const bool disk = z.param_file_bytes != 0;
+  ParameterRows r;
+  r.values = {"parameters", "params", ReportedAs::params, disk ? Place::disk : backend_place(run), z.params,
+              run.element_bytes(),
+              disk ? "the shards are on disk: their pages are what memory holds"
+                   : shard_it(run.stage.params_sharded, "stage 3 shards the parameters: use stage<3> or more ranks; "
+                                                        "or keep them on disk (Options::param_place = disk)")};
+  if (!disk) return r;
+  r.pages = {"parameter pages (Options::param_place = disk: prefetch_units + 2 of the largest shard)", "params",
+             ReportedAs::params, backend_place(run), z.param_pages, run.element_bytes(),
+             "lower Options::prefetch_units, or split the largest units"};
+  // Every record starts at a 4 KiB boundary of the file.
+  r.file_padding = {"parameter file (rounded to whole 4 KiB records)", "param_file_padding", ReportedAs::not_reported,
+                    Place::disk, z.param_file_bytes - z.params * run.element_bytes(), 1, ""};
+  return r;
 }
 // Stages 1-2: every rank needs the whole parameters again after the update.
 inline CollectiveRows parameter_collectives(const RunShape& run, const CollectiveCounter& count) {
@@ -38,33 +67,81 @@ inline CollectiveRows parameter_collectives(const RunShape& run, const Collectiv
 
 namespace detail {
 
+// Stage-3 shards kept off the backend's memory (Options::param_place = disk):
+// pages of a few units over the place they live, filled and written back
+// by their implementation (zero/offload/disk_param_pages.hpp).
+template <class T>
+class ParamPages {
+ public:
+  virtual ~ParamPages() = default;
+  // Unit u's shard in a page, read first unless it is there; valid until
+  // the next fetch() of another unit.
+  virtual T* fetch(std::size_t unit) = 0;
+  // Starts reading unit u's shard into a page (a later fetch waits for it).
+  virtual void prefetch(std::size_t unit) = 0;
+  // The page of unit u (fetched last) changed: written back where it lives.
+  virtual void written(std::size_t unit) = 0;
+  // A step is over: its order of fetches is the next step's read-ahead.
+  virtual void end_step() = 0;
+  // Where the pages and the shards are, for memory_report().
+  virtual std::uint64_t page_bytes() const = 0;
+  virtual std::uint64_t stored_bytes() const = 0;
+};
+
 template <class Ops, class T>
 class ParamStore {
  public:
   using Buffer = typename Ops::template Buffer<T>;
 
-  // At finalize(): parameter_row's buffer, laid out by `layout` (whole, or
-  // the shards at UnitInfo::shard_offset when `sharded`).
+  // At finalize(), one of the two. bind: the parameter row's buffer, laid
+  // out by `layout` (whole, or the shards at UnitInfo::shard_offset when
+  // `sharded`). bind_pages: stage 3's shards behind `pages`.
   void bind(Buffer values, const Layout& layout, bool sharded) {
     values_ = std::move(values);
     layout_ = &layout;
     sharded_ = sharded;
   }
+  void bind_pages(std::unique_ptr<ParamPages<T>> pages, const Layout& layout) {
+    require(pages != nullptr, "ParamStore: no pages");
+    pages_ = std::move(pages);
+    layout_ = &layout;
+    sharded_ = true;
+  }
+  // The shards are paged (Options::param_place = disk).
+  bool paged() const { return pages_ != nullptr; }
 
-  // Every value in layout order: the whole parameters, or every unit's shard.
-  T* data() { return values_.data(); }
-  const T* data() const { return values_.data(); }
-  // Unit u's values (whole), or its shard (stage 3).
-  T* unit(std::size_t u) { return values_.data() + offset(u); }
-  const T* unit(std::size_t u) const { return values_.data() + offset(u); }
+  // Every value in layout order (stages 0-2: the whole parameters).
+  T* data() {
+    require(!paged(), "ParamStore::data(): the shards are paged; use unit()");
+    return values_.data();
+  }
+  const T* data() const { return const_cast<ParamStore*>(this)->data(); }
+  // Unit u's values (whole), or its shard (stage 3); paged, valid until the
+  // next unit() of another unit.
+  T* unit(std::size_t u) { return paged() ? pages_->fetch(u) : values_.data() + offset(u); }
+  const T* unit(std::size_t u) const { return const_cast<ParamStore*>(this)->unit(u); }
 
   // Stage 3: unit u is about to be gathered (its shard read) ahead of use.
-  void prefetch(std::size_t) const {}
+  void prefetch(std::size_t u) {
+    if (paged()) pages_->prefetch(u);
+  }
   // Unit u's values changed (the update, set_param, a load): written where
   // they live.
-  void written(std::size_t) {}
+  void written(std::size_t u) {
+    if (paged()) pages_->written(u);
+  }
+  // The step is over (its order of uses is the next step's read-ahead).
+  void end_step() {
+    if (paged()) pages_->end_step();
+  }
 
-  std::uint64_t bytes() const { return values_.bytes(); }
+  // What memory_report() shows: the buffer, or the pages and the file.
+  PlacedBytes placed(bool device_backend) const {
+    PlacedBytes p;
+    (device_backend ? p.device : p.host) = paged() ? pages_->page_bytes() : values_.bytes();
+    if (paged()) p.disk = pages_->stored_bytes();
+    return p;
+  }
 
  private:
   std::size_t offset(std::size_t u) const {
@@ -73,6 +150,7 @@ class ParamStore {
   }
 
   Buffer values_;
+  std::unique_ptr<ParamPages<T>> pages_;
   const Layout* layout_ = nullptr;
   bool sharded_ = false;
 };

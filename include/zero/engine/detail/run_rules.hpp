@@ -37,6 +37,7 @@ enum class RunRule : std::uint8_t {
   delayed_update_needs_offload_from_device,
   released_pages_need_host,     // Options::release_memory_pages: host memory only
   disk_window,                  // offload::Nvme's window holds three chunks
+  params_on_disk,               // Options::param_place = disk: stage 3, backend::Host
 };
 
 // In the order they are checked: the run's shape first, then its Options.
@@ -45,7 +46,7 @@ inline constexpr std::array all_run_rules{
     RunRule::cpu_offload_needs_device, RunRule::remainder_master_needs_bf16,
     RunRule::bf16_copy_options,  RunRule::zeropp_stage,
     RunRule::delayed_update_needs_offload_from_device, RunRule::released_pages_need_host,
-    RunRule::disk_window};
+    RunRule::disk_window,        RunRule::params_on_disk};
 
 // The rules a run's shape alone breaks (no Options): constant expressions,
 // for ZeroOptimizer's static_asserts. Any other rule: false.
@@ -147,6 +148,19 @@ inline std::string rule_problem(RunRule rule, const RunShape& run, const Options
                                           run.state_slots < 0 ? std::nullopt : std::optional<int>(run.state_slots),
                                           master_element_bytes(options.master), state_element_bytes(options.states),
                                           name(options.master), name(options.states), run.optimizer);
+    case RunRule::params_on_disk:
+      if (options.param_place != ParamPlace::disk) return "";
+      if (!run.stage.params_sharded)
+        return concat(voice.option_is("param_place", "disk"), " keeps stage 3's parameter shards on disk between their "
+                      "uses; at ", voice.stage(run.stage.stage), " every rank holds the parameters whole and uses "
+                      "them all at once: use ", voice.stage(3), ", or ", voice.option_set("param_place", "device"),
+                      voice.keys("\"param_place\" in a config file, --param-place on the command line"));
+      if (run.device_backend)
+        return concat(voice.option_is("param_place", "disk"), " is built for ", voice.host_backend(), " so far (its "
+                      "pages are the backend's memory, read from the file directly); with a device backend keep ",
+                      voice.option_set("param_place", "device"), " and move the state with ",
+                      voice.tier(OffloadTier::nvme));
+      return "";
     default: return "";
   }
 }

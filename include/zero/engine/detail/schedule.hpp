@@ -112,7 +112,7 @@ inline Schedule schedule(const Layout& layout, const RunShape& run, const Option
   s.gradient_note = gradient_saving_note(z, run, layout, options);
 
   // ---- Buffers: each part's rows, in the order finalize() allocates them ----
-  const BufferRows parts[] = {{parameter_row(run, z)},
+  const BufferRows parts[] = {parameter_rows(run, z).list(),
                               detail::gradient_rows(run, z).list(),
                               state_rows(run, options, layout, z).list(),
                               detail::update_rows(run, z).list(),

@@ -443,16 +443,26 @@ class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
   }
 };
 
-// The disk tier's store, made by zero/offload/disk_state_store.hpp (which
-// needs liburing, so the engine cannot include it): a function configured
-// from the run's Options (nvme, master, states) for this rank, with `owned`
-// elements (and 8-bit states' runs of them, engine/detail/state_blocks.hpp). The
-// engine is handed it where that header is included and refuses the tier
-// without it.
+namespace detail {
+template <class T>
+class ParamPages;  // stage 3's shards on disk (engine/detail/param_store.hpp)
+}
+
+// The disk tier's stores, made by zero/offload/disk_state_store.hpp (which
+// needs liburing, so the engine cannot include it). `state`: the master and
+// state configured from the run's Options (nvme, master, states) for this
+// rank, with `owned` elements (and 8-bit states' runs of them,
+// engine/detail/state_blocks.hpp). `params`: stage 3's parameter shards
+// (Options::param_place = disk) under Options::nvme, for this rank's shards of
+// `layout`. The engine is handed both where that header is included, and
+// refuses the tier and the placement without them.
 template <optim::Policy Optimizer, class Grad, class Param>
-using DiskStoreMaker = std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*)(const Options& options, int rank,
-                                                                                   std::size_t owned,
-                                                                                   const StateBlocks& blocks);
+struct DiskStoreMaker {
+  std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*state)(const Options& options, int rank,
+                                                                   std::size_t owned,
+                                                                   const StateBlocks& blocks) = nullptr;
+  std::unique_ptr<detail::ParamPages<Param>> (*params)(const Options& options, int rank, const Layout& layout) = nullptr;
+};
 
 namespace offload {
 struct DiskTier;  // the disk tier's maker (zero/offload/disk_state_store.hpp)
@@ -463,7 +473,7 @@ namespace detail {
 struct NoDiskTier {
   template <optim::Policy Optimizer, class Grad, class Param>
   static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
-    return nullptr;
+    return {};
   }
 };
 // The disk tier an offload policy needs: specialised for offload::Nvme by

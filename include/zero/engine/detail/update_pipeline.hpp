@@ -32,6 +32,7 @@
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/detail/ownership.hpp"
+#include "zero/engine/detail/param_store.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/run_shape.hpp"
 #include "zero/engine/detail/state_store.hpp"
@@ -110,11 +111,11 @@ class UpdatePipeline {
   // `allocate(std::type_identity<Buf>{}, row)` is the engine's allocator (an
   // error naming the buffer on failure); `disk` makes the nvme tier's store.
   template <class Allocate>
-  void allocate(const Ownership& own, const StateRows& state, const UpdateRows& host, param_type* params,
+  void allocate(const Ownership& own, const StateRows& state, const UpdateRows& host, ParamStore<Ops, param_type>& params,
                 grad_type* grads, const Options& options, int rank,
                 DiskStoreMaker<Optimizer, grad_type, param_type> disk, Allocate&& allocate) {
     own_ = own;
-    params_ = params;
+    params_ = &params;
     grads_ = grads;
     const std::size_t owned = own.owned_total();
     auto array_store = [&]<class S>(std::type_identity<S>) {
@@ -130,7 +131,7 @@ class UpdatePipeline {
         if constexpr (Backend::device && can_offload)  // (refused otherwise when the engine was made)
           array_store(std::type_identity<ArrayStateStore<Optimizer, HostOps, Pinned, false>>{});
         break;
-      case OffloadTier::nvme: store_ = disk(options, rank, owned, state.blocks); break;
+      case OffloadTier::nvme: store_ = disk.state(options, rank, owned, state.blocks); break;
     }
     if (!host_staging_) return;
     host_grads_ = allocate(std::type_identity<Pinned<grad_type>>{}, host.host_grads);
@@ -229,7 +230,7 @@ class UpdatePipeline {
       export_master(u, 0, host.data(), n);
       Ops::upload(dst, host.data(), n);
     } else if constexpr (std::is_same_v<param_type, float>) {
-      Ops::copy(dst, params_ + own_.param_offset(u), n);
+      Ops::copy(dst, owned_params(u), n);
     }
   }
   // Owned elements [local, local + n) of unit u's updated range of the
@@ -241,7 +242,7 @@ class UpdatePipeline {
     store_->import_values(StateSlot{}, own_.state_offset(u) + local, host, n, copy);
     if constexpr (can_offload)
       if (stage_params_ && master_format_ == MasterWeights::remainder)
-        Ops::upload(params_ + own_.param_offset(u) + local, copy, n);
+        Ops::upload(owned_params(u) + local, copy, n);
   }
   void export_master(const UnitInfo& u, std::size_t local, float* host, std::size_t n) {
     store_->export_values(StateSlot{}, own_.state_offset(u) + local, host, n, update_copy(u) + local);
@@ -276,7 +277,7 @@ class UpdatePipeline {
       args.grad = update_grad(u, set);
       if (!separate_master_) {
         if constexpr (std::is_same_v<param_type, float>)
-          args.master = params_ + own_.param_offset(u);  // fp32: the parameters are the master
+          args.master = owned_params(u);  // fp32: the parameters are the master
       } else if (stage_params_ || !host_staging_) {
         args.param = update_copy(u);  // (fp32 on backend::Host with nvme: the store copies the master in)
       }
@@ -288,6 +289,7 @@ class UpdatePipeline {
       // depend on N.
       args.global_offset = (static_cast<std::uint64_t>(index) << 40) + own_.update_begin(u);
       store_->update(own_.state_offset(u), args);
+      if (!host_staging_) params_->written(index);  // (staged: once uploaded)
       if (host_staging_) {
         updated_master_[index] = args.master;
         // The unit's new parameters go to the device while the CPU updates
@@ -305,19 +307,27 @@ class UpdatePipeline {
   // Where the update reads and writes unit u's owned 16-bit parameters: the
   // host staging (offloaded from a device) or the parameters themselves.
   param_type* update_copy(const UnitInfo& u) {
-    return stage_params_ ? host_params_.data() + own_.state_offset(u) : params_ + own_.param_offset(u);
+    return stage_params_ ? host_params_.data() + own_.state_offset(u) : owned_params(u);
+  }
+  // This rank's updated range of unit u's parameters, where the parameter
+  // store keeps them (with Options::param_place = disk: valid until another
+  // unit's).
+  param_type* owned_params(const UnitInfo& u) {
+    const auto index = static_cast<std::size_t>(&u - own_.layout->units().data());
+    return params_->unit(index) + (own_.rules.params_sharded ? 0 : own_.update_begin(u));
   }
 
   // Offload: unit u's updated parameters, host to device (async).
   void upload_updated(const UnitInfo& u) {
     if constexpr (can_offload) {
       if (!host_staging_) return;
-      param_type* dst = params_ + own_.param_offset(u);
+      const auto index = static_cast<std::size_t>(&u - own_.layout->units().data());
+      param_type* dst = owned_params(u);
       if (stage_params_)
         Ops::upload_async(dst, host_params_.data() + own_.state_offset(u), own_.update_size(u));
       else if constexpr (std::is_same_v<param_type, float>)  // fp32: the device's working copy is the master itself
-        Ops::upload_async(dst, updated_master_[static_cast<std::size_t>(&u - own_.layout->units().data())],
-                          own_.update_size(u));
+        Ops::upload_async(dst, updated_master_[index], own_.update_size(u));
+      params_->written(index);
     }
   }
 
@@ -327,7 +337,7 @@ class UpdatePipeline {
   MasterWeights master_format_ = MasterWeights::fp32;
   int delayed_warmup_ = 0, threads_ = 0;
   Ownership own_{};
-  param_type* params_ = nullptr;
+  ParamStore<Ops, param_type>* params_ = nullptr;
   grad_type* grads_ = nullptr;
 
   std::unique_ptr<Store> store_;  // fp32 master (mixed precision, offload) and optimizer state

@@ -1,0 +1,186 @@
+// Why: at stage 3 a rank's parameter shards are used one unit at a time (a
+// gather, an update, a checkpoint's range), yet they were all kept in
+// memory. With Options::param_place = disk they live in a file beside the disk
+// tier's swap file (ZeRO-Infinity's parameter offload), and a rank keeps
+// pages for Options::prefetch_units + 2 units: the unit in use, the one
+// being written behind it, and the units read ahead. What to read ahead is
+// what the last step used next: the order of a step's fetches is recorded
+// and replayed, so a training loop that uses its units in the same order
+// every step (every loop does) finds each shard read, or in flight, when it
+// asks for it. The reads and writes are DiskSwap's (io_uring, O_DIRECT, a
+// checksum per record, every fault an error naming the file): they run in
+// the kernel while the caller computes, so this class needs no thread.
+//
+// One record per unit, its shard from a 4 KiB boundary
+// (engine/detail/disk_window.hpp: param_record_bytes, which the planner
+// reads too). Not thread-safe: the engine calls it from one thread.
+#pragma once
+
+#include "zero/compiler.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zero/engine/detail/disk_window.hpp"
+#include "zero/engine/detail/param_store.hpp"
+#include "zero/engine/layout.hpp"
+#include "zero/engine/options.hpp"
+#include "zero/error.hpp"
+#include "zero/offload/aligned_buffer.hpp"
+#include "zero/offload/disk_swap.hpp"
+
+namespace zero::offload {
+
+template <class T>
+class DiskParamPages final : public zero::detail::ParamPages<T> {
+ public:
+  // This rank's shard of every unit of `layout` (finalized), in a file under
+  // options.nvme.directory; pages for param_page_count(prefetch_units).
+  DiskParamPages(const Options& options, int rank, const Layout& layout) : layout_(&layout) {
+    std::size_t file = 0, largest = disk_alignment;
+    for (const UnitInfo& u : layout.units()) {
+      offsets_.push_back(file);
+      const std::size_t record = param_record_bytes(u.shard, sizeof(T));
+      file += record;
+      largest = std::max(largest, record);
+      stored_ += u.shard * sizeof(T);
+    }
+    DiskOptions disk;
+    disk.directory = options.nvme.directory;
+    disk.block_bytes = options.nvme.block_bytes;
+    disk.queue_depth = options.nvme.queue_depth;
+    disk.direct = options.nvme.direct;
+    disk.option_names = "Options::nvme.";  // what the engine's users set
+    swap_ = std::make_unique<DiskSwap>(std::max(file, disk_alignment), disk, rank);
+    pages_.resize(param_page_count(options.prefetch_units));
+    for (Page& p : pages_) p.values = AlignedBuffer<T>(largest / sizeof(T));
+    page_of_.assign(layout.units().size(), none);
+    ahead_ = static_cast<std::size_t>(options.prefetch_units);
+  }
+  DiskParamPages(const DiskParamPages&) = delete;
+  DiskParamPages& operator=(const DiskParamPages&) = delete;
+
+  T* fetch(std::size_t unit) override {
+    std::size_t p = page_of_[unit];
+    ++counts_.fetches;
+    if (p == none) {
+      ++counts_.read_on_demand;
+      p = start_read(unit);
+    }
+    Page& page = pages_[p];
+    // Its read landed, or its write behind ended (the caller may change it).
+    swap_->wait(page.ticket);
+    page.ticket = Ticket{};
+    page.used = ++clock_;
+    last_ = p;
+    read_ahead_after(unit);
+    return page.values.data();
+  }
+  void prefetch(std::size_t unit) override {
+    if (page_of_[unit] == none) start_read(unit);
+  }
+  void written(std::size_t unit) override {
+    const std::size_t p = page_of_[unit];
+    require(p != none, "DiskParamPages::written(", unit, "): the unit is not in a page (fetch it first)");
+    Page& page = pages_[p];
+    swap_->wait(page.ticket);
+    page.ticket = swap_->write(offsets_[unit], page.values.data(), record_bytes(unit));
+  }
+  void end_step() override {
+    last_step_.swap(this_step_);
+    this_step_.clear();
+  }
+  std::uint64_t page_bytes() const override {
+    std::uint64_t b = 0;
+    for (const Page& p : pages_) b += p.values.bytes();
+    return b;
+  }
+  std::uint64_t stored_bytes() const override { return stored_; }
+
+  // Fetches, and those that found their unit in no page (its read started
+  // only then): with a loop that repeats its order, one per step at most.
+  struct Counts {
+    std::uint64_t fetches = 0, read_on_demand = 0;
+  };
+  const Counts& counts() const { return counts_; }
+
+ private:
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  // A step's fetches are recorded up to this many (a loop that never calls
+  // step() keeps no longer a record).
+  static constexpr std::size_t max_recorded = std::size_t{1} << 20;
+
+  struct Page {
+    AlignedBuffer<T> values;
+    std::size_t unit = none;
+    Ticket ticket{};         // its read or write in flight, if any
+    std::uint64_t used = 0;  // when it was last fetched or read into
+  };
+
+  std::size_t record_bytes(std::size_t unit) const {
+    return param_record_bytes(layout_->units()[unit].shard, sizeof(T));
+  }
+
+  // Starts reading `unit` into a page: a free one, else the least recently
+  // used of those whose unit is not about to be used (upcoming_), else of
+  // any, but never the last fetched (whose values a caller may hold).
+  std::size_t start_read(std::size_t unit) {
+    std::size_t victim = none;
+    for (std::size_t p = 0; p < pages_.size() && victim == none; ++p)
+      if (pages_[p].unit == none) victim = p;
+    for (const bool spare_upcoming : {true, false}) {
+      if (victim != none) break;
+      for (std::size_t p = 0; p < pages_.size(); ++p) {
+        if (p == last_ || (spare_upcoming && upcoming(pages_[p].unit))) continue;
+        if (victim == none || pages_[p].used < pages_[victim].used) victim = p;
+      }
+    }
+    Page& page = pages_[victim];
+    if (page.unit != none) {
+      swap_->wait(page.ticket);  // its write behind (or an unused read) must end first
+      page_of_[page.unit] = none;
+    }
+    page.unit = unit;
+    page.used = ++clock_;
+    page_of_[unit] = victim;
+    page.ticket = swap_->read(offsets_[unit], page.values.data(), record_bytes(unit));
+    return victim;
+  }
+
+  // Where the last step fetched `unit` at this point of its order, the
+  // units it fetched next are read now (past its end: the step's first
+  // ones, for the next step begins as it did), and their pages spared.
+  void read_ahead_after(std::size_t unit) {
+    const std::size_t at = this_step_.size();
+    if (at < max_recorded) this_step_.push_back(unit);
+    upcoming_.clear();
+    const std::size_t n = last_step_.size();
+    if (at >= n || last_step_[at] != unit) return;
+    for (std::size_t k = 1; k <= ahead_ && k < n; ++k) upcoming_.push_back(last_step_[(at + k) % n]);
+    for (const std::size_t next : upcoming_)
+      if (next != unit && page_of_[next] == none) start_read(next);
+  }
+  bool upcoming(std::size_t unit) const {
+    return std::find(upcoming_.begin(), upcoming_.end(), unit) != upcoming_.end();
+  }
+
+  const Layout* layout_;
+  std::vector<std::size_t> offsets_;  // each unit's record in the file
+  std::vector<Page> pages_;
+  // After the pages: destroyed first, it waits for the kernel's transfers
+  // from and into them.
+  std::unique_ptr<DiskSwap> swap_;
+  std::vector<std::size_t> page_of_;  // each unit's page, or none
+  std::size_t last_ = none;           // the page fetched last
+  std::uint64_t clock_ = 0;
+  std::size_t ahead_ = 1;
+  std::vector<std::size_t> this_step_, last_step_;  // units in the order fetched
+  std::vector<std::size_t> upcoming_;              // the units read ahead after the last fetch
+  std::uint64_t stored_ = 0;
+  Counts counts_;
+};
+
+}  // namespace zero::offload
