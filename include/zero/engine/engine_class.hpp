@@ -366,10 +366,7 @@ class Engine {
   const UnitInfo& unit_of(std::size_t index) const { return layout_.units()[index]; }
   // This rank's updated range of unit u's parameters (its shard at stage 3;
   // with Options::param_place = disk, valid until another unit's).
-  param_type* param_ptr(const UnitInfo& u) {
-    const auto index = static_cast<std::size_t>(&u - layout_.units().data());
-    return params_.unit(index) + (run_.stage.params_sharded ? 0 : ownership().update_begin(u));
-  }
+  param_type* param_ptr(const UnitInfo& u) { return params_.updated_range(u, ownership()); }
   // After the parameters changed: stage 3 drops its gathered copies, stages
   // 1-2 all-gather the updated shards (collective).
   void publish_params();

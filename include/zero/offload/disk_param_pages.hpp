@@ -48,13 +48,7 @@ class DiskParamPages final : public zero::detail::ParamPages<T> {
       largest = std::max(largest, record);
       stored_ += u.shard * sizeof(T);
     }
-    DiskOptions disk;
-    disk.directory = options.nvme.directory;
-    disk.block_bytes = options.nvme.block_bytes;
-    disk.queue_depth = options.nvme.queue_depth;
-    disk.direct = options.nvme.direct;
-    disk.option_names = "Options::nvme.";  // what the engine's users set
-    swap_ = std::make_unique<DiskSwap>(std::max(file, disk_alignment), disk, rank);
+    swap_ = std::make_unique<DiskSwap>(std::max(file, disk_alignment), disk_options(options.nvme), rank);
     pages_.resize(param_page_count(options.prefetch_units));
     for (Page& p : pages_) p.values = AlignedBuffer<T>(largest / sizeof(T));
     page_of_.assign(layout.units().size(), none);
@@ -78,9 +72,6 @@ class DiskParamPages final : public zero::detail::ParamPages<T> {
     last_ = p;
     read_ahead_after(unit);
     return page.values.data();
-  }
-  void prefetch(std::size_t unit) override {
-    if (page_of_[unit] == none) start_read(unit);
   }
   void written(std::size_t unit) override {
     const std::size_t p = page_of_[unit];

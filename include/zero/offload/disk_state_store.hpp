@@ -94,14 +94,9 @@ class DiskStateStore {
     }
     starts_ = disk_chunk_starts(chunk_, owned, blocks_);
     record_floats_ = chunk_ * disk_record_element_bytes(state_slots, mb, sb) / sizeof(float);
-    DiskOptions disk;
-    disk.directory = options_.directory;
-    disk.block_bytes = options_.block_bytes;
-    disk.queue_depth = options_.queue_depth;
-    disk.direct = options_.direct;
-    disk.option_names = "Options::nvme.";  // what the engine's users set
     // Sized by disk_window.hpp, which the planner's schedule reads too.
-    swap_ = std::make_unique<DiskSwap>(disk_records_bytes(chunks(), chunk_, state_slots, mb, sb), disk, rank_);
+    swap_ = std::make_unique<DiskSwap>(disk_records_bytes(chunks(), chunk_, state_slots, mb, sb),
+                                       disk_options(options_), rank_);
     window_ = AlignedBuffer<float>(disk_window_elements(options_.window_bytes, state_slots, owned, mb, sb));
     written_.assign(chunks(), false);
     if (!io_) io_ = std::make_unique<zero::detail::UpdateWorker>();

@@ -40,6 +40,7 @@
 
 #include "zero/xxhash.hpp"  // (xxHash compiled in, header only)
 
+#include "zero/engine/options.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/aligned_buffer.hpp"
 #include "zero/offload/uring.hpp"
@@ -74,6 +75,19 @@ struct DiskOptions {
             " is outside 1..", max_queue_depth, "; 8 to 32 requests in flight suit an NVMe drive");
   }
 };
+
+// The engine's disk options (Options::nvme) for a swap file: what its
+// stores, the state's and the parameters', open their files with, named in
+// errors as their users set them.
+inline DiskOptions disk_options(const NvmeOptions& nvme) {
+  DiskOptions disk;
+  disk.directory = nvme.directory;
+  disk.block_bytes = nvme.block_bytes;
+  disk.queue_depth = nvme.queue_depth;
+  disk.direct = nvme.direct;
+  disk.option_names = "Options::nvme.";
+  return disk;
+}
 
 // Names one read or write; wait() on it. Ticket{} is complete from the start.
 struct Ticket {

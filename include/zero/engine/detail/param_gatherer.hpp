@@ -12,7 +12,7 @@
 // How a unit travels and what a rank keeps of it for gathers inside its
 // node (ZeRO++'s qwZ and hpZ) are the two choices of gather_modes.hpp,
 // made once at bind. It reads the shards from the parameter store
-// (param_store.hpp), telling it which unit it prefetches.
+// (param_store.hpp).
 //
 // Contract: acquire(u) is collective (every rank acquires the same units in
 // the same order); release(u) frees the unit's room at once; a unit acquired
@@ -309,7 +309,6 @@ class ParamGatherer {
     const int slot = free_slot();
     if (slot < 0 || offset == npos) return -1;
     const std::size_t si = static_cast<std::size_t>(slot);
-    if (prefetched != none) params_->prefetch(unit);
     {
       // On the communication lane; acquire waits for the slot's event.
       auto lane = channel_->lane();

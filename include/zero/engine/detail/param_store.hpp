@@ -3,15 +3,15 @@
 // addressed with their own offsets. The store owns them as the state store
 // owns master and state: whole on every rank at stages 0-2, this rank's
 // shard of every unit at stage 3, with the verbs the others use: a unit's
-// values or shard, a prefetch ahead of a gather, the notice that a unit was
+// values or shard, the range this rank updates, the notice that a unit was
 // written, and what it holds for the memory report.
 //
 // Where the shards live is Options::param_place. device: in one buffer of the
-// backend's memory, so prefetch and written do nothing. disk: behind
-// ParamPages, a few pages of memory over a file (zero/offload/
-// disk_param_pages.hpp, made by the disk tier's maker because it needs
-// liburing): unit(u) then reads the shard into a page unless it is there
-// already, prefetch(u) starts that read, written(u) writes the page back.
+// backend's memory, so written does nothing. disk: behind ParamPages, a few
+// pages of memory over a file (zero/offload/disk_param_pages.hpp, made by the
+// disk tier's maker because it needs liburing): unit(u) then reads the shard
+// into a page unless it is there already (the pages read ahead on their own,
+// in the last step's order of uses), written(u) writes the page back.
 // A pointer unit(u) returns stays valid until the next unit() of another
 // unit: every caller (the gather of one unit, the update of one unit,
 // set_param, a checkpoint's range) uses one unit at a time.
@@ -26,6 +26,7 @@
 
 #include "zero/comm/communicator.hpp"
 #include "zero/engine/detail/buffer_sizes.hpp"
+#include "zero/engine/detail/ownership.hpp"
 #include "zero/engine/detail/part_rows.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
@@ -77,8 +78,6 @@ class ParamPages {
   // Unit u's shard in a page, read first unless it is there; valid until
   // the next fetch() of another unit.
   virtual T* fetch(std::size_t unit) = 0;
-  // Starts reading unit u's shard into a page (a later fetch waits for it).
-  virtual void prefetch(std::size_t unit) = 0;
   // The page of unit u (fetched last) changed: written back where it lives.
   virtual void written(std::size_t unit) = 0;
   // A step is over: its order of fetches is the next step's read-ahead.
@@ -120,11 +119,13 @@ class ParamStore {
   // next unit() of another unit.
   T* unit(std::size_t u) { return paged() ? pages_->fetch(u) : values_.data() + offset(u); }
   const T* unit(std::size_t u) const { return const_cast<ParamStore*>(this)->unit(u); }
-
-  // Stage 3: unit u is about to be gathered (its shard read) ahead of use.
-  void prefetch(std::size_t u) {
-    if (paged()) pages_->prefetch(u);
+  // The part of unit u this rank updates (`own`): its shard at stage 3, its
+  // updated range of the whole unit otherwise; paged, as unit().
+  T* updated_range(const UnitInfo& u, const Ownership& own) {
+    const auto index = static_cast<std::size_t>(&u - layout_->units().data());
+    return unit(index) + (sharded_ ? 0 : own.update_begin(u));
   }
+
   // Unit u's values changed (the update, set_param, a load): written where
   // they live.
   void written(std::size_t u) {

@@ -289,8 +289,9 @@ class UpdatePipeline {
       // depend on N.
       args.global_offset = (static_cast<std::uint64_t>(index) << 40) + own_.update_begin(u);
       store_->update(own_.state_offset(u), args);
-      if (!host_staging_) params_->written(index);  // (staged: once uploaded)
-      if (host_staging_) {
+      if (!host_staging_) {
+        params_->written(index);
+      } else {  // (the parameters change once uploaded)
         updated_master_[index] = args.master;
         // The unit's new parameters go to the device while the CPU updates
         // the next unit. The host buffers are next written after the next
@@ -312,10 +313,7 @@ class UpdatePipeline {
   // This rank's updated range of unit u's parameters, where the parameter
   // store keeps them (with Options::param_place = disk: valid until another
   // unit's).
-  param_type* owned_params(const UnitInfo& u) {
-    const auto index = static_cast<std::size_t>(&u - own_.layout->units().data());
-    return params_->unit(index) + (own_.rules.params_sharded ? 0 : own_.update_begin(u));
-  }
+  param_type* owned_params(const UnitInfo& u) { return params_->updated_range(u, own_); }
 
   // Offload: unit u's updated parameters, host to device (async).
   void upload_updated(const UnitInfo& u) {
