@@ -114,8 +114,9 @@ inline const OptionFlag kOptionFlags[] = {
      .help = "compare a fingerprint of every rank's parameters (stage 3: of each gathered unit) at each step, and "
              "name a rank whose bytes differ (silent data corruption)"},
     {.key = "param_place",
-     .help = "stage 3: where the parameter shards live between uses: device (the backend's memory, all of them) or "
-             "disk (a file under --nvme-dir, read into a few units' pages ahead of use; needs the disk tier)"},
+     .help = "stage 3: where the parameter and gradient shards live between uses: device (the backend's memory, all "
+             "of them) or disk (files under --nvme-dir, read into a few units' pages ahead of use; needs the disk "
+             "tier)"},
     {.key = "nvme.directory", .help = kNvmeDirHelp, .flag = "--nvme-dir"},
     {.key = "nvme.window_bytes", .help = kNvmeWindowHelp, .flag = "--nvme-window-mib", .check = kPositive,
      .in_mib = true},

@@ -183,10 +183,11 @@ void print_table(const plan::Plan& p) {
                 bytes_text(p.sizes.swap_file_bytes, false).c_str(), p.sizes.disk_chunk,
                 bytes_text(p.line("nvme_window").host, false).c_str());
   if (c.options.param_place == zero::ParamPlace::disk)
-    std::printf("parameters on disk: %s of shards in a file per rank (%s with its 4 KiB records), read into %s of "
-                "pages (--prefetch-units + 2 of the largest shard)\n",
-                bytes_text(p.line("params").disk, false).c_str(),
-                bytes_text(p.sizes.param_file_bytes, false).c_str(),
+    std::printf("parameters and gradients on disk: %s of parameter shards and %s of gradient shards, a file per "
+                "rank each (%s and %s with their 4 KiB records), each read into %s of pages (--prefetch-units + 2 of "
+                "the largest shard)\n",
+                bytes_text(p.line("params").disk, false).c_str(), bytes_text(p.line("grads").disk, false).c_str(),
+                bytes_text(p.sizes.param_file_bytes, false).c_str(), bytes_text(p.sizes.grad_file_bytes, false).c_str(),
                 bytes_text(p.sizes.param_pages * pb, false).c_str());
   std::printf("not counted: activations, your framework's workspace, the CUDA context and NCCL's own buffers\n");
 }
@@ -352,8 +353,8 @@ int main(int argc, char** argv) {
          [&](const std::string& text) {
            config.options.param_place = *zero::detail::parse_by_name(text, zero::all_param_places);
          },
-         "Options::param_place: where stage 3 keeps the parameter shards between uses: device (the backend's memory) or "
-         "disk (a file, with pages for --prefetch-units + 2 units in memory)")
+         "Options::param_place: where stage 3 keeps the parameter and gradient shards between uses: device (the "
+         "backend's memory) or disk (files, with pages for --prefetch-units + 2 units of each in memory)")
       ->check(CLI::IsMember({"device", "disk"}));
   app.add_option("--grad-accumulation", config.options.grad_accumulation_steps,
                  "Options::grad_accumulation_steps: micro-batches per step")

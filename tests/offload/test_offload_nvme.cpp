@@ -558,9 +558,14 @@ TEST_CASE("Options::param_place = disk: the planner's rows equal memory_report()
       const zero::MemoryReport::Placement want = s.placement();
       CHECK(reports[static_cast<std::size_t>(r)].placed.params == want.params);
       CHECK(want.params.disk == s.sizes.params * 2);
-      CHECK(want.params.host == zero::offload::param_page_count(2) *
-                                    zero::offload::param_record_bytes(s.sizes.max_shard, 2));
+      CHECK(want.params.host == zero::offload::shard_page_count(2) *
+                                    zero::offload::shard_record_bytes(s.sizes.max_shard, 2));
       CHECK(s.line("param_file_padding").disk + want.params.disk == s.sizes.param_file_bytes);
+      // The gradient's shards follow them, to a file of their own.
+      CHECK(reports[static_cast<std::size_t>(r)].placed.grads == want.grads);
+      CHECK(want.grads.disk == s.sizes.grads * 2);
+      CHECK(want.grads.host == want.params.host);
+      CHECK(s.line("grad_file_padding").disk + want.grads.disk == s.sizes.grad_file_bytes);
     }
   }
 }
@@ -617,7 +622,7 @@ TEST_CASE("Options::param_place = disk: the pages read what the last step used n
   for (std::size_t u = 0; u < 7; ++u)
     layout.add_param(layout.add_unit("u" + std::to_string(u)), "w" + std::to_string(u), 1000 + 3000 * (u % 3));
   layout.finalize(sizeof(float));
-  zero::offload::DiskParamPages<bf16> pages(options, 0, layout);
+  zero::offload::DiskShardPages<bf16> pages(options, 0, layout);
   auto value = [](std::size_t u, std::size_t i, int step) { return zero::from_float<bf16>(float(u * 7 + i % 13 + step)); };
   auto use = [&](std::size_t u, int step) {  // reads the last step's values, writes this step's
     bf16* v = pages.fetch(u);
@@ -663,5 +668,52 @@ TEST_CASE("Options::param_place = disk: the pages read what the last step used n
     if (step == 2) CHECK(after.read_on_demand - before.read_on_demand <= 1);
     if (step == 3) CHECK(after.read_on_demand - before.read_on_demand == 0);
   }
-  CHECK(pages.page_bytes() == 4 * zero::offload::param_record_bytes(7000, 2));
+  CHECK(pages.page_bytes() == 4 * zero::offload::shard_record_bytes(7000, 2));
+}
+
+TEST_CASE("Options::param_place = disk: gradient pages claim what backward overwrites and read ahead what the update "
+          "reads", "[offload][nvme][params][parts]") {
+  TempDir dir;
+  zero::Options options;
+  options.nvme.directory = dir.path.string();
+  options.prefetch_units = 2;
+  zero::Layout layout(1);
+  for (std::size_t u = 0; u < 6; ++u)
+    layout.add_param(layout.add_unit("u" + std::to_string(u)), "w" + std::to_string(u), 500 + 2000 * (u % 2));
+  layout.finalize(sizeof(float));
+  zero::offload::DiskShardPages<float> pages(options, 0, layout);
+  const auto value = [](std::size_t u, std::size_t i, int step, int micro) { return float(u * 100 + i % 7 + step * 3 + micro); };
+  for (int step = 1; step <= 4; ++step) {
+    INFO("step " << step);
+    const auto before = pages.counts();
+    // Two micro-batches of backward (units from the last): the first
+    // overwrites each shard (a claim), the second adds to it (a fetch).
+    for (int micro = 0; micro < 2; ++micro)
+      for (std::size_t u = 6; u-- > 0;) {
+        float* g = micro == 0 ? pages.claim(u) : pages.fetch(u);
+        for (std::size_t i = 0; i < layout.units()[u].shard; ++i)
+          g[i] = micro == 0 ? value(u, i, step, 0) : g[i] + value(u, i, step, 1);
+        pages.written(u);
+      }
+    // The update reads every shard, from the first unit.
+    bool sums = true;
+    for (std::size_t u = 0; u < 6; ++u) {
+      const float* g = pages.fetch(u);
+      for (std::size_t i = 0; i < layout.units()[u].shard; ++i)
+        sums = sums && g[i] == value(u, i, step, 0) + value(u, i, step, 1);
+    }
+    pages.end_step();
+    CHECK(sums);
+    const auto after = pages.counts();
+    CHECK(after.claims - before.claims == 6);
+    CHECK(after.fetches - before.fetches == 12);
+    // Once the order is known, nothing waits for a read it could have
+    // started earlier, and no claimed shard is read: each step reads the
+    // second micro-batch's six shards and the update's, at most (pages that
+    // still hold a shard need no read).
+    if (step >= 3) {
+      CHECK(after.read_on_demand - before.read_on_demand == 0);
+      CHECK(after.reads - before.reads <= 12);
+    }
+  }
 }

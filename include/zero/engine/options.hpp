@@ -290,8 +290,9 @@ struct Options {
   // Stage 3: units gathered ahead of the one in use (the gather arena holds
   // the prefetch_units + 1 largest units).
   int prefetch_units = 1;
-  // Stage 3: where the parameter shards live between uses (ParamPlace);
-  // disk keeps prefetch_units + 2 units' shards in memory (read ahead).
+  // Stage 3: where the parameter and gradient shards live between uses
+  // (ParamPlace); disk keeps prefetch_units + 2 units' shards of each in
+  // memory (read ahead).
   ParamPlace param_place = ParamPlace::device;
   // Micro-batches summed before each optimizer step.
   int grad_accumulation_steps = 1;

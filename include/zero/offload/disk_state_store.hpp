@@ -50,7 +50,7 @@
 #include "zero/error.hpp"
 #include "zero/kernels/fused_step.hpp"
 #include "zero/offload/aligned_buffer.hpp"
-#include "zero/offload/disk_param_pages.hpp"
+#include "zero/offload/disk_shard_pages.hpp"
 #include "zero/offload/disk_swap.hpp"
 #include "zero/engine/detail/disk_window.hpp"
 
@@ -473,14 +473,15 @@ struct DiskTier {
   template <optim::Policy Optimizer, class Grad, class Param>
   static std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> make(const Options& options, int rank,
                                                                       std::size_t owned, const StateBlocks& blocks);
-  template <class Param>
-  static std::unique_ptr<zero::detail::ParamPages<Param>> make_params(const Options& options, int rank,
-                                                                      const Layout& layout) {
-    return std::make_unique<DiskParamPages<Param>>(options, rank, layout);
+  // Stage 3's parameter or gradient shards (one file each).
+  template <class T>
+  static std::unique_ptr<zero::detail::ShardPages<T>> make_shards(const Options& options, int rank,
+                                                                  const Layout& layout) {
+    return std::make_unique<DiskShardPages<T>>(options, rank, layout);
   }
   template <optim::Policy Optimizer, class Grad, class Param>
   static constexpr DiskStoreMaker<Optimizer, Grad, Param> maker() {
-    return {&make<Optimizer, Grad, Param>, &make_params<Param>};
+    return {&make<Optimizer, Grad, Param>, &make_shards<Param>, &make_shards<Grad>};
   }
 };
 // (Outside the class, so not inline: an `extern template` of it,

@@ -181,11 +181,14 @@ struct BufferSizes {
   std::size_t disk_window = 0;
   std::size_t disk_chunk = 0;       // elements of one array per chunk of the window
   std::size_t swap_file_bytes = 0;
-  // Options::param_place = disk (stage 3): the pages the shards are read into
-  // (parameter type, param_page_count of the largest record), and the
-  // parameter file (bytes: every unit's record, param_record_bytes).
+  // Options::param_place = disk (stage 3): the pages the parameter shards
+  // are read into (parameter type, shard_page_count of the largest record)
+  // and their file (bytes: every unit's record, shard_record_bytes); the
+  // gradient's shards the same in a file of their own (gradient type).
   std::size_t param_pages = 0;
   std::size_t param_file_bytes = 0;
+  std::size_t grad_pages = 0;
+  std::size_t grad_file_bytes = 0;
 };
 
 // `layout` must be finalized (its padding decides every size).
@@ -274,8 +277,11 @@ inline BufferSizes buffer_sizes(const Layout& layout, const RunShape& run, const
   }
   if (options.param_place == ParamPlace::disk && run.stage.params_sharded) {
     const std::size_t eb = run.element_bytes();
-    s.param_pages = offload::param_page_count(options.prefetch_units) * offload::param_record_bytes(s.max_shard, eb) / eb;
-    for (const auto& u : layout.units()) s.param_file_bytes += offload::param_record_bytes(u.shard, eb);
+    s.param_pages = offload::shard_page_count(options.prefetch_units) * offload::shard_record_bytes(s.max_shard, eb) / eb;
+    for (const auto& u : layout.units()) s.param_file_bytes += offload::shard_record_bytes(u.shard, eb);
+    // (gradients are of the parameters' type: the precision policies say so)
+    s.grad_pages = s.param_pages;
+    s.grad_file_bytes = s.param_file_bytes;
   }
   return s;
 }

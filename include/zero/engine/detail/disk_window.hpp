@@ -25,14 +25,15 @@ namespace zero::offload {
 // O_DIRECT's logical block (offload/aligned_buffer.hpp says why 4096).
 inline constexpr std::size_t disk_alignment = 4096;
 
-// Options::param_place = disk (engine/detail/param_store.hpp): each unit's shard
-// is one record of the parameter file, from a 4 KiB boundary, and read into
-// one of a few pages of the largest record: the unit in use, the one written
-// behind it, and Options::prefetch_units read ahead.
-inline constexpr std::size_t param_record_bytes(std::size_t shard_elements, std::size_t element_bytes) {
+// Options::param_place = disk (engine/detail/shard_pages.hpp): each unit's
+// shard is one record of its file (the parameters' or the gradient's), from a
+// 4 KiB boundary, and read into one of a few pages of the largest record: the
+// unit in use, the one written behind it, and Options::prefetch_units read
+// ahead.
+inline constexpr std::size_t shard_record_bytes(std::size_t shard_elements, std::size_t element_bytes) {
   return (shard_elements * element_bytes + disk_alignment - 1) / disk_alignment * disk_alignment;
 }
-inline constexpr std::size_t param_page_count(int prefetch_units) {
+inline constexpr std::size_t shard_page_count(int prefetch_units) {
   return static_cast<std::size_t>(prefetch_units) + 2;
 }
 

@@ -73,10 +73,11 @@ void Engine<P, O, B>::finalize() {
 
   // Each part's rows (engine/detail/part_rows.hpp), allocated here and handed to
   // the part; the planner's schedule lists the same rows.
-  if (options_.param_place == ParamPlace::disk) {
-    require(disk_.params != nullptr,
-            "ZeroOptimizer::finalize(): Options::param_place = disk keeps the parameter shards in a file, with the disk "
-            "tier's store: #include \"zero/offload/disk_state_store.hpp\" (liburing, xxhash.h) and name "
+  const bool shards_on_disk = options_.param_place == ParamPlace::disk;
+  if (shards_on_disk) {
+    require(disk_.params != nullptr && disk_.grads != nullptr,
+            "ZeroOptimizer::finalize(): Options::param_place = disk keeps the parameter and gradient shards in files, "
+            "with the disk tier's store: #include \"zero/offload/disk_state_store.hpp\" (liburing, xxhash.h) and name "
             "offload::Nvme (ZeroOptimizer<..., offload::Nvme, ...>, or make_optimizer<Backend, offload::Nvme>)");
     params_.bind_pages(disk_.params(options_, rank(), layout_), layout_);
   } else {
@@ -84,7 +85,7 @@ void Engine<P, O, B>::finalize() {
   }
   const GradientRows grad_rows = gradient_rows(run_, sizes);
   typename GradientReducer<Ops, grad_type>::Buffers grad_buffers;
-  grad_buffers.accumulator = allocate<grad_type>(grad_rows.accumulator);
+  if (!shards_on_disk) grad_buffers.accumulator = allocate<grad_type>(grad_rows.accumulator);
   grad_buffers.staging = allocate<grad_type>(grad_rows.staging);
   grad_buffers.staging_fp32 = allocate<float>(grad_rows.staging_fp32);
   grad_buffers.shard_staging = allocate<grad_type>(grad_rows.shard_staging);
@@ -97,6 +98,10 @@ void Engine<P, O, B>::finalize() {
                    });
   reducer_.bind(std::move(grad_buffers), sizes.buckets, rules, options_.grad_writes,
                 gradients_in_place(rules, options_), sizes.staging_sets, layout_, comm_);
+  if (shards_on_disk) {
+    reducer_.bind_pages(disk_.grads(options_, rank(), layout_));
+    update_.read_grads_from(reducer_.pages());
+  }
   aim_final_copies();
   if (options_.qgz) {
     // Collective: every rank splits its communicator here, in this order.
@@ -225,7 +230,7 @@ void Engine<P, O, B>::account_memory() {
   };
   m.placed.params = params_.placed(B::device);
   m.placed.params += in_backend(gatherer_.secondary_bytes());
-  m.placed.grads = in_backend(reducer_.accumulator_bytes());
+  m.placed.grads = reducer_.placed(B::device);
   m.placed.grads.host += update_.host_grad_bytes();
   m.placed.master = update_.store().master_bytes();
   m.placed.optimizer_states = update_.store().state_bytes();

@@ -55,7 +55,10 @@ StepResult Engine<P, O, B>::step() {
 
   reducer_.reduce_at_step();  // stage 1 reduce-scatters the accumulated gradient now, in place
   update_.gradients_to_host(rules.reduce_scatter_on_flush);
-  const kernels::GradStats stats = update_.grad_stats(rules.reduce_scatter_at_step);
+  // (stage 3 sums the units' shares in unit order, as paged shards must)
+  const kernels::GradStats stats = reducer_.paged() ? reducer_.shard_stats()
+                                                    : update_.grad_stats(rules.reduce_scatter_at_step ||
+                                                                         rules.params_sharded);
   // fp16's unwritten-gradient marker seen for the first time counts as an
   // overflow: the step is skipped, on every rank (GradientReducer's UnwrittenCheck).
   const bool non_finite = stats.non_finite || reducer_.take_marker_seen();
@@ -178,6 +181,7 @@ void Engine<P, O, B>::publish_params() {
     for (std::size_t unit = 0; unit < layout_.units().size(); ++unit)
       record_replica(unit, params_.unit(unit));
   params_.end_step();  // this step's order of uses: the next one's read-ahead
+  reducer_.end_step();
 }
 
 template <PrecisionPolicy P, optim::Policy O, BackendPolicy B>

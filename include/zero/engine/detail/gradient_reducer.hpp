@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -42,9 +43,12 @@
 #include "zero/engine/detail/comm_channel.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
+#include "zero/engine/reports.hpp"
 #include "zero/engine/detail/quantized_reducer.hpp"
+#include "zero/engine/detail/shard_pages.hpp"
 #include "zero/engine/stage_rules.hpp"
 #include "zero/error.hpp"
+#include "zero/kernels/fused_step.hpp"
 #include "zero/precision/convert.hpp"
 #include "zero/precision/types.hpp"
 
@@ -169,10 +173,12 @@ class UnwrittenCheck {
 };
 
 // The reducer's buffers for a run (engine/detail/part_rows.hpp): the gradient
-// accumulator and the buckets' staging, sized by buffer_sizes().
+// accumulator and the buckets' staging, sized by buffer_sizes(). With
+// Options::param_place = disk the accumulator's shards are on disk, read into
+// pages (and the file's records padded to 4 KiB).
 struct GradientRows {
-  BufferRow accumulator, staging, staging_fp32, shard_staging;
-  BufferRows list() const { return {accumulator, staging, staging_fp32, shard_staging}; }
+  BufferRow accumulator, pages, file_padding, staging, staging_fp32, shard_staging;
+  BufferRows list() const { return {accumulator, pages, file_padding, staging, staging_fp32, shard_staging}; }
 };
 inline GradientRows gradient_rows(const RunShape& run, const BufferSizes& z) {
   const Place at = backend_place(run);
@@ -180,10 +186,18 @@ inline GradientRows gradient_rows(const RunShape& run, const BufferSizes& z) {
   const std::string fewer_units =
       "lower Options::bucket_bytes (a bucket holds at least one unit), or split the largest unit";
   constexpr auto comm = ReportedAs::communication_buffers;
+  const bool disk = z.grad_file_bytes != 0;
   GradientRows r;
-  r.accumulator = {"gradients", "grads", ReportedAs::grads, at, z.grads, eb,
-                   shard_it(run.stage.grads_sharded, "stages 2 and 3 shard the gradients: use stage<2> or higher, or "
-                                                     "more ranks")};
+  r.accumulator = {"gradients", "grads", ReportedAs::grads, disk ? Place::disk : at, z.grads, eb,
+                   disk ? "the shards are on disk: their pages are what memory holds"
+                        : shard_it(run.stage.grads_sharded, "stages 2 and 3 shard the gradients: use stage<2> or "
+                                                            "higher, or more ranks")};
+  if (disk) {
+    r.pages = {"gradient pages (Options::param_place = disk: prefetch_units + 2 of the largest shard)", "grads",
+               ReportedAs::grads, at, z.grad_pages, eb, "lower Options::prefetch_units, or split the largest units"};
+    r.file_padding = {"gradient file (rounded to whole 4 KiB records)", "grad_file_padding", ReportedAs::not_reported,
+                      Place::disk, z.grad_file_bytes - z.grads * eb, 1, ""};
+  }
   r.staging = {"gradient staging (one bucket)", "gradient_staging", comm, at, z.grad_staging, eb, fewer_units};
   r.staging_fp32 = {"fp32 reduction staging", "reduce_staging_fp32", comm, at, z.reduce_staging_fp32, 4,
                     "Options::reduce_dtype = ReduceDType::same_as_grad needs none; or " + fewer_units};
@@ -265,8 +279,42 @@ class GradientReducer {
   // After a load: qgZ's error feedback starts again from nothing.
   void forget_qgz_residuals() { qgz_.forget_residuals(); }
 
+  // The gradient buffer: whole (stages 0-1) or this rank's shards (2-3);
+  // empty where the shards are paged.
   G* accumulator() { return b_.accumulator.data(); }
-  std::uint64_t accumulator_bytes() const { return b_.accumulator.bytes(); }
+
+  // Options::param_place = disk, after bind() (stages 2-3, with no
+  // accumulator buffer): the shards are kept in `pages`. Each reduction
+  // claims its unit's page (the window's first micro-batch overwrites it) or
+  // fetches it (the next ones add), and writes it back; on the window's last
+  // micro-batch the shard's statistics are taken there, while it is in
+  // memory, so the step need not read every shard again (shard_stats()).
+  void bind_pages(std::unique_ptr<ShardPages<G>> pages) {
+    require(pages != nullptr && rules_.reduce_scatter_on_flush && b_.accumulator.size() == 0,
+            "GradientReducer::bind_pages: pages are for the shards of stages 2-3, in place of the accumulator");
+    pages_ = std::move(pages);
+    unit_stats_.assign(layout_->units().size(), {});
+  }
+  // The shards are paged: read them through pages().
+  bool paged() const { return pages_ != nullptr; }
+  ShardPages<G>* pages() { return pages_.get(); }
+  // Paged: the owned gradient's squared norm and inf/NaN, each unit's taken
+  // as its shard was final and added in unit order (what
+  // Ops::grad_stats_pieces returns over the shards in memory).
+  kernels::GradStats shard_stats() const {
+    kernels::GradStats total;
+    for (const kernels::GradStats& s : unit_stats_) total += s;
+    return total;
+  }
+  // What memory_report() shows for the gradient: the buffer, or the pages
+  // and the file.
+  PlacedBytes placed(bool device_backend) const {
+    return placed_shards(pages_.get(), b_.accumulator.bytes(), device_backend);
+  }
+  // A step is over (its order of uses is the next step's read-ahead).
+  void end_step() {
+    if (paged()) pages_->end_step();
+  }
   std::uint64_t staging_bytes() const {
     return b_.staging.bytes() + b_.staging_fp32.bytes() + b_.shard_staging.bytes() + qgz_.bytes();
   }
@@ -444,10 +492,11 @@ class GradientReducer {
       // wait for its quantization), the fp32 shard accumulated.
       for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
-        G* acc = b_.accumulator.data() + u.shard_offset;
         const auto purpose = comm.exchange("exchanges the quantized gradient of", "unit", u.name, p.unit);
-        Ops::accumulate(acc, qgz_.reduce(p.unit, p.written), u.shard, first);
-        copy_final_shard(u, acc, last);
+        const float* sum = qgz_.reduce(p.unit, p.written);
+        G* acc = shard_of(p.unit, first);
+        Ops::accumulate(acc, sum, u.shard, first);
+        shard_done(p.unit, acc, last);
       }
     } else {
       // Stages 2 and 3: reduce-scatter, keep only this rank's shard.
@@ -466,12 +515,12 @@ class GradientReducer {
       comm->group_end();
       for (const Pending& p : pending) {
         const UnitInfo& u = layout_->units()[p.unit];
-        G* acc = b_.accumulator.data() + u.shard_offset;
+        G* acc = shard_of(p.unit, first);
         if (in_fp32)
           Ops::accumulate(acc, wide(p) + r * u.shard, u.shard, first);
         else
           Ops::accumulate(acc, b_.shard_staging.data() + shard_staging_offset(set, p.unit), u.shard, first);
-        copy_final_shard(u, acc, last);
+        shard_done(p.unit, acc, last);
       }
     }
     comm.mark(staging_event(set));
@@ -510,10 +559,21 @@ class GradientReducer {
   static constexpr std::size_t closed = ~std::size_t{0};
   static constexpr std::size_t staging_event(std::size_t set) { return set; }
 
-  // Offload: the finished shard leaves for the host while backward goes on.
-  void copy_final_shard(const UnitInfo& u, const G* acc, bool last) {
+  // Stages 2-3: where unit `unit`'s shard is summed, in the accumulator or
+  // in a page (claimed on the window's first micro-batch, which overwrites it).
+  G* shard_of(std::size_t unit, bool first) {
+    if (!paged()) return b_.accumulator.data() + layout_->units()[unit].shard_offset;
+    return first ? pages_->claim(unit) : pages_->fetch(unit);
+  }
+  // The shard at `acc` is summed: offload copies it to the host once final;
+  // a page is written back (its statistics taken first, once final).
+  void shard_done(std::size_t unit, const G* acc, bool last) {
+    const UnitInfo& u = layout_->units()[unit];
     if constexpr (requires(G* d, const G* s, std::size_t n) { Ops::download_async(d, s, n); })
       if (last && final_copy_ != nullptr) Ops::download_async(final_copy_ + u.shard_offset, acc, u.shard);
+    if (!paged()) return;
+    if (last) unit_stats_[unit] = Ops::grad_stats(acc, u.shard);
+    pages_->written(unit);
   }
 
   // Where unit u is staged in staging set `set` (its bucket's units lie
@@ -585,6 +645,8 @@ class GradientReducer {
   UnwrittenCheck<Ops, G> unwritten_;
   G* final_copy_ = nullptr;
   QuantizedReducer<Ops, G> qgz_;  // Options::qgz (bind_qgz), else unbound
+  std::unique_ptr<ShardPages<G>> pages_;     // Options::param_place = disk (bind_pages), else null
+  std::vector<kernels::GradStats> unit_stats_;  // paged: each unit's shard's, from its last reduction
 };
 
 }  // namespace zero::detail

@@ -7,9 +7,8 @@
 // written, and what it holds for the memory report.
 //
 // Where the shards live is Options::param_place. device: in one buffer of the
-// backend's memory, so written does nothing. disk: behind ParamPages, a few
-// pages of memory over a file (zero/offload/disk_param_pages.hpp, made by the
-// disk tier's maker because it needs liburing): unit(u) then reads the shard
+// backend's memory, so written does nothing. disk: behind ShardPages
+// (shard_pages.hpp), a few pages of memory over a file: unit(u) then reads the shard
 // into a page unless it is there already (the pages read ahead on their own,
 // in the last step's order of uses), written(u) writes the page back.
 // A pointer unit(u) returns stays valid until the next unit() of another
@@ -28,6 +27,7 @@
 #include "zero/engine/detail/buffer_sizes.hpp"
 #include "zero/engine/detail/ownership.hpp"
 #include "zero/engine/detail/part_rows.hpp"
+#include "zero/engine/detail/shard_pages.hpp"
 #include "zero/engine/layout.hpp"
 #include "zero/engine/options.hpp"
 #include "zero/engine/reports.hpp"
@@ -68,25 +68,6 @@ inline CollectiveRows parameter_collectives(const RunShape& run, const Collectiv
 
 namespace detail {
 
-// Stage-3 shards kept off the backend's memory (Options::param_place = disk):
-// pages of a few units over the place they live, filled and written back
-// by their implementation (zero/offload/disk_param_pages.hpp).
-template <class T>
-class ParamPages {
- public:
-  virtual ~ParamPages() = default;
-  // Unit u's shard in a page, read first unless it is there; valid until
-  // the next fetch() of another unit.
-  virtual T* fetch(std::size_t unit) = 0;
-  // The page of unit u (fetched last) changed: written back where it lives.
-  virtual void written(std::size_t unit) = 0;
-  // A step is over: its order of fetches is the next step's read-ahead.
-  virtual void end_step() = 0;
-  // Where the pages and the shards are, for memory_report().
-  virtual std::uint64_t page_bytes() const = 0;
-  virtual std::uint64_t stored_bytes() const = 0;
-};
-
 template <class Ops, class T>
 class ParamStore {
  public:
@@ -100,7 +81,7 @@ class ParamStore {
     layout_ = &layout;
     sharded_ = sharded;
   }
-  void bind_pages(std::unique_ptr<ParamPages<T>> pages, const Layout& layout) {
+  void bind_pages(std::unique_ptr<ShardPages<T>> pages, const Layout& layout) {
     require(pages != nullptr, "ParamStore: no pages");
     pages_ = std::move(pages);
     layout_ = &layout;
@@ -137,12 +118,7 @@ class ParamStore {
   }
 
   // What memory_report() shows: the buffer, or the pages and the file.
-  PlacedBytes placed(bool device_backend) const {
-    PlacedBytes p;
-    (device_backend ? p.device : p.host) = paged() ? pages_->page_bytes() : values_.bytes();
-    if (paged()) p.disk = pages_->stored_bytes();
-    return p;
-  }
+  PlacedBytes placed(bool device_backend) const { return placed_shards(pages_.get(), values_.bytes(), device_backend); }
 
  private:
   std::size_t offset(std::size_t u) const {
@@ -151,7 +127,7 @@ class ParamStore {
   }
 
   Buffer values_;
-  std::unique_ptr<ParamPages<T>> pages_;
+  std::unique_ptr<ShardPages<T>> pages_;
   const Layout* layout_ = nullptr;
   bool sharded_ = false;
 };

@@ -151,8 +151,8 @@ inline std::string rule_problem(RunRule rule, const RunShape& run, const Options
     case RunRule::params_on_disk:
       if (options.param_place != ParamPlace::disk) return "";
       if (!run.stage.params_sharded)
-        return concat(voice.option_is("param_place", "disk"), " keeps stage 3's parameter shards on disk between their "
-                      "uses; at ", voice.stage(run.stage.stage), " every rank holds the parameters whole and uses "
+        return concat(voice.option_is("param_place", "disk"), " keeps stage 3's parameter and gradient shards on disk "
+                      "between their uses; at ", voice.stage(run.stage.stage), " every rank holds the parameters whole and uses "
                       "them all at once: use ", voice.stage(3), ", or ", voice.option_set("param_place", "device"),
                       voice.keys("\"param_place\" in a config file, --param-place on the command line"));
       if (run.device_backend)

@@ -445,23 +445,24 @@ class StoreModel final : public AnyStateStore<Optimizer, Grad, Param> {
 
 namespace detail {
 template <class T>
-class ParamPages;  // stage 3's shards on disk (engine/detail/param_store.hpp)
+class ShardPages;  // stage 3's shards on disk (engine/detail/shard_pages.hpp)
 }
 
 // The disk tier's stores, made by zero/offload/disk_state_store.hpp (which
 // needs liburing, so the engine cannot include it). `state`: the master and
 // state configured from the run's Options (nvme, master, states) for this
 // rank, with `owned` elements (and 8-bit states' runs of them,
-// engine/detail/state_blocks.hpp). `params`: stage 3's parameter shards
-// (Options::param_place = disk) under Options::nvme, for this rank's shards of
-// `layout`. The engine is handed both where that header is included, and
-// refuses the tier and the placement without them.
+// engine/detail/state_blocks.hpp). `params` and `grads`: stage 3's parameter
+// and gradient shards (Options::param_place = disk) under Options::nvme, for
+// this rank's shards of `layout`. The engine is handed all three where that
+// header is included, and refuses the tier and the placement without them.
 template <optim::Policy Optimizer, class Grad, class Param>
 struct DiskStoreMaker {
   std::unique_ptr<AnyStateStore<Optimizer, Grad, Param>> (*state)(const Options& options, int rank,
                                                                    std::size_t owned,
                                                                    const StateBlocks& blocks) = nullptr;
-  std::unique_ptr<detail::ParamPages<Param>> (*params)(const Options& options, int rank, const Layout& layout) = nullptr;
+  std::unique_ptr<detail::ShardPages<Param>> (*params)(const Options& options, int rank, const Layout& layout) = nullptr;
+  std::unique_ptr<detail::ShardPages<Grad>> (*grads)(const Options& options, int rank, const Layout& layout) = nullptr;
 };
 
 namespace offload {

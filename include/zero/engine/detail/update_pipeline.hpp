@@ -33,6 +33,7 @@
 #include "zero/engine/options.hpp"
 #include "zero/engine/detail/ownership.hpp"
 #include "zero/engine/detail/param_store.hpp"
+#include "zero/engine/detail/shard_pages.hpp"
 #include "zero/engine/reports.hpp"
 #include "zero/engine/run_shape.hpp"
 #include "zero/engine/detail/state_store.hpp"
@@ -141,12 +142,16 @@ class UpdatePipeline {
 
   Store& store() { return *store_; }
   const Store& store() const { return *store_; }
+  // Options::param_place = disk: the owned gradient's shards are in the
+  // reducer's pages, read one unit at a time (GradientReducer::bind_pages).
+  void read_grads_from(ShardPages<grad_type>* pages) { grad_pages_ = pages; }
 
   // Where the update reads unit u's owned gradient: the accumulator, or its
   // host copy (in host gradient set `set`) when offloaded from a device.
   grad_type* update_grad(const UnitInfo& u) { return update_grad(u, host_grad_set_); }
   grad_type* update_grad(const UnitInfo& u, std::size_t set) {
     if (host_staging_) return host_grads_.data() + set * own_.owned_total() + own_.state_offset(u);
+    if (grad_pages_ != nullptr) return grad_pages_->fetch(static_cast<std::size_t>(&u - own_.layout->units().data()));
     return grads_ + own_.grad_offset(u);
   }
   // Offload at stages 2-3: where the reducer copies each finished shard
@@ -170,11 +175,13 @@ class UpdatePipeline {
   }
 
   // Squared norm and inf/NaN over the owned gradient, where the update reads
-  // it: one pass where it is contiguous (stage 0: all of it; stages 2-3: the
-  // shard buffer; offload: its host copy); stage 1's owned pieces are
-  // interleaved in the accumulator (`pieces`): one pass per unit, added in
-  // unit order on the backend (on a GPU, on the device), brought to the
-  // host once.
+  // it: one pass where it is contiguous (stage 0: all of it; stage 2: the
+  // shard buffer; offload: its host copy); by units (`pieces`) where stage
+  // 1's owned pieces are interleaved in the accumulator, and at stage 3,
+  // whose shards may be paged (the reducer then takes each unit's as it is
+  // final, GradientReducer::shard_stats(), and the sums must be the same):
+  // one pass per unit, added in unit order on the backend (on a GPU, on the
+  // device), brought to the host once.
   kernels::GradStats grad_stats(bool pieces) {
     const auto started = Clock::now();
     const auto& units = own_.layout->units();
@@ -337,6 +344,7 @@ class UpdatePipeline {
   Ownership own_{};
   ParamStore<Ops, param_type>* params_ = nullptr;
   grad_type* grads_ = nullptr;
+  ShardPages<grad_type>* grad_pages_ = nullptr;  // Options::param_place = disk: the reducer's
 
   std::unique_ptr<Store> store_;  // fp32 master (mixed precision, offload) and optimizer state
   Pinned<grad_type> host_grads_;  // offload: the owned gradient's host copy (two sets with the delayed update)
