@@ -612,6 +612,55 @@ TEST_CASE("Options::param_place = disk: a parameter file changed underneath is a
   CHECK(dir.files() == 0);
 }
 
+TEST_CASE("Options::param_place = disk: a fault in one rank's file is an error on every rank", "[offload][nvme][params][errors]") {
+  TempDir dir;
+  zero::Options options;
+  options.nvme.directory = dir.path.string();
+  options.nvme.window_bytes = std::size_t{3} * 4096 * 3;
+  options.param_place = zero::ParamPlace::disk;
+  std::vector<std::string> errors(2);
+  zero::comm::LocalGroup group(2);
+  try {
+    group.run([&](zero::comm::Local& c) {
+      zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<3>, zero::offload::Nvme, zero::backend::Host> opt(
+          c, zero::test::test_hyper<AdamW>(), options);
+      for (std::size_t u = 0; u < 4; ++u)
+        opt.add_param(opt.add_unit("u" + std::to_string(u)), "w" + std::to_string(u), 8192);
+      opt.finalize();
+      std::vector<float> values(8192, 0.5f);
+      for (std::size_t p = 0; p < 4; ++p) opt.set_param(zero::ParamId{p}, values.data());
+      c.barrier();
+      // Rank 1's records of every file it has (parameters, gradient, state)
+      // overwritten underneath; rank 0's files are intact.
+      if (c.rank() == 1)
+        for (const auto& entry : fs::directory_iterator(dir.path)) {
+          if (entry.path().filename().string().find("-r1-") == std::string::npos) continue;
+          std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+          for (std::size_t at = 100; at < fs::file_size(entry.path()); at += 8192) {
+            f.seekp(static_cast<std::streamoff>(at));
+            f.write("garbage", 7);
+          }
+        }
+      c.barrier();
+      try {
+        for (std::size_t u = 0; u < 4; ++u) {
+          opt.acquire_unit(zero::UnitId{u});
+          opt.release_unit(zero::UnitId{u});
+        }
+      } catch (const zero::Error& e) {
+        errors[static_cast<std::size_t>(c.rank())] = e.what();
+        throw;
+      }
+    });
+  } catch (const zero::Error&) {
+  }
+  INFO("rank 0: " << errors[0] << "\nrank 1: " << errors[1]);
+  // Rank 1 names its file; rank 0, waiting in the gather, names rank 1.
+  CHECK_THAT(errors[1], Catch::Contains(dir.path.string()) && Catch::Contains("zero-swap-r1-"));
+  CHECK_THAT(errors[0], Catch::Contains("rank 1"));
+  CHECK(dir.files() == 0);
+}
+
 TEST_CASE("Options::param_place = disk: the pages read what the last step used next, and give back what was written",
           "[offload][nvme][params][parts]") {
   TempDir dir;
