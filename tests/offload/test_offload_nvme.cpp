@@ -570,6 +570,17 @@ TEST_CASE("Options::param_place = disk: the planner's rows equal memory_report()
   }
 }
 
+// Four units of `numel` parameters each, finalized and set to 0.5: the
+// parameter file's records, for the fault tests to overwrite.
+template <class Opt>
+void four_units_set(Opt& opt, std::size_t numel) {
+  for (std::size_t u = 0; u < 4; ++u)
+    opt.add_param(opt.add_unit("u" + std::to_string(u)), "w" + std::to_string(u), numel);
+  opt.finalize();
+  const std::vector<float> values(numel, 0.5f);
+  for (std::size_t p = 0; p < 4; ++p) opt.set_param(zero::ParamId{p}, values.data());
+}
+
 TEST_CASE("Options::param_place = disk: a parameter file changed underneath is an error naming it, not wrong weights",
           "[offload][nvme][params][errors]") {
   TempDir dir;
@@ -583,11 +594,7 @@ TEST_CASE("Options::param_place = disk: a parameter file changed underneath is a
     zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<3>, zero::offload::Nvme, zero::backend::Host> opt(
         c, zero::test::test_hyper<AdamW>(), options);
     // Four units of 8 KiB: with one unit read ahead, pages for three.
-    for (std::size_t u = 0; u < 4; ++u)
-      opt.add_param(opt.add_unit("u" + std::to_string(u)), "w" + std::to_string(u), 4096);
-    opt.finalize();
-    std::vector<float> values(4096, 0.5f);
-    for (std::size_t p = 0; p < 4; ++p) opt.set_param(zero::ParamId{p}, values.data());
+    four_units_set(opt, 4096);
     // Corrupt every parameter record on disk: the next read of each must fail.
     for (const auto& entry : fs::directory_iterator(dir.path)) {
       std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
@@ -624,11 +631,7 @@ TEST_CASE("Options::param_place = disk: a fault in one rank's file is an error o
     group.run([&](zero::comm::Local& c) {
       zero::ZeroOptimizer<Mixed<bf16>, AdamW, zero::stage<3>, zero::offload::Nvme, zero::backend::Host> opt(
           c, zero::test::test_hyper<AdamW>(), options);
-      for (std::size_t u = 0; u < 4; ++u)
-        opt.add_param(opt.add_unit("u" + std::to_string(u)), "w" + std::to_string(u), 8192);
-      opt.finalize();
-      std::vector<float> values(8192, 0.5f);
-      for (std::size_t p = 0; p < 4; ++p) opt.set_param(zero::ParamId{p}, values.data());
+      four_units_set(opt, 8192);
       c.barrier();
       // Rank 1's records of every file it has (parameters, gradient, state)
       // overwritten underneath; rank 0's files are intact.

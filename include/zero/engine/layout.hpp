@@ -134,6 +134,8 @@ class Layout {
   const std::vector<UnitInfo>& units() const { return units_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const UnitInfo& unit(UnitId u) const { return units_.at(u.index); }
+  // The index of `u`, one of units().
+  std::size_t index_of(const UnitInfo& u) const { return static_cast<std::size_t>(&u - units_.data()); }
   const ParamInfo& param(ParamId p) const { return params_.at(p.index); }
 
   // Φ: elements of the full flat buffer, padding included.

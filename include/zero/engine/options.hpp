@@ -83,14 +83,15 @@ constexpr const char* name(StateFormat f) {
   }
   return "?";
 }
-// Where stage 3 keeps this rank's parameter shards between their uses
-// (docs/offload.md). device: in the backend's memory (device memory on a
-// GPU, host memory with backend::Host), all of them, as the engine always
-// did. disk: in a file under Options::nvme.directory, read into a few pages
-// of the backend's memory ahead of each use (in the order of the last step's
-// uses) and written back when changed, so a rank keeps pages for a few units
-// instead of its whole shard (ZeRO-Infinity's parameter offload); it needs
-// the disk tier's store in the program (offload::Nvme).
+// Where stage 3 keeps this rank's parameter and gradient shards between
+// their uses (docs/offload.md). device: in the backend's memory (device
+// memory on a GPU, host memory with backend::Host), all of them, as the
+// engine always did. disk: in a file each under Options::nvme.directory,
+// read into a few pages of the backend's memory ahead of each use (in the
+// order of the last step's uses) and written back when changed, so a rank
+// keeps pages for a few units instead of its whole shards (ZeRO-Infinity's
+// parameter offload); it needs the disk tier's store in the program
+// (offload::Nvme).
 enum class ParamPlace { device, disk };
 
 constexpr const char* name(ParamPlace p) {

@@ -77,8 +77,8 @@ struct DiskOptions {
 };
 
 // The engine's disk options (Options::nvme) for a swap file: what its
-// stores, the state's and the parameters', open their files with, named in
-// errors as their users set them.
+// stores, the state's and the parameter and gradient shards' pages, open
+// their files with, named in errors as their users set them.
 inline DiskOptions disk_options(const NvmeOptions& nvme) {
   DiskOptions disk;
   disk.directory = nvme.directory;

@@ -103,8 +103,7 @@ class ParamStore {
   // The part of unit u this rank updates (`own`): its shard at stage 3, its
   // updated range of the whole unit otherwise; paged, as unit().
   T* updated_range(const UnitInfo& u, const Ownership& own) {
-    const auto index = static_cast<std::size_t>(&u - layout_->units().data());
-    return unit(index) + (sharded_ ? 0 : own.update_begin(u));
+    return unit(layout_->index_of(u)) + (sharded_ ? 0 : own.update_begin(u));
   }
 
   // Unit u's values changed (the update, set_param, a load): written where

@@ -151,7 +151,7 @@ class UpdatePipeline {
   grad_type* update_grad(const UnitInfo& u) { return update_grad(u, host_grad_set_); }
   grad_type* update_grad(const UnitInfo& u, std::size_t set) {
     if (host_staging_) return host_grads_.data() + set * own_.owned_total() + own_.state_offset(u);
-    if (grad_pages_ != nullptr) return grad_pages_->fetch(static_cast<std::size_t>(&u - own_.layout->units().data()));
+    if (grad_pages_ != nullptr) return grad_pages_->fetch(own_.layout->index_of(u));
     return grads_ + own_.grad_offset(u);
   }
   // Offload at stages 2-3: where the reducer copies each finished shard
@@ -280,7 +280,7 @@ class UpdatePipeline {
     const auto started = Clock::now();
     const simd::ScopedHostThreads update_threads(threads_);
     for (const auto& u : units) {
-      const auto index = static_cast<std::size_t>(&u - units.data());
+      const std::size_t index = own_.layout->index_of(u);
       args.grad = update_grad(u, set);
       if (!separate_master_) {
         if constexpr (std::is_same_v<param_type, float>)
@@ -326,7 +326,7 @@ class UpdatePipeline {
   void upload_updated(const UnitInfo& u) {
     if constexpr (can_offload) {
       if (!host_staging_) return;
-      const auto index = static_cast<std::size_t>(&u - own_.layout->units().data());
+      const std::size_t index = own_.layout->index_of(u);
       param_type* dst = owned_params(u);
       if (stage_params_)
         Ops::upload_async(dst, host_params_.data() + own_.state_offset(u), own_.update_size(u));
